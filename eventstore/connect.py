@@ -1,0 +1,43 @@
+"""Opening the event store from settings: database URL (or the embedded server), migrations, pool."""
+
+from __future__ import annotations
+
+import structlog
+
+from eventstore.db import open_pool, redact, resolve_database_url
+from eventstore.eventtypes import EventTypes
+from eventstore.migrate import migrate as apply_migrations
+from eventstore.notify import Notifier
+from eventstore.settings import DatabaseSettings
+from eventstore.store import EventStore
+
+log = structlog.get_logger(__name__)
+
+
+def open_store(
+    settings: DatabaseSettings | None = None,
+    *,
+    url: str | None = None,
+    migrate: bool = True,
+    types: EventTypes | None = None,
+    name: str = "ledgerflow",
+) -> EventStore:
+    """An EventStore ready to use; close it (or use it as a context manager) when done.
+
+    The URL is, in order: `url`, LEDGERFLOW_DATABASE_URL, else an embedded PostgreSQL started for it.
+    Pending migrations are applied first unless `migrate=False`.
+    """
+    settings = settings or DatabaseSettings()
+    url = url or resolve_database_url(settings)
+    if migrate:
+        apply_migrations(url)
+    pool = open_pool(url, settings, name=name)
+    log.info("event_store_opened", database=redact(url), pool_max=settings.pool_max_size)
+    return EventStore(
+        pool,
+        url=url,
+        types=types,
+        max_event_bytes=settings.max_event_bytes,
+        max_events_per_append=settings.max_events_per_append,
+        notifier=Notifier(url),
+    )

@@ -1,0 +1,196 @@
+"""Embedded PostgreSQL, used when no LEDGERFLOW_DATABASE_URL is configured.
+
+The server comes from the ``pgserver`` package, which bundles PostgreSQL 16
+binaries in its wheel, so nothing has to be installed system-wide.
+
+Lifecycle
+---------
+* Data lives in ``default_data_dir()`` (or the directory passed in) and is
+  never deleted: it survives process exits and restarts.
+* The server is shared by every process that calls :func:`start_embedded` on
+  the same data directory. A later caller finds the running server through
+  ``postmaster.pid`` and connects to it instead of starting a second one;
+  concurrent first starts are serialised by pgserver's inter-process lock.
+* The server is stopped cleanly (``pg_ctl stop``) when the last process that
+  called :func:`start_embedded` exits normally; this also ends any other
+  session still connected to it, such as a ``psql`` opened on the URL. A
+  process killed with SIGKILL leaves it running, which is harmless: the next
+  call reuses it.
+* It listens only on a unix socket inside the data directory, never on TCP.
+  Authentication is ``trust``, so the socket's directory permissions (0700,
+  owned by the server's user) are what keep other local users out.
+
+Running as root
+---------------
+PostgreSQL refuses to run as root. When the effective uid is 0, pgserver
+creates a system user ``pgserver`` (via ``useradd``), chowns the data
+directory to it and runs ``initdb``/``pg_ctl`` as that user. So that user can
+reach the data directory, pgserver adds ``o+rx`` to every ancestor directory
+(for the default location this includes ``/root``) and to its own bundled
+binaries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import shlex
+import urllib.parse
+import warnings
+
+import platformdirs
+import structlog
+
+_log = structlog.get_logger(__name__)
+
+_NEXT_STEP = (
+    "Set LEDGERFLOW_DATABASE_URL to a PostgreSQL server "
+    "(e.g. postgresql://user:password@localhost:5432/ledgerflow)"
+)
+
+
+def _shell_safe(path: pathlib.Path) -> bool:
+    # pgserver hands the socket directory (the data directory) to postgres
+    # through pg_ctl's shell command line without quoting it, so on POSIX a
+    # path with spaces or shell metacharacters cannot start a server.
+    return os.name != "posix" or shlex.quote(str(path)) == str(path)
+
+
+def default_data_dir() -> pathlib.Path:
+    """Per-user directory holding the embedded server's data.
+
+    The platform's user data directory, unless that path cannot be used (on
+    macOS it is under "Application Support"); then ~/.local/share is used.
+    """
+    path = pathlib.Path(platformdirs.user_data_dir("ledgerflow")) / "pgdata"
+    if not _shell_safe(path):
+        path = pathlib.Path.home() / ".local" / "share" / "ledgerflow" / "pgdata"
+    return path
+
+
+def start_embedded(data_dir: pathlib.Path | None = None) -> str:
+    """Start (or reuse) the embedded PostgreSQL server and return its URL.
+
+    The URL is a libpq URI for the ``postgres`` superuser and database,
+    reached over the unix socket, e.g.
+    ``postgresql://postgres@/postgres?host=/home/me/.local/share/ledgerflow/pgdata&port=5432``.
+
+    Raises ``eventstore.errors.ConfigurationError`` if pgserver is not
+    installed or the server cannot be started or reached.
+    """
+    from eventstore.errors import ConfigurationError
+
+    # pgserver resolves the path itself; resolving here too keeps the logged
+    # path identical to the one it uses and to the one in postgres's cmdline.
+    if data_dir is None:
+        data_dir = default_data_dir()
+    data_dir = data_dir.expanduser().resolve()
+    log_file = data_dir / "log"
+
+    if not _shell_safe(data_dir):
+        raise ConfigurationError(
+            f"The embedded PostgreSQL cannot use {data_dir}: its path contains spaces or "
+            f"shell characters. Choose a data directory without them. {_NEXT_STEP}."
+        )
+
+    try:
+        # pgserver looks up a runtime directory at import time, and
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI);
+        # its /tmp fallback is fine, and the warning would fail test runs
+        # that turn warnings into errors.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
+            # The submodule, because the package's __init__ re-exports
+            # get_server implicitly, which strict type checking rejects.
+            from pgserver.postgres_server import get_server
+    except ImportError as exc:
+        raise ConfigurationError(
+            "No database configured and the embedded PostgreSQL is unavailable "
+            f"(pgserver is not installed: {exc}). {_NEXT_STEP}, or install pgserver."
+        ) from exc
+
+    try:
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        _discard_stale_pidfile(data_dir)
+        # cleanup_mode="stop": the last process using the server stops it;
+        # "delete" would wipe the data, None would leave a server running
+        # indefinitely after every use (including tests on temporary dirs).
+        server = get_server(data_dir, cleanup_mode="stop")
+        info = server.get_postmaster_info()
+    # pgserver surfaces failures as CalledProcessError (initdb, pg_ctl,
+    # useradd), TimeoutExpired, OSError, RuntimeError and bare asserts; the
+    # advice to the user is the same for all of them.
+    except Exception as exc:
+        raise ConfigurationError(
+            f"Could not start the embedded PostgreSQL in {data_dir}: {exc!r}. "
+            f"Its log, if any, is {log_file}. {_NEXT_STEP}."
+        ) from exc
+
+    if info.socket_dir is None or info.port is None:
+        raise ConfigurationError(
+            f"The embedded PostgreSQL in {data_dir} is not listening on a unix "
+            f"socket (see {data_dir / 'postmaster.pid'}). {_NEXT_STEP}."
+        )
+    # Percent-encoded because libpq decodes query values, and a path may hold
+    # '%', '+' or ':' (all shell-safe).
+    host = urllib.parse.quote(str(info.socket_dir), safe="/")
+    url = f"postgresql://postgres@/postgres?host={host}&port={info.port}"
+
+    _check_reachable(url, data_dir, log_file)
+    _log.info("embedded_postgres_started", data_dir=str(data_dir), url=url)
+    return url
+
+
+def _discard_stale_pidfile(data_dir: pathlib.Path) -> None:
+    """Remove a ``postmaster.pid`` whose pid is not a live postgres process.
+
+    pgserver takes any live pid in that file for a running server, and
+    postgres refuses to start while it names a live pid. After a crash or a
+    reboot the pid can be a zombie (in containers whose init does not reap)
+    or an unrelated process: the server would then never start, and
+    pgserver's exit cleanup would signal that unrelated process. Postgres
+    itself deletes the file on a clean shutdown.
+
+    A file naming a live postgres process is always kept, even one that may
+    belong to another cluster: deleting the lock of a running server would let
+    a second postmaster corrupt the data.
+    """
+    # Untyped; pgserver depends on it, so it is installed whenever we get here.
+    import psutil  # type: ignore[import-untyped, unused-ignore]
+
+    pidfile = data_dir / "postmaster.pid"
+    try:
+        content = pidfile.read_text()
+        proc = psutil.Process(int(content.split("\n", 1)[0]))
+        stale = proc.status() == psutil.STATUS_ZOMBIE or proc.name() != "postgres"
+    except (FileNotFoundError, ValueError, psutil.Error):
+        # No file, a malformed one (pgserver reports it), a pid that is gone
+        # (postgres handles that itself) or one we may not inspect.
+        return
+    if not stale:
+        return
+    # Re-read so a file freshly written by a server that another process has
+    # just started is never the one removed.
+    with contextlib.suppress(FileNotFoundError):
+        if pidfile.read_text() == content:
+            pidfile.unlink()
+            _log.warning("embedded_postgres_stale_pidfile_removed", data_dir=str(data_dir))
+
+
+def _check_reachable(url: str, data_dir: pathlib.Path, log_file: pathlib.Path) -> None:
+    """Fail now, with advice, rather than at the first query."""
+    import psycopg
+
+    from eventstore.errors import ConfigurationError
+
+    try:
+        with psycopg.connect(url, connect_timeout=10) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        raise ConfigurationError(
+            f"The embedded PostgreSQL in {data_dir} is not reachable at {url}: "
+            f"{exc}. Check {log_file}; if no PostgreSQL process is using that "
+            f"directory, delete {data_dir / 'postmaster.pid'} and retry. "
+            f"{_NEXT_STEP}."
+        ) from exc

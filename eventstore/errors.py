@@ -1,0 +1,107 @@
+"""The typed errors of ledgerflow.
+
+Every error raised on purpose derives from `LedgerflowError`. Driver errors are translated once, in
+`eventstore.db`, so callers never catch psycopg exceptions. Errors also subclass the fitting builtin
+(`ValueError` for bad input, `ConnectionError` for an unreachable database) so generic handlers work.
+Each message says what happened and, where there is one, what to do next.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LedgerflowError(Exception):
+    """Base of every error ledgerflow raises on purpose."""
+
+    #: A stable, machine-readable code (used by the HTTP API and `--json` output).
+    code: str = "ledgerflow_error"
+
+    def details(self) -> dict[str, Any]:
+        """Structured facts about the error, safe to show to the caller."""
+        return {}
+
+
+class ConfigurationError(LedgerflowError):
+    code = "configuration_error"
+
+
+class DatabaseUnavailableError(LedgerflowError, ConnectionError):
+    code = "database_unavailable"
+
+
+class MigrationError(LedgerflowError):
+    code = "migration_error"
+
+
+class InvalidInputError(LedgerflowError, ValueError):
+    """The caller sent something the store refuses; nothing was written."""
+
+    code = "invalid_input"
+
+
+class EventTooLargeError(InvalidInputError):
+    code = "event_too_large"
+
+
+class UnknownEventTypeError(InvalidInputError):
+    code = "unknown_event_type"
+
+
+class EventDecodeError(LedgerflowError):
+    """A stored event no longer matches the model declared for its type."""
+
+    code = "event_decode_error"
+
+
+class ConflictError(LedgerflowError):
+    """The request is valid but conflicts with what is already recorded; nothing was written."""
+
+    code = "conflict"
+
+
+class WrongExpectedVersionError(ConflictError):
+    code = "wrong_expected_version"
+
+    def __init__(self, tenant: str, stream_id: str, expected: str, actual: int | None) -> None:
+        self.tenant = tenant
+        self.stream_id = stream_id
+        self.expected = expected
+        self.actual = actual
+        shown = "no stream" if actual is None else f"version {actual}"
+        super().__init__(
+            f"stream {stream_id!r} (tenant {tenant!r}) is at {shown}, but the append expected {expected}; "
+            "nothing was written. Re-read the stream, decide again, and append with the new version."
+        )
+
+    def details(self) -> dict[str, Any]:
+        return {"stream_id": self.stream_id, "expected": self.expected, "actual": self.actual}
+
+
+class IdempotencyConflictError(ConflictError):
+    code = "idempotency_conflict"
+
+    def __init__(self, tenant: str, key: str) -> None:
+        self.tenant = tenant
+        self.key = key
+        super().__init__(
+            f"idempotency key {key!r} (tenant {tenant!r}) was already used for a different request; "
+            "nothing was written. Use a new key for new content."
+        )
+
+    def details(self) -> dict[str, Any]:
+        return {"idempotency_key": self.key}
+
+
+class DuplicateEventIdError(ConflictError):
+    code = "duplicate_event_id"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(
+            f"{message}; nothing was written. Event ids are unique across the log: "
+            "to retry an append safely, use an idempotency key."
+        )
+
+
+class NotFoundError(LedgerflowError, LookupError):
+    code = "not_found"

@@ -1,0 +1,70 @@
+"""Waking subscribers without slowing appenders down.
+
+A NOTIFY inside an appending transaction takes a database-wide lock at commit and serialises every
+appender behind it. Instead, appenders only poke a `Notifier` after their commit; its own thread sends
+one NOTIFY for all the pokes that arrived while the previous one was in flight. Its connection uses
+`synchronous_commit = off`: a lost wake-up is harmless, because subscribers also poll and re-read
+after every reconnect.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import structlog
+
+from eventstore.sqlfile import load_queries
+
+log = structlog.get_logger(__name__)
+
+Q = load_queries("eventstore")
+
+
+class Notifier:
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._pending = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def poke(self) -> None:
+        """Ask for a wake-up of subscribers; never blocks."""
+        self._pending.set()
+        if self._thread is None:
+            self._start()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None and not self._stopping.is_set():
+                self._thread = threading.Thread(target=self._run, name="ledgerflow-notifier", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        conn: psycopg.Connection[object] | None = None
+        while not self._stopping.is_set():
+            self._pending.wait(timeout=1.0)
+            if self._stopping.is_set() or not self._pending.is_set():
+                continue
+            self._pending.clear()
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self._url, autocommit=True, application_name="ledgerflow-notifier")
+                    conn.execute("SET synchronous_commit = off")
+                conn.execute(Q["notify"])
+            except psycopg.Error as exc:
+                # Subscribers poll as a fallback, so a failed wake-up delays them but loses nothing.
+                log.warning("notify_failed", error=str(exc))
+                if conn is not None:
+                    conn.close()
+                conn = None
+                self._stopping.wait(0.5)
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        self._stopping.set()
+        self._pending.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

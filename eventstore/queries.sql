@@ -1,0 +1,95 @@
+-- The event store's SQL. Every statement the eventstore package runs is here, named.
+
+-- name: append
+-- One round trip, one atomic statement, whatever the number of streams (see ledgerflow.append_events).
+SELECT stream_id, stream_version, position, transaction_id::bigint, duplicate
+  FROM ledgerflow.append_events(%(tenant)s, %(idempotency_key)s, %(request_hash)s, %(stream_ids)s,
+                                %(expected)s, %(counts)s, %(event_ids)s::uuid[], %(types)s,
+                                %(data)s::text[]::jsonb[], %(metadata)s::text[]::jsonb[],
+                                %(correlation_ids)s::uuid[], %(causation_ids)s::uuid[])
+
+-- name: read_all
+-- Gap-free reading of the global log. Only events of transactions below the snapshot's xmin are read:
+-- every such transaction has finished, so no event can later appear before the returned cursor.
+-- Order and resume by (transaction_id, position), never by position alone. The horizon comes from
+-- the same statement snapshot as the scan (pg_current_snapshot is the active snapshot).
+WITH horizon AS MATERIALIZED (
+    SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin
+)
+SELECT h.xmin::text::bigint, e.*
+  FROM horizon h
+  LEFT JOIN LATERAL (
+      SELECT e.position, e.transaction_id::text::bigint, e.tenant, e.stream_id, e.stream_version,
+             e.event_id, e.event_type, e.data, e.metadata, e.correlation_id, e.causation_id, e.recorded_at
+        FROM ledgerflow.events e
+       WHERE (e.transaction_id, e.position) > (%(transaction_id)s::text::xid8, %(position)s::bigint)
+         AND e.transaction_id < h.xmin
+         AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
+         AND (%(types)s::text[] IS NULL OR e.event_type = ANY (%(types)s::text[]))
+         AND (%(categories)s::text[] IS NULL OR e.category = ANY (%(categories)s::text[]))
+       ORDER BY e.transaction_id, e.position
+       LIMIT %(limit)s
+  ) e ON true
+
+-- name: read_stream_forward
+SELECT position, transaction_id::text::bigint, tenant, stream_id, stream_version, event_id, event_type,
+       data, metadata, correlation_id, causation_id, recorded_at
+  FROM ledgerflow.events
+ WHERE tenant = %(tenant)s AND stream_id = %(stream_id)s AND stream_version >= %(version)s
+ ORDER BY stream_version
+ LIMIT %(limit)s
+
+-- name: read_stream_backward
+SELECT position, transaction_id::text::bigint, tenant, stream_id, stream_version, event_id, event_type,
+       data, metadata, correlation_id, causation_id, recorded_at
+  FROM ledgerflow.events
+ WHERE tenant = %(tenant)s AND stream_id = %(stream_id)s AND stream_version <= %(version)s
+ ORDER BY stream_version DESC
+ LIMIT %(limit)s
+
+-- name: stream_version
+SELECT version FROM ledgerflow.streams WHERE tenant = %(tenant)s AND stream_id = %(stream_id)s
+
+-- name: bump_streams_for_import
+-- Reserves a range of versions per stream for a bulk import. Rows are locked in stream order so a
+-- concurrent multi-stream append cannot deadlock with the import.
+INSERT INTO ledgerflow.streams AS s (tenant, stream_id, version)
+SELECT %(tenant)s, u.stream_id, u.n
+  FROM unnest(%(stream_ids)s::text[], %(counts)s::bigint[]) AS u(stream_id, n)
+ ORDER BY u.stream_id
+ON CONFLICT (tenant, stream_id) DO UPDATE SET version = s.version + excluded.version
+RETURNING s.stream_id, s.version
+
+-- name: copy_events
+COPY ledgerflow.events (tenant, stream_id, stream_version, event_id, event_type, data, metadata,
+                        correlation_id, causation_id)
+FROM STDIN
+
+-- name: horizon
+-- The safe horizon (oldest running transaction id), the log's head, and how many committed events
+-- wait beyond the horizon because an older transaction is still running.
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+       (SELECT max(position) FROM ledgerflow.events),
+       (SELECT count(*) FROM ledgerflow.events
+         WHERE transaction_id >= pg_snapshot_xmin(pg_current_snapshot()))
+
+-- name: horizon_holders
+-- The transactions holding the safe horizon back, oldest first, so an operator can act on them.
+SELECT pid, coalesce(application_name, ''), coalesce(datname, ''), coalesce(state, ''),
+       backend_xid::text::bigint, xact_start,
+       extract(epoch FROM clock_timestamp() - xact_start)::float8,
+       left(coalesce(query, ''), 300)
+  FROM pg_stat_activity
+ WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+ ORDER BY age(backend_xid) DESC
+ LIMIT %(limit)s
+
+-- name: events_beyond_horizon
+SELECT EXISTS (SELECT 1 FROM ledgerflow.events
+                WHERE transaction_id >= pg_snapshot_xmin(pg_current_snapshot()))
+
+-- name: notify
+SELECT pg_notify('ledgerflow_events', '')
+
+-- name: listen
+LISTEN ledgerflow_events

@@ -1,0 +1,25 @@
+"""Database settings, read from the environment (LEDGERFLOW_*) and validated by pydantic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, PositiveInt
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class DatabaseSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LEDGERFLOW_", extra="ignore")
+
+    #: A libpq URL. When unset, ledgerflow starts an embedded PostgreSQL (see `eventstore.embedded`).
+    database_url: str | None = None
+    #: Where the embedded PostgreSQL keeps its data; a per-user directory by default.
+    embedded_data_dir: Path | None = None
+    pool_min_size: int = Field(default=1, ge=0)
+    pool_max_size: PositiveInt = 10
+    #: Seconds to wait for a first connection before saying the database is unavailable.
+    connect_timeout: float = Field(default=10.0, gt=0)
+    #: The largest serialised data + metadata of one event.
+    max_event_bytes: PositiveInt = 1024 * 1024
+    #: The most events one append may carry (bulk imports have no such limit).
+    max_events_per_append: PositiveInt = 10_000

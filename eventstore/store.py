@@ -1,0 +1,398 @@
+"""Appending to and reading from the event log. The only module of `eventstore` that runs log SQL."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+import psycopg_pool
+import structlog
+
+from eventstore import _validation as check
+from eventstore.db import translate_errors
+from eventstore.errors import InvalidInputError
+from eventstore.events import (
+    START,
+    AppendedEvent,
+    AppendResult,
+    Cursor,
+    ExpectedState,
+    ExpectedVersion,
+    NewEvent,
+    ReadPage,
+    RecordedEvent,
+    StreamAppend,
+)
+from eventstore.eventtypes import EventTypes
+from eventstore.notify import Notifier
+from eventstore.sqlfile import load_queries
+
+if TYPE_CHECKING:
+    from eventstore.subscribe import Subscription
+
+log = structlog.get_logger(__name__)
+Q = load_queries("eventstore")
+
+DEFAULT_TENANT = "default"
+_FORWARD_FROM_START = 1
+_END = 2**62
+
+
+@dataclass(frozen=True, slots=True)
+class HorizonHolder:
+    """A transaction holding the safe horizon back: readers of the global log wait for it to finish."""
+
+    pid: int
+    application: str
+    database: str
+    state: str
+    transaction_id: int
+    started_at: datetime | None
+    age_seconds: float
+    query: str
+
+
+@dataclass(frozen=True, slots=True)
+class Horizon:
+    """The log's safe horizon: readers see every event of transactions below `xmin`."""
+
+    xmin: int
+    head_position: int
+    #: Committed events not yet readable because an older transaction is still running.
+    waiting_events: int
+    holders: tuple[HorizonHolder, ...]
+
+    @property
+    def age_seconds(self) -> float:
+        return max((h.age_seconds for h in self.holders), default=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _PreparedEvent:
+    event: NewEvent
+    data: str
+    metadata: str
+
+
+def _expected_code(expected: ExpectedVersion) -> int:
+    if isinstance(expected, ExpectedState):
+        return expected.value
+    if isinstance(expected, bool) or not isinstance(expected, int) or expected < 1:
+        raise InvalidInputError(
+            f"expected version {expected!r} is invalid: stream versions start at 1; use NO_STREAM for a new stream"
+        )
+    return expected
+
+
+def _recorded(row: Sequence[Any]) -> RecordedEvent:
+    return RecordedEvent(*row)
+
+
+class EventStore:
+    """The append-only event log.
+
+    Appends are single statements on autocommit connections: atomic, one round trip each. Reads of the
+    global log are gap-free (see `read_all`).
+    """
+
+    def __init__(
+        self,
+        pool: psycopg_pool.ConnectionPool,
+        *,
+        url: str | None = None,
+        types: EventTypes | None = None,
+        max_event_bytes: int = 1024 * 1024,
+        max_events_per_append: int = 10_000,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.pool = pool
+        #: The database URL, for the dedicated connections that subscriptions LISTEN on.
+        self.url = url or pool.conninfo
+        self.types = types or EventTypes()
+        self.max_event_bytes = max_event_bytes
+        self.max_events_per_append = max_events_per_append
+        self._notifier = notifier
+
+    def close(self) -> None:
+        """Close the notifier and the pool (when the store was opened with `open_store`)."""
+        if self._notifier is not None:
+            self._notifier.close()
+        self.pool.close()
+
+    def __enter__(self) -> EventStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def subscribe(self, after: Cursor = START, **options: Any) -> Subscription:
+        """Follow the log from `after`; see `eventstore.subscribe.Subscription` for the options."""
+        from eventstore.subscribe import Subscription
+
+        return Subscription(self, self.url, after, **options)
+
+    # -- appending -------------------------------------------------------------------------------
+
+    def append(
+        self,
+        stream_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_version: ExpectedVersion = ExpectedState.ANY,
+        idempotency_key: str | None = None,
+        tenant: str = DEFAULT_TENANT,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> AppendResult:
+        """Append `events` to one stream atomically. See `append_many` for the guarantees."""
+        return self.append_many(
+            [StreamAppend(stream_id, events, expected_version)],
+            idempotency_key=idempotency_key,
+            tenant=tenant,
+            conn=conn,
+        )
+
+    def append_many(
+        self,
+        appends: Sequence[StreamAppend],
+        *,
+        idempotency_key: str | None = None,
+        tenant: str = DEFAULT_TENANT,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> AppendResult:
+        """Append to several streams atomically: all events are written, or none.
+
+        Each stream's expected version is checked; a mismatch raises WrongExpectedVersionError and
+        writes nothing. With an idempotency key, a repeat of the same content returns the first
+        append's result (`duplicate=True`) and writes nothing; other content under the same key raises
+        IdempotencyConflictError. Pass `conn` to append inside the caller's transaction.
+        """
+        params = self._append_params(appends, idempotency_key, tenant)
+        if conn is not None:
+            with translate_errors():
+                rows = conn.execute(Q["append"], params).fetchall()
+        else:
+            with translate_errors(), self.pool.connection() as own:
+                rows = own.execute(Q["append"], params).fetchall()
+            self.notify_appended()
+        return AppendResult(
+            events=tuple(AppendedEvent(r[0], r[1], r[2], r[3]) for r in rows),
+            duplicate=bool(rows and rows[0][4]),
+        )
+
+    def notify_appended(self) -> None:
+        """Wake subscribers. Called after an append commits; callers that append inside their own
+        transaction (`conn=`) call it after their commit."""
+        if self._notifier is not None:
+            self._notifier.poke()
+
+    def _prepare(self, event: NewEvent) -> _PreparedEvent:
+        if not isinstance(event, NewEvent):
+            raise InvalidInputError(f"events must be NewEvent instances, not {type(event).__name__}")
+        check.check_event_type(event.type)
+        data = check.dump_json_object(event.data, f"data of event {event.type!r}")
+        metadata = check.dump_json_object(event.metadata, f"metadata of event {event.type!r}")
+        check.check_size(event.type, data, metadata, self.max_event_bytes)
+        self.types.validate(event.type, event.data)
+        return _PreparedEvent(event, data, metadata)
+
+    def _append_params(
+        self, appends: Sequence[StreamAppend], idempotency_key: str | None, tenant: str
+    ) -> dict[str, Any]:
+        check.check_tenant(tenant)
+        if idempotency_key is not None:
+            check.check_idempotency_key(idempotency_key)
+        if not appends:
+            raise InvalidInputError("an append needs at least one stream")
+        seen: set[str] = set()
+        for a in appends:
+            check.check_stream_id(a.stream_id)
+            if a.stream_id in seen:
+                raise InvalidInputError(f"stream {a.stream_id!r} appears twice in one append; merge its events")
+            seen.add(a.stream_id)
+            if not a.events:
+                raise InvalidInputError(f"the append to stream {a.stream_id!r} has no events")
+        total = sum(len(a.events) for a in appends)
+        if total > self.max_events_per_append:
+            raise InvalidInputError(
+                f"{total} events in one append; the limit is {self.max_events_per_append}. "
+                "Split the append, or use import_events for bulk loads"
+            )
+        # Streams are locked in a fixed order so that two multi-stream appends cannot deadlock.
+        ordered = sorted(appends, key=lambda a: a.stream_id)
+        prepared = [[self._prepare(e) for e in a.events] for a in ordered]
+        flat = [p for group in prepared for p in group]
+        expected = [_expected_code(a.expected_version) for a in ordered]
+        request_hash = None
+        if idempotency_key is not None:
+            request_hash = _request_hash(ordered, expected, prepared)
+        return {
+            "tenant": tenant,
+            "idempotency_key": idempotency_key,
+            "request_hash": request_hash,
+            "stream_ids": [a.stream_id for a in ordered],
+            "expected": expected,
+            "counts": [len(group) for group in prepared],
+            "event_ids": [p.event.event_id for p in flat],
+            "types": [p.event.type for p in flat],
+            "data": [p.data for p in flat],
+            "metadata": [p.metadata for p in flat],
+            "correlation_ids": [p.event.correlation_id for p in flat],
+            "causation_ids": [p.event.causation_id for p in flat],
+        }
+
+    def import_events(
+        self,
+        events: Iterable[tuple[str, NewEvent]],
+        *,
+        tenant: str = DEFAULT_TENANT,
+    ) -> int:
+        """Bulk-load (stream_id, event) pairs through COPY, in one transaction; return how many.
+
+        Versions continue each stream (expected version: any). Meant for large loads and migrations
+        from other stores; idempotency keys do not apply.
+        """
+        check.check_tenant(tenant)
+        rows: list[tuple[str, _PreparedEvent]] = []
+        counts: dict[str, int] = {}
+        for stream_id, event in events:
+            check.check_stream_id(stream_id)
+            rows.append((stream_id, self._prepare(event)))
+            counts[stream_id] = counts.get(stream_id, 0) + 1
+        if not rows:
+            return 0
+        with translate_errors(), self.pool.connection() as conn, conn.transaction():
+            reached = conn.execute(
+                Q["bump_streams_for_import"],
+                {"tenant": tenant, "stream_ids": list(counts), "counts": list(counts.values())},
+            ).fetchall()
+            next_version = {stream_id: version - counts[stream_id] + 1 for stream_id, version in reached}
+            with conn.cursor().copy(Q["copy_events"]) as copy:
+                for stream_id, p in rows:
+                    version = next_version[stream_id]
+                    next_version[stream_id] = version + 1
+                    e = p.event
+                    copy.write_row(
+                        (tenant, stream_id, version, e.event_id, e.type, p.data, p.metadata,
+                         e.correlation_id, e.causation_id)
+                    )
+        self.notify_appended()
+        log.info("events_imported", tenant=tenant, events=len(rows), streams=len(counts))
+        return len(rows)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def read_stream(
+        self,
+        stream_id: str,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        from_version: int | None = None,
+        backward: bool = False,
+        limit: int = 1000,
+    ) -> list[RecordedEvent]:
+        """A stream's events from `from_version` (inclusive), oldest first or, `backward`, newest first."""
+        check.check_tenant(tenant)
+        check.check_stream_id(stream_id)
+        _check_limit(limit)
+        version = from_version if from_version is not None else (_END if backward else _FORWARD_FROM_START)
+        query = Q["read_stream_backward"] if backward else Q["read_stream_forward"]
+        with translate_errors(), self.pool.connection() as conn:
+            rows = conn.execute(
+                query, {"tenant": tenant, "stream_id": stream_id, "version": version, "limit": limit}
+            ).fetchall()
+        return [_recorded(r) for r in rows]
+
+    def stream_version(self, stream_id: str, *, tenant: str = DEFAULT_TENANT) -> int | None:
+        """The version of the stream's last event, or None if the stream does not exist."""
+        check.check_tenant(tenant)
+        check.check_stream_id(stream_id)
+        with translate_errors(), self.pool.connection() as conn:
+            row = conn.execute(Q["stream_version"], {"tenant": tenant, "stream_id": stream_id}).fetchone()
+        return None if row is None else int(row[0])
+
+    def read_all(
+        self,
+        after: Cursor = START,
+        *,
+        limit: int = 1000,
+        tenant: str | None = None,
+        types: Sequence[str] | None = None,
+        categories: Sequence[str] | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> ReadPage:
+        """The next events of the global log after `after`, in resume order, gap-free.
+
+        A reader that always resumes from the returned cursor sees every committed event exactly once,
+        however many writers commit out of order. `tenant=None` reads every tenant (internal use).
+        """
+        if tenant is not None:
+            check.check_tenant(tenant)
+        _check_limit(limit)
+        params = {
+            "transaction_id": str(after.transaction_id),
+            "position": after.position,
+            "tenant": tenant,
+            "types": list(types) if types is not None else None,
+            "categories": list(categories) if categories is not None else None,
+            "limit": limit,
+        }
+        with translate_errors(), self._connection(conn) as c:
+            rows = c.execute(Q["read_all"], params).fetchall()
+        xmin = int(rows[0][0])
+        events = tuple(_recorded(r[1:]) for r in rows if r[1] is not None)
+        if len(events) == limit:
+            return ReadPage(events, events[-1].cursor, caught_up=False)
+        # Everything below the horizon that matches has been read: resume at the horizon.
+        return ReadPage(events, max(after, Cursor(xmin, 0)), caught_up=True)
+
+    def horizon(self, *, holders: int = 5) -> Horizon:
+        """The safe horizon, and which transactions hold it back (pid, application, age)."""
+        with translate_errors(), self.pool.connection() as conn:
+            xmin, head, waiting = conn.execute(Q["horizon"]).fetchone() or (0, 0, 0)
+            found = conn.execute(Q["horizon_holders"], {"limit": holders}).fetchall()
+        return Horizon(
+            xmin=int(xmin),
+            head_position=int(head or 0),
+            waiting_events=int(waiting),
+            holders=tuple(HorizonHolder(*row) for row in found),
+        )
+
+    def events_beyond_horizon(self) -> bool:
+        """True when committed events wait for an older transaction to finish before they can be read."""
+        with translate_errors(), self.pool.connection() as conn:
+            row = conn.execute(Q["events_beyond_horizon"]).fetchone()
+        return bool(row and row[0])
+
+    @contextmanager
+    def _connection(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
+        if conn is not None:
+            yield conn
+        else:
+            with self.pool.connection() as own:
+                yield own
+
+
+def _check_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
+        raise InvalidInputError(f"limit {limit!r} is invalid: use 1 to 100000")
+
+
+def _request_hash(
+    appends: Sequence[StreamAppend], expected: Sequence[int], prepared: Sequence[Sequence[_PreparedEvent]]
+) -> str:
+    """A fingerprint of an append's content. Event ids are left out: a retry that generates fresh ids
+    for the same content is the same request."""
+    content = [
+        [a.stream_id, code, [[p.event.type, dict(p.event.data), dict(p.event.metadata),
+                              str(p.event.correlation_id), str(p.event.causation_id)] for p in group]]
+        for a, code, group in zip(appends, expected, prepared, strict=True)
+    ]
+    # sort_keys: the same mapping built in another key order is the same content.
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()

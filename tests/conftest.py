@@ -1,0 +1,106 @@
+"""Every test gets a fresh database cloned from a migrated template: fast, isolated, no leftovers.
+
+The server is the one named by LEDGERFLOW_TEST_ADMIN_URL, else PostgreSQL on 127.0.0.1:5432 when it
+answers, else the embedded one.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, settings
+from psycopg import sql
+
+from eventstore import EventStore, open_store
+from eventstore.migrate import migrate
+
+settings.register_profile(
+    "default",
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+settings.load_profile("default")
+
+LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _answers(url: str) -> bool:
+    try:
+        with psycopg.connect(url, connect_timeout=3):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+def _with_db(url: str, dbname: str) -> str:
+    return psycopg.conninfo.make_conninfo(url, dbname=dbname)
+
+
+@pytest.fixture(scope="session")
+def admin_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    configured = os.environ.get("LEDGERFLOW_TEST_ADMIN_URL")
+    if configured:
+        return configured
+    if _answers(LOCAL_SERVER):
+        return LOCAL_SERVER
+    from eventstore.embedded import start_embedded
+
+    return _with_db(start_embedded(tmp_path_factory.mktemp("pgdata")), "postgres")
+
+
+def _create_database(admin_url: str, name: str, template: str | None = None) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        if template is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        else:
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template))
+            )
+
+
+def _drop_database(admin_url: str, name: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def template_db(admin_url: str) -> Iterator[str]:
+    name = f"lf_template_{uuid.uuid4().hex[:12]}"
+    _create_database(admin_url, name)
+    try:
+        migrate(_with_db(admin_url, name))
+        yield name
+    finally:
+        _drop_database(admin_url, name)
+
+
+@pytest.fixture
+def fresh_database(admin_url: str) -> Iterator[str]:
+    """An empty database without ledgerflow's schema (for migration tests)."""
+    name = f"lf_empty_{uuid.uuid4().hex[:12]}"
+    _create_database(admin_url, name)
+    try:
+        yield _with_db(admin_url, name)
+    finally:
+        _drop_database(admin_url, name)
+
+
+@pytest.fixture
+def database_url(admin_url: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for this test alone."""
+    name = f"lf_test_{uuid.uuid4().hex[:12]}"
+    _create_database(admin_url, name, template=template_db)
+    try:
+        yield _with_db(admin_url, name)
+    finally:
+        _drop_database(admin_url, name)
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[EventStore]:
+    with open_store(url=database_url, migrate=False) as opened:
+        yield opened

@@ -1,0 +1,7 @@
+"""workflows"""
+
+from eventstore._guard import require_ledgerflow_packages
+
+require_ledgerflow_packages("eventstore")
+
+__ledgerflow_package__ = True
