@@ -14,6 +14,9 @@ EVENT_TYPE_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_.:/-]{0,199}$")
 # Printable ASCII without spaces: keys travel in HTTP headers.
 IDEMPOTENCY_KEY_PATTERN = re.compile(r"^[!-~]{1,200}$")
 MAX_STREAM_ID_LENGTH = 400
+# A NUL escape in JSON text: \u0000 preceded by an even number of backslashes (an odd number means the
+# backslash itself was escaped and the text is a literal "\u0000").
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def check_tenant(tenant: str) -> str:
@@ -63,7 +66,7 @@ def dump_json_object(value: Mapping[str, Any], what: str) -> str:
         text.encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not valid JSON: {exc}") from None
-    if "\\u0000" in text:
+    if "\\u0000" in text and _ESCAPED_NUL.search(text):
         raise InvalidInputError(f"{what} contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot store")
     return text
 

@@ -32,7 +32,6 @@ binaries.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 import shlex
@@ -112,7 +111,7 @@ def start_embedded(data_dir: pathlib.Path | None = None) -> str:
 
     try:
         data_dir.parent.mkdir(parents=True, exist_ok=True)
-        _discard_stale_pidfile(data_dir)
+        _discard_stale_lock_files(data_dir)
         # cleanup_mode="stop": the last process using the server stops it;
         # "delete" would wipe the data, None would leave a server running
         # indefinitely after every use (including tests on temporary dirs).
@@ -142,40 +141,40 @@ def start_embedded(data_dir: pathlib.Path | None = None) -> str:
     return url
 
 
-def _discard_stale_pidfile(data_dir: pathlib.Path) -> None:
-    """Remove a ``postmaster.pid`` whose pid is not a live postgres process.
+def _discard_stale_lock_files(data_dir: pathlib.Path) -> None:
+    """Remove lock files left by a server that is no longer running.
 
-    pgserver takes any live pid in that file for a running server, and
-    postgres refuses to start while it names a live pid. After a crash or a
-    reboot the pid can be a zombie (in containers whose init does not reap)
-    or an unrelated process: the server would then never start, and
-    pgserver's exit cleanup would signal that unrelated process. Postgres
-    itself deletes the file on a clean shutdown.
+    ``postmaster.pid`` and the socket's ``.s.PGSQL.<port>.lock`` start with
+    the server's pid. pgserver takes any live pid in ``postmaster.pid`` for a
+    running server, and postgres refuses to start while either file names a
+    live pid. After a crash or a reboot that pid can be a zombie (in
+    containers whose init does not reap) or an unrelated process: the server
+    would then never start, and pgserver's exit cleanup would signal that
+    unrelated process. Postgres deletes both files itself on a clean shutdown.
 
-    A file naming a live postgres process is always kept, even one that may
-    belong to another cluster: deleting the lock of a running server would let
-    a second postmaster corrupt the data.
+    A file is kept whenever its pid may be this data directory's server, or
+    cannot be inspected: deleting the lock of a running server would let a
+    second postmaster corrupt the data.
     """
     # Untyped; pgserver depends on it, so it is installed whenever we get here.
     import psutil  # type: ignore[import-untyped, unused-ignore]
 
-    pidfile = data_dir / "postmaster.pid"
-    try:
-        content = pidfile.read_text()
-        proc = psutil.Process(int(content.split("\n", 1)[0]))
-        stale = proc.status() == psutil.STATUS_ZOMBIE or proc.name() != "postgres"
-    except (FileNotFoundError, ValueError, psutil.Error):
-        # No file, a malformed one (pgserver reports it), a pid that is gone
-        # (postgres handles that itself) or one we may not inspect.
-        return
-    if not stale:
-        return
-    # Re-read so a file freshly written by a server that another process has
-    # just started is never the one removed.
-    with contextlib.suppress(FileNotFoundError):
-        if pidfile.read_text() == content:
-            pidfile.unlink()
-            _log.warning("embedded_postgres_stale_pidfile_removed", data_dir=str(data_dir))
+    for lock in [data_dir / "postmaster.pid", *data_dir.glob(".s.PGSQL.*.lock")]:
+        try:
+            content = lock.read_text()
+            proc = psutil.Process(int(content.split("\n", 1)[0]))
+            # A postmaster and its children run in their data directory.
+            if proc.status() != psutil.STATUS_ZOMBIE and pathlib.Path(proc.cwd()) == data_dir:
+                continue
+            # Re-read so a file freshly written by a server that another
+            # process has just started is never the one removed.
+            if lock.read_text() == content:
+                lock.unlink()
+                _log.warning("embedded_postgres_stale_lock_removed", path=str(lock))
+        except (OSError, ValueError, psutil.Error):
+            # No file, a malformed one (pgserver reports it), a pid that is
+            # gone (postgres handles that itself) or one we may not inspect.
+            continue
 
 
 def _check_reachable(url: str, data_dir: pathlib.Path, log_file: pathlib.Path) -> None:

@@ -9,6 +9,7 @@ behind an older running transaction, it re-reads soon, since that transaction ma
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ Q = load_queries("eventstore")
 
 _HORIZON_RECHECK_MIN = 0.005
 _RECONNECT_MAX = 5.0
+_STOP_CHECK = 0.25
 
 
 class Subscription:
@@ -104,10 +106,16 @@ class Subscription:
         if listener is None:
             self._stopped.wait(timeout)
             return
+        deadline = time.monotonic() + timeout
         try:
-            # Returns at the first notification; the rest queued behind it are drained by the next read.
-            for _ in listener.notifies(timeout=timeout, stop_after=1):
-                pass
+            # Waits in short slices so that `stop()` is noticed promptly. Returns at the first
+            # notification; those queued behind it are covered by the read that follows.
+            while not self._stopped.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                for _ in listener.notifies(timeout=min(left, _STOP_CHECK), stop_after=1):
+                    return
         except psycopg.Error as exc:
             log.warning("subscription_listener_lost", error=str(exc))
             self._drop_listener()

@@ -1,0 +1,109 @@
+"""Properties of appending, checked on random inputs against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eventstore import EventStore, NewEvent, WrongExpectedVersionError
+from tests.strategies import as_json_numbers, event_types, json_objects
+
+
+def fresh_stream() -> str:
+    return f"p-{uuid.uuid4().hex}"
+
+
+@given(data=json_objects, metadata=json_objects, event_type=event_types)
+@settings(max_examples=60)
+def test_round_trip_of_arbitrary_json(store: EventStore, data: dict[str, Any], metadata: dict[str, Any],
+                                      event_type: str) -> None:
+    stream = fresh_stream()
+    correlation, causation = uuid.uuid4(), uuid.uuid4()
+    event = NewEvent(event_type, data, metadata, correlation_id=correlation, causation_id=causation)
+    store.append(stream, [event])
+    (read,) = store.read_stream(stream)
+    assert read.type == event_type
+    assert as_json_numbers(read.data) == as_json_numbers(data)
+    assert as_json_numbers(read.metadata) == as_json_numbers(metadata)
+    assert (read.event_id, read.correlation_id, read.causation_id) == (event.event_id, correlation, causation)
+
+
+@given(
+    batches=st.lists(st.lists(json_objects, min_size=1, max_size=3), min_size=1, max_size=5),
+    retries=st.lists(st.integers(min_value=0, max_value=4), min_size=1, max_size=12),
+)
+@settings(max_examples=30)
+def test_any_sequence_of_retries_writes_each_event_once(
+    store: EventStore, batches: list[list[dict[str, Any]]], retries: list[int]
+) -> None:
+    """Appends are retried in any order and any number of times; each batch lands exactly once."""
+    stream = fresh_stream()
+    keys = [f"{stream}-{i}" for i in range(len(batches))]
+    first_results: dict[int, Any] = {}
+    for index in [i % len(batches) for i in retries] + list(range(len(batches))):
+        result = store.append(stream, [NewEvent("Item", d) for d in batches[index]], idempotency_key=keys[index])
+        if index in first_results:
+            assert result.duplicate
+            assert result.events == first_results[index]
+        else:
+            assert not result.duplicate
+            first_results[index] = result.events
+    stored = store.read_stream(stream, limit=10_000)
+    assert sorted(len(b) for b in batches) == sorted(
+        len([e for e in stored if e.position in {a.position for a in first_results[i]}]) for i in range(len(batches))
+    )
+    assert len(stored) == sum(len(b) for b in batches)
+
+
+@given(writers=st.integers(min_value=2, max_value=6), rounds=st.integers(min_value=1, max_value=4))
+@settings(max_examples=10)
+def test_concurrent_appends_at_one_version_have_exactly_one_winner(
+    store: EventStore, writers: int, rounds: int
+) -> None:
+    stream = fresh_stream()
+    store.append(stream, [NewEvent("Start", {})])
+    for version in range(1, rounds + 1):
+        barrier = threading.Barrier(writers)
+        outcomes: list[str] = []
+
+        def attempt(worker: int, expected: int = version) -> None:
+            barrier.wait()
+            try:
+                store.append(stream, [NewEvent("Try", {"w": worker})], expected_version=expected)
+                outcomes.append("won")
+            except WrongExpectedVersionError as exc:
+                assert exc.actual == expected + 1
+                outcomes.append("lost")
+
+        threads = [threading.Thread(target=attempt, args=(w,)) for w in range(writers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(outcomes) == ["lost"] * (writers - 1) + ["won"]
+    assert [e.stream_version for e in store.read_stream(stream)] == list(range(1, rounds + 2))
+
+
+@given(writers=st.integers(min_value=2, max_value=6))
+@settings(max_examples=10)
+def test_concurrent_retries_with_one_key_write_once(store: EventStore, writers: int) -> None:
+    stream = fresh_stream()
+    barrier = threading.Barrier(writers)
+    results: list[Any] = []
+
+    def attempt() -> None:
+        barrier.wait()
+        results.append(store.append(stream, [NewEvent("Pay", {"amount": 5})], idempotency_key=stream))
+
+    threads = [threading.Thread(target=attempt) for _ in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(not r.duplicate for r in results) == 1
+    assert len({r.events for r in results}) == 1
+    assert len(store.read_stream(stream)) == 1
