@@ -32,7 +32,9 @@ def check_stream_id(stream_id: str) -> str:
     if not isinstance(stream_id, str) or not stream_id.strip():
         raise InvalidInputError("stream id is empty: name the stream, e.g. 'order-42'")
     if len(stream_id) > MAX_STREAM_ID_LENGTH:
-        raise InvalidInputError(f"stream id is {len(stream_id)} characters long; the limit is {MAX_STREAM_ID_LENGTH}")
+        raise InvalidInputError(
+            f"stream id is {len(stream_id)} characters long; the limit is {MAX_STREAM_ID_LENGTH}"
+        )
     if not stream_id.isprintable():
         raise InvalidInputError(f"stream id {stream_id!r} contains control characters")
     return stream_id
@@ -67,7 +69,9 @@ def dump_json_object(value: Mapping[str, Any], what: str) -> str:
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not valid JSON: {exc}") from None
     if "\\u0000" in text and _ESCAPED_NUL.search(text):
-        raise InvalidInputError(f"{what} contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot store")
+        raise InvalidInputError(
+            f"{what} contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot store"
+        )
     return text
 
 

@@ -44,7 +44,9 @@ def resolve_database_url(settings: DatabaseSettings) -> str:
     return start_embedded(settings.embedded_data_dir)
 
 
-def open_pool(url: str, settings: DatabaseSettings, *, name: str = "ledgerflow") -> psycopg_pool.ConnectionPool:
+def open_pool(
+    url: str, settings: DatabaseSettings, *, name: str = "ledgerflow"
+) -> psycopg_pool.ConnectionPool:
     """An open pool of autocommit connections; fails with a clear error if the database does not answer."""
     pool = psycopg_pool.ConnectionPool(
         url,
@@ -91,18 +93,25 @@ def translate(exc: psycopg.Error) -> LedgerflowError:
         d = _detail(exc)
         expected = int(d.get("expected", 0))
         shown = {-1: "any", -2: "no stream", -3: "stream exists"}.get(expected, f"version {expected}")
-        return WrongExpectedVersionError(str(d.get("tenant")), str(d.get("stream_id")), shown, d.get("actual"))
+        return WrongExpectedVersionError(
+            str(d.get("tenant")), str(d.get("stream_id")), shown, d.get("actual")
+        )
     if state == IDEMPOTENCY_CONFLICT:
         d = _detail(exc)
         return IdempotencyConflictError(str(d.get("tenant")), str(d.get("key")))
-    if isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == "events_event_id_unique":
+    if (
+        isinstance(exc, psycopg.errors.UniqueViolation)
+        and exc.diag.constraint_name == "events_event_id_unique"
+    ):
         return DuplicateEventIdError(exc.diag.message_detail or "an event id is already in the log")
     if isinstance(exc, psycopg.errors.DataError | psycopg.errors.IntegrityConstraintViolation):
         return InvalidInputError(f"the database refused the input: {exc.diag.message_primary}")
     if state == APPEND_ONLY:
         return InvalidInputError(str(exc.diag.message_primary))
     if isinstance(exc, psycopg.OperationalError):
-        return DatabaseUnavailableError(f"the database connection failed: {exc}; retry once PostgreSQL answers")
+        return DatabaseUnavailableError(
+            f"the database connection failed: {exc}; retry once PostgreSQL answers"
+        )
     if isinstance(exc, psycopg_pool.PoolTimeout):
         return DatabaseUnavailableError(f"no database connection became free in time: {exc}")
     return LedgerflowError(f"unexpected database error ({state}): {exc}")
@@ -120,5 +129,7 @@ def translate_errors() -> Iterator[None]:
 
 def require_url(url: str | None) -> str:
     if not url:
-        raise ConfigurationError("no database URL; set LEDGERFLOW_DATABASE_URL or leave it unset for the embedded one")
+        raise ConfigurationError(
+            "no database URL; set LEDGERFLOW_DATABASE_URL or leave it unset for the embedded one"
+        )
     return url

@@ -44,7 +44,9 @@ class EventTypes:
         try:
             return self._names[model]
         except KeyError:
-            raise InvalidInputError(f"{model.__name__} is not a declared event type; register it first") from None
+            raise InvalidInputError(
+                f"{model.__name__} is not a declared event type; register it first"
+            ) from None
 
     def new(self, payload: pydantic.BaseModel, **envelope: Any) -> NewEvent:
         """A NewEvent for a model instance; `envelope` takes metadata, event_id, correlation/causation ids."""
@@ -58,7 +60,9 @@ class EventTypes:
         try:
             model.model_validate(data)
         except pydantic.ValidationError as exc:
-            raise InvalidInputError(f"event {event_type!r} does not match its declared model: {exc}") from None
+            raise InvalidInputError(
+                f"event {event_type!r} does not match its declared model: {exc}"
+            ) from None
 
     def decode(self, event: RecordedEvent) -> pydantic.BaseModel | RecordedEvent:
         """The model instance for a declared type, or the raw envelope for any other type."""
@@ -69,5 +73,6 @@ class EventTypes:
             return model.model_validate(event.data)
         except pydantic.ValidationError as exc:
             raise EventDecodeError(
-                f"stored event at position {event.position} ({event.type!r}) no longer matches its model: {exc}"
+                f"stored event at position {event.position} ({event.type!r}) "
+                f"no longer matches its model: {exc}"
             ) from exc

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import structlog
@@ -60,7 +61,7 @@ def load_migrations(directory: Path | None = None) -> list[Migration]:
     return found
 
 
-def _ensure_bookkeeping(conn: psycopg.Connection[object]) -> None:
+def _ensure_bookkeeping(conn: psycopg.Connection[Any]) -> None:
     conn.execute("CREATE SCHEMA IF NOT EXISTS ledgerflow")
     conn.execute(
         """CREATE TABLE IF NOT EXISTS ledgerflow.schema_migrations (
@@ -72,7 +73,7 @@ def _ensure_bookkeeping(conn: psycopg.Connection[object]) -> None:
     )
 
 
-def applied_versions(conn: psycopg.Connection[object]) -> dict[int, str]:
+def applied_versions(conn: psycopg.Connection[Any]) -> dict[int, str]:
     """Version -> checksum of every applied migration (empty on a fresh database)."""
     exists = conn.execute("SELECT to_regclass('ledgerflow.schema_migrations') IS NOT NULL").fetchone()
     if not exists or not exists[0]:
@@ -81,7 +82,7 @@ def applied_versions(conn: psycopg.Connection[object]) -> dict[int, str]:
     return {int(v): str(c) for v, c in rows}
 
 
-def pending_migrations(conn: psycopg.Connection[object]) -> list[Migration]:
+def pending_migrations(conn: psycopg.Connection[Any]) -> list[Migration]:
     done = applied_versions(conn)
     return [m for m in load_migrations() if m.version not in done]
 

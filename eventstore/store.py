@@ -85,7 +85,8 @@ def _expected_code(expected: ExpectedVersion) -> int:
         return expected.value
     if isinstance(expected, bool) or not isinstance(expected, int) or expected < 1:
         raise InvalidInputError(
-            f"expected version {expected!r} is invalid: stream versions start at 1; use NO_STREAM for a new stream"
+            f"expected version {expected!r} is invalid: stream versions start at 1; "
+            "use NO_STREAM for a new stream"
         )
     return expected
 
@@ -113,7 +114,8 @@ class EventStore:
     ) -> None:
         self.pool = pool
         #: The database URL, for the dedicated connections that subscriptions LISTEN on.
-        self.url = url or pool.conninfo
+        conninfo = pool.conninfo
+        self.url = url or (conninfo if isinstance(conninfo, str) else conninfo())
         self.types = types or EventTypes()
         self.max_event_bytes = max_event_bytes
         self.max_events_per_append = max_events_per_append
@@ -213,7 +215,9 @@ class EventStore:
         for a in appends:
             check.check_stream_id(a.stream_id)
             if a.stream_id in seen:
-                raise InvalidInputError(f"stream {a.stream_id!r} appears twice in one append; merge its events")
+                raise InvalidInputError(
+                    f"stream {a.stream_id!r} appears twice in one append; merge its events"
+                )
             seen.add(a.stream_id)
             if not a.events:
                 raise InvalidInputError(f"the append to stream {a.stream_id!r} has no events")
@@ -278,8 +282,17 @@ class EventStore:
                     next_version[stream_id] = version + 1
                     e = p.event
                     copy.write_row(
-                        (tenant, stream_id, version, e.event_id, e.type, p.data, p.metadata,
-                         e.correlation_id, e.causation_id)
+                        (
+                            tenant,
+                            stream_id,
+                            version,
+                            e.event_id,
+                            e.type,
+                            p.data,
+                            p.metadata,
+                            e.correlation_id,
+                            e.causation_id,
+                        )
                     )
         self.notify_appended()
         log.info("events_imported", tenant=tenant, events=len(rows), streams=len(counts))
@@ -389,8 +402,20 @@ def _request_hash(
     """A fingerprint of an append's content. Event ids are left out: a retry that generates fresh ids
     for the same content is the same request."""
     content = [
-        [a.stream_id, code, [[p.event.type, dict(p.event.data), dict(p.event.metadata),
-                              str(p.event.correlation_id), str(p.event.causation_id)] for p in group]]
+        [
+            a.stream_id,
+            code,
+            [
+                [
+                    p.event.type,
+                    dict(p.event.data),
+                    dict(p.event.metadata),
+                    str(p.event.correlation_id),
+                    str(p.event.causation_id),
+                ]
+                for p in group
+            ],
+        ]
         for a, code, group in zip(appends, expected, prepared, strict=True)
     ]
     # sort_keys: the same mapping built in another key order is the same content.

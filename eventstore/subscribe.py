@@ -95,7 +95,9 @@ class Subscription:
         if self._listener is not None and not self._listener.closed:
             return
         try:
-            self._listener = psycopg.connect(self._url, autocommit=True, application_name="ledgerflow-subscriber")
+            self._listener = psycopg.connect(
+                self._url, autocommit=True, application_name="ledgerflow-subscriber"
+            )
             self._listener.execute(Q["listen"])
         except psycopg.Error as exc:
             self._drop_listener()

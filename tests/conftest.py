@@ -58,7 +58,9 @@ def _create_database(admin_url: str, name: str, template: str | None = None) -> 
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         else:
             conn.execute(
-                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template))
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(name), sql.Identifier(template)
+                )
             )
 
 

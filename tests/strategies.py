@@ -7,10 +7,14 @@ from typing import Any
 from hypothesis import strategies as st
 
 # Text PostgreSQL can store: no NUL, no lone surrogates (the store refuses those with a typed error).
-storable_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30)
+storable_text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=30)
 
-json_scalars = st.none() | st.booleans() | st.integers(min_value=-(2**53), max_value=2**53) | storable_text | st.floats(
-    allow_nan=False, allow_infinity=False, width=64
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53), max_value=2**53)
+    | storable_text
+    | st.floats(allow_nan=False, allow_infinity=False, width=64)
 )
 
 json_values: st.SearchStrategy[Any] = st.recursive(

@@ -71,9 +71,7 @@ def test_any_appends_to_new_and_existing_streams(store: EventStore) -> None:
 def test_multi_stream_append_is_atomic(store: EventStore) -> None:
     store.append("b", [ev()])
     with pytest.raises(WrongExpectedVersionError):
-        store.append_many(
-            [StreamAppend("a", [ev()], NO_STREAM), StreamAppend("b", [ev()], NO_STREAM)]
-        )
+        store.append_many([StreamAppend("a", [ev()], NO_STREAM), StreamAppend("b", [ev()], NO_STREAM)])
     assert store.stream_version("a") is None
     assert count_events(store) == 1
     done = store.append_many([StreamAppend("a", [ev(), ev()], NO_STREAM), StreamAppend("b", [ev()], 1)])
@@ -144,7 +142,7 @@ def test_the_database_refuses_to_change_the_log(store: EventStore, statement: st
         # Even with triggers of ordinary kind disabled for replication, the log stays append-only.
         conn.execute("SET session_replication_role = replica")
         with pytest.raises(psycopg.Error, match="append-only"):
-            conn.execute(statement)  # type: ignore[arg-type]
+            conn.execute(statement)
     assert count_events(store) == 1
 
 

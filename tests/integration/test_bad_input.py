@@ -54,7 +54,9 @@ BAD_APPENDS: list[tuple[str, dict[str, Any]]] = [
 
 
 @pytest.mark.parametrize(("case", "overrides"), BAD_APPENDS, ids=[c for c, _ in BAD_APPENDS])
-def test_bad_append_is_refused_with_a_typed_error(store: EventStore, case: str, overrides: dict[str, Any]) -> None:
+def test_bad_append_is_refused_with_a_typed_error(
+    store: EventStore, case: str, overrides: dict[str, Any]
+) -> None:
     store.append("existing", [NewEvent("T", {})], idempotency_key="seed")
     before = log_size(store)
     call: dict[str, Any] = {

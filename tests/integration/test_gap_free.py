@@ -37,7 +37,8 @@ def naive_step(store: EventStore, state: object) -> tuple[list[uuid.UUID], objec
     assert isinstance(state, int)
     with store.pool.connection() as conn:
         rows = conn.execute(
-            "SELECT position, event_id FROM ledgerflow.events WHERE position > %s ORDER BY position LIMIT 100",
+            "SELECT position, event_id FROM ledgerflow.events "
+            "WHERE position > %s ORDER BY position LIMIT 100",
             (state,),
         ).fetchall()
     return [r[1] for r in rows], (rows[-1][0] if rows else state)

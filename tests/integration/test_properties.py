@@ -19,8 +19,9 @@ def fresh_stream() -> str:
 
 @given(data=json_objects, metadata=json_objects, event_type=event_types)
 @settings(max_examples=60)
-def test_round_trip_of_arbitrary_json(store: EventStore, data: dict[str, Any], metadata: dict[str, Any],
-                                      event_type: str) -> None:
+def test_round_trip_of_arbitrary_json(
+    store: EventStore, data: dict[str, Any], metadata: dict[str, Any], event_type: str
+) -> None:
     stream = fresh_stream()
     correlation, causation = uuid.uuid4(), uuid.uuid4()
     event = NewEvent(event_type, data, metadata, correlation_id=correlation, causation_id=causation)
@@ -45,7 +46,9 @@ def test_any_sequence_of_retries_writes_each_event_once(
     keys = [f"{stream}-{i}" for i in range(len(batches))]
     first_results: dict[int, Any] = {}
     for index in [i % len(batches) for i in retries] + list(range(len(batches))):
-        result = store.append(stream, [NewEvent("Item", d) for d in batches[index]], idempotency_key=keys[index])
+        result = store.append(
+            stream, [NewEvent("Item", d) for d in batches[index]], idempotency_key=keys[index]
+        )
         if index in first_results:
             assert result.duplicate
             assert result.events == first_results[index]
@@ -54,7 +57,8 @@ def test_any_sequence_of_retries_writes_each_event_once(
             first_results[index] = result.events
     stored = store.read_stream(stream, limit=10_000)
     assert sorted(len(b) for b in batches) == sorted(
-        len([e for e in stored if e.position in {a.position for a in first_results[i]}]) for i in range(len(batches))
+        len([e for e in stored if e.position in {a.position for a in first_results[i]}])
+        for i in range(len(batches))
     )
     assert len(stored) == sum(len(b) for b in batches)
 
@@ -68,23 +72,28 @@ def test_concurrent_appends_at_one_version_have_exactly_one_winner(
     store.append(stream, [NewEvent("Start", {})])
     for version in range(1, rounds + 1):
         barrier = threading.Barrier(writers)
-        outcomes: list[str] = []
+        outcomes: list[int | None] = []
 
-        def attempt(worker: int, expected: int = version) -> None:
+        def attempt(
+            worker: int, expected: int, barrier: threading.Barrier, outcomes: list[int | None]
+        ) -> None:
             barrier.wait()
             try:
                 store.append(stream, [NewEvent("Try", {"w": worker})], expected_version=expected)
-                outcomes.append("won")
+                outcomes.append(None)
             except WrongExpectedVersionError as exc:
-                assert exc.actual == expected + 1
-                outcomes.append("lost")
+                outcomes.append(exc.actual)
 
-        threads = [threading.Thread(target=attempt, args=(w,)) for w in range(writers)]
+        threads = [
+            threading.Thread(target=attempt, args=(w, version, barrier, outcomes)) for w in range(writers)
+        ]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        assert sorted(outcomes) == ["lost"] * (writers - 1) + ["won"]
+        # One winner; every loser is told the version the winner reached.
+        assert outcomes.count(None) == 1
+        assert sorted(o for o in outcomes if o is not None) == [version + 1] * (writers - 1)
     assert [e.stream_version for e in store.read_stream(stream)] == list(range(1, rounds + 2))
 
 

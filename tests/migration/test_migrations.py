@@ -27,8 +27,13 @@ def test_migrate_creates_the_schema_and_reapplying_is_a_no_op(fresh_database: st
     applied = migrate(fresh_database)
     assert [m.version for m in applied] == [m.version for m in load_migrations()]
     objects = schema_objects(fresh_database)
-    assert {("r", "events"), ("r", "streams"), ("r", "idempotency_keys"), ("r", "schema_migrations"),
-            ("f", "append_events")} <= objects
+    assert {
+        ("r", "events"),
+        ("r", "streams"),
+        ("r", "idempotency_keys"),
+        ("r", "schema_migrations"),
+        ("f", "append_events"),
+    } <= objects
     assert migrate(fresh_database) == []
     assert schema_objects(fresh_database) == objects
 
@@ -45,7 +50,7 @@ def test_processes_migrating_at_the_same_moment_all_succeed(fresh_database: str)
     assert sum(counts) == len(load_migrations())
     with psycopg.connect(fresh_database) as conn:
         row = conn.execute("SELECT count(*) FROM ledgerflow.schema_migrations").fetchone()
-    assert row is not None and row[0] == len(load_migrations())
+    assert row == (len(load_migrations()),)
 
 
 def test_an_edited_migration_is_refused(fresh_database: str) -> None:

@@ -1,0 +1,277 @@
+"""The `ledgerflow` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from eventstore import (
+    ANY,
+    NO_STREAM,
+    STREAM_EXISTS,
+    Cursor,
+    EventStore,
+    LedgerflowError,
+    NewEvent,
+    open_store,
+)
+from eventstore.db import resolve_database_url
+from eventstore.events import ExpectedVersion
+from eventstore.migrate import migrate as apply_migrations
+from ops.settings import Settings
+from ops.telemetry import configure_logging
+
+console = Console()
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _settings(ctx: click.Context) -> Settings:
+    settings = ctx.obj
+    assert isinstance(settings, Settings)
+    return settings
+
+
+@contextmanager
+def _store(ctx: click.Context) -> Iterator[EventStore]:
+    with open_store(_settings(ctx)) as store:
+        yield store
+
+
+def _expected(text: str) -> ExpectedVersion:
+    named = {"any": ANY, "no-stream": NO_STREAM, "exists": STREAM_EXISTS}
+    if text in named:
+        return named[text]
+    try:
+        return int(text)
+    except ValueError:
+        raise click.BadParameter("use any, no-stream, exists or a version number") from None
+
+
+class LedgerflowGroup(click.Group):
+    """Turns ledgerflow errors into one readable line and exit status 1, instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except LedgerflowError as exc:
+            console.print(f"[bold red]error[/] ({exc.code}): {exc}", highlight=False)
+            sys.exit(1)
+
+
+@click.group(cls=LedgerflowGroup)
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """ledgerflow: an event-sourced workflow engine on PostgreSQL.
+
+    Uses LEDGERFLOW_DATABASE_URL, or an embedded PostgreSQL when it is unset.
+    """
+    settings = Settings()
+    configure_logging(settings.log_level, settings.log_format)
+    ctx.obj = settings
+
+
+@cli.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Apply pending database migrations (also done automatically on start-up)."""
+    applied = apply_migrations(resolve_database_url(_settings(ctx)))
+    if applied:
+        for m in applied:
+            console.print(f"applied {m.version:04d}_{m.name}")
+    else:
+        console.print("the database is up to date")
+
+
+@cli.command()
+@click.argument("stream_id")
+@click.option("--type", "event_type", required=True, help="The event type, e.g. OrderPlaced.")
+@click.option("--data", default="{}", help="The event data, a JSON object.")
+@click.option("--metadata", default="{}", help="Metadata, a JSON object.")
+@click.option("--expected", default="any", help="any, no-stream, exists, or the stream's current version.")
+@click.option("--idempotency-key", default=None, help="Makes retries of this append safe.")
+@click.option("--tenant", default="default", show_default=True)
+@click.pass_context
+def append(
+    ctx: click.Context,
+    stream_id: str,
+    event_type: str,
+    data: str,
+    metadata: str,
+    expected: str,
+    idempotency_key: str | None,
+    tenant: str,
+) -> None:
+    """Append one event to a stream."""
+    try:
+        parsed_data, parsed_metadata = json.loads(data), json.loads(metadata)
+    except ValueError as exc:
+        raise click.BadParameter(f"--data and --metadata take JSON objects: {exc}") from None
+    with _store(ctx) as store:
+        result = store.append(
+            stream_id,
+            [NewEvent(event_type, parsed_data, parsed_metadata)],
+            expected_version=_expected(expected),
+            idempotency_key=idempotency_key,
+            tenant=tenant,
+        )
+    event = result.events[0]
+    note = " (duplicate: the original append's result)" if result.duplicate else ""
+    console.print(f"{stream_id} is at version {event.stream_version}, position {event.position}{note}")
+
+
+@cli.command()
+@click.argument("stream_id")
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--backward", is_flag=True, help="Newest first.")
+@click.option("--limit", default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
+def read(ctx: click.Context, stream_id: str, tenant: str, backward: bool, limit: int, as_json: bool) -> None:
+    """Print a stream's events."""
+    with _store(ctx) as store:
+        events = store.read_stream(stream_id, tenant=tenant, backward=backward, limit=limit)
+    if as_json:
+        for e in events:
+            click.echo(
+                json.dumps(
+                    {
+                        "version": e.stream_version,
+                        "position": e.position,
+                        "type": e.type,
+                        "data": e.data,
+                        "metadata": e.metadata,
+                        "event_id": str(e.event_id),
+                    }
+                )
+            )
+        return
+    table = Table("version", "position", "type", "data", "recorded")
+    for e in events:
+        table.add_row(
+            str(e.stream_version),
+            str(e.position),
+            e.type,
+            json.dumps(e.data)[:80],
+            e.recorded_at.isoformat(timespec="seconds"),
+        )
+    console.print(table)
+
+
+@cli.command()
+@click.option("--after", default="0:0", show_default=True, help="A cursor, <transaction_id>:<position>.")
+@click.option("--tenant", default=None, help="Only this tenant's events.")
+@click.option(
+    "--category", "categories", multiple=True, help="Only streams of this category (prefix before '-')."
+)
+@click.option("--type", "types", multiple=True, help="Only events of this type.")
+@click.pass_context
+def tail(
+    ctx: click.Context, after: str, tenant: str | None, categories: tuple[str, ...], types: tuple[str, ...]
+) -> None:
+    """Follow the global log from a cursor, one JSON line per event, until interrupted."""
+    with _store(ctx) as store:
+        subscription = store.subscribe(
+            Cursor.parse(after), tenant=tenant, categories=categories or None, types=types or None
+        )
+        try:
+            for e in subscription:
+                click.echo(
+                    json.dumps(
+                        {
+                            "cursor": str(e.cursor),
+                            "stream": e.stream_id,
+                            "version": e.stream_version,
+                            "type": e.type,
+                            "data": e.data,
+                        }
+                    )
+                )
+        except KeyboardInterrupt:
+            console.print(f"stopped; resume with --after {subscription.cursor}", highlight=False)
+
+
+@cli.command()
+@click.pass_context
+def horizon(ctx: click.Context) -> None:
+    """Show the log's safe horizon and the transactions holding it back."""
+    with _store(ctx) as store:
+        h = store.horizon()
+    console.print(
+        f"head position {h.head_position}; {h.waiting_events} committed events wait behind the horizon"
+    )
+    if not h.holders:
+        console.print("no transaction holds the horizon back")
+        return
+    table = Table("pid", "application", "database", "state", "age (s)", "query")
+    for holder in h.holders:
+        table.add_row(
+            str(holder.pid),
+            holder.application,
+            holder.database,
+            holder.state,
+            f"{holder.age_seconds:.1f}",
+            holder.query[:60],
+        )
+    console.print(table)
+    console.print(
+        "readers of the global log wait for these; end them with pg_terminate_backend(pid) if stuck"
+    )
+
+
+@cli.command("events-demo")
+@click.option("--events", "count", default=2000, show_default=True, help="How many sample events to append.")
+@click.option("--writers", default=4, show_default=True, help="Concurrent appending threads.")
+@click.pass_context
+def events_demo(ctx: click.Context, count: int, writers: int) -> None:
+    """Append sample events from several threads and follow them live through a subscription."""
+    with _store(ctx) as store:
+        # Follow from the current horizon: only this demo's new events, not earlier runs'.
+        head = store.horizon().xmin
+        subscription = store.subscribe(Cursor(head, 0), categories=["demo"])
+        per_writer = count // writers
+
+        def produce(worker: int) -> None:
+            for i in range(per_writer):
+                store.append(f"demo-{worker}", [NewEvent("SampleRecorded", {"worker": worker, "i": i})])
+
+        threads = [threading.Thread(target=produce, args=(w,), daemon=True) for w in range(writers)]
+        began = time.monotonic()
+        for t in threads:
+            t.start()
+        total = per_writer * writers
+        seen = 0
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console) as progress:
+            task = progress.add_task("following the log", total=total)
+            for page in subscription.pages():
+                seen += len(page.events)
+                progress.update(task, completed=seen)
+                if seen >= total:
+                    break
+        subscription.stop()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - began
+    console.print(
+        f"appended and followed {total} events from {writers} writers in {elapsed:.2f}s "
+        f"({total / elapsed:,.0f} events/s); resume after cursor {subscription.cursor}",
+        highlight=False,
+    )
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""The real `ledgerflow` command, in a subprocess, against a fresh database."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def run(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {"LEDGERFLOW_DATABASE_URL": database_url, "LEDGERFLOW_LOG_FORMAT": "json"}
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_append_read_and_idempotent_retry(database_url: str) -> None:
+    args = ("append", "order-1", "--type", "Placed", "--data", '{"total": 5}', "--idempotency-key", "k1")
+    first = run(database_url, *args)
+    assert first.returncode == 0, first.stderr
+    again = run(database_url, *args)
+    assert "duplicate" in again.stdout
+    read = run(database_url, "read", "order-1", "--json")
+    lines = [json.loads(line) for line in read.stdout.splitlines()]
+    assert [(line["version"], line["data"]) for line in lines] == [(1, {"total": 5})]
+
+
+def test_errors_are_one_line_with_what_to_do(database_url: str) -> None:
+    run(database_url, "append", "s", "--type", "T")
+    result = run(database_url, "append", "s", "--type", "T", "--expected", "no-stream")
+    assert result.returncode == 1
+    assert "wrong_expected_version" in result.stdout
+    assert "Re-read the stream" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_events_demo_appends_and_follows(database_url: str) -> None:
+    result = run(database_url, "events-demo", "--events", "200", "--writers", "2")
+    assert result.returncode == 0, result.stderr
+    assert "appended and followed 200 events" in result.stdout
+
+
+def test_migrate_reports_up_to_date(database_url: str) -> None:
+    result = run(database_url, "migrate")
+    assert result.returncode == 0, result.stderr
+    assert "up to date" in result.stdout
