@@ -1,0 +1,201 @@
+"""Shared helpers for the hand-run benchmarks in bench/: throwaway databases, the raw-psycopg twin of
+the events table, payloads, and result tables.
+
+Benchmarks here never report one absolute time alone: every number is set against a baseline measured
+in the same run on the same machine, because absolute times on a shared 2-core box drift by more than
+the differences we care about.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import secrets
+import statistics
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import structlog
+from psycopg import sql
+
+DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def default_admin_url() -> str:
+    """The server to benchmark against: LEDGERFLOW_BENCH_URL, else the local development server."""
+    return os.environ.get("LEDGERFLOW_BENCH_URL", DEFAULT_ADMIN_URL)
+
+
+def quiet_logs() -> None:
+    """Silence info-level logs (migrations, imports) so that they do not interleave with the results.
+
+    Logging is also work inside the measured calls; ledgerflow logs one line per import, which is
+    negligible next to 100k rows, so filtering it changes nothing measurable.
+    """
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    logging.getLogger("eventsourcing").setLevel(logging.WARNING)
+
+
+def with_database(url: str, dbname: str) -> str:
+    return psycopg.conninfo.make_conninfo(url, dbname=dbname)
+
+
+@contextmanager
+def fresh_database(admin_url: str, prefix: str = "bench") -> Iterator[str]:
+    """A new, empty database for one run, dropped afterwards even if the run fails.
+
+    A fresh database per run means every run starts from empty tables and indexes, so runs are
+    comparable and no run pays for the bloat of the previous one.
+    """
+    name = f"{prefix}_{secrets.token_hex(6)}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield with_database(admin_url, name)
+    finally:
+        # FORCE: a connection leaked by a failed run must not leave the database behind.
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+# -- the raw twin of ledgerflow.events -----------------------------------------------------------------
+
+_COLUMNS = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attidentity::text,
+       a.attgenerated::text, coalesce(pg_get_expr(d.adbin, d.adrelid), ''), a.attcollation::int
+  FROM pg_attribute a
+  LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+ WHERE a.attrelid = %(t)s::regclass AND a.attnum > 0 AND NOT a.attisdropped
+ ORDER BY a.attnum
+"""
+# Constraint and index names differ between the two tables (LIKE generates its own); their
+# definitions are what must match.
+_CONSTRAINTS = """
+SELECT contype::text, pg_get_constraintdef(oid) FROM pg_constraint
+ WHERE conrelid = %(t)s::regclass ORDER BY 1, 2
+"""
+_INDEXES = """
+SELECT i.indisprimary, i.indisunique, substring(pg_get_indexdef(i.indexrelid) from ' USING .*$')
+  FROM pg_index i WHERE i.indrelid = %(t)s::regclass ORDER BY 3
+"""
+_IDENTITY = """
+SELECT s.seqtypid::regtype::text, s.seqstart, s.seqincrement, s.seqcache, s.seqcycle
+  FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence(%(t)s, 'position')::regclass
+"""
+_STORAGE = "SELECT coalesce(reloptions, '{}')::text, relpersistence::text FROM pg_class WHERE oid = %(t)s::regclass"
+_INSERT_TRIGGERS = """
+SELECT count(*) FROM pg_trigger
+ WHERE tgrelid = %(t)s::regclass AND NOT tgisinternal AND (tgtype::int & 4) <> 0
+"""
+
+
+def table_shape(conn: psycopg.Connection[Any], table: str) -> dict[str, list[tuple[Any, ...]]]:
+    """What decides a table's insert cost: columns with defaults/identity/generation, constraints,
+    indexes, the identity sequence, storage options and INSERT triggers."""
+    queries = {
+        "columns": _COLUMNS,
+        "constraints": _CONSTRAINTS,
+        "indexes": _INDEXES,
+        "identity sequence": _IDENTITY,
+        "storage": _STORAGE,
+        "insert triggers": _INSERT_TRIGGERS,
+    }
+    return {what: conn.execute(q, {"t": table}).fetchall() for what, q in queries.items()}
+
+
+def create_twin_table(url: str, source: str, schema: str, table: str = "events") -> list[str]:
+    """Create `schema.table` with the same columns, constraints, indexes and defaults as `source`;
+    return the differences found afterwards (empty when the twin is exact).
+
+    LIKE ... INCLUDING ALL copies identity, generated columns, defaults, CHECK constraints, indexes
+    (primary key and unique constraints included), statistics, storage and compression, but not
+    triggers. ledgerflow's triggers only fire on UPDATE, DELETE and TRUNCATE, never on INSERT, so the
+    twin's insert cost is the same; `table_shape` checks that no INSERT trigger exists on either.
+    """
+    target = f"{schema}.{table}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(
+                sql.Identifier(schema, table), sql.Identifier(*source.split("."))
+            )
+        )
+        want, got = table_shape(conn, source), table_shape(conn, target)
+    return [
+        f"{what}: {source} has {want[what]}, {target} has {got[what]}"
+        for what in want
+        if want[what] != got[what]
+    ]
+
+
+# -- payloads ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """One event's content as an application holds it before appending: a type and two dicts."""
+
+    type: str
+    data: Mapping[str, Any]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+def dump_json(value: Mapping[str, Any]) -> str:
+    """The serialisation every system in a benchmark uses: the same call ledgerflow makes, so the bytes
+    sent (and the client CPU spent making them) are identical."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def make_payloads(count: int, seed: int) -> list[Payload]:
+    """`count` distinct payloads of about 150 bytes of data and 50 bytes of metadata each.
+
+    Built outside the timed sections: every system receives the same dicts, as an application would
+    hand them over.
+    """
+    rng = random.Random(seed)
+    types = ("OrderPlaced", "OrderPaid", "ItemAdded", "ItemRemoved", "OrderShipped")
+    out: list[Payload] = []
+    for i in range(count):
+        data = {
+            "order_id": f"ord-{i:08d}",
+            "customer_id": str(uuid.UUID(int=rng.getrandbits(128))),
+            "amount_cents": rng.randrange(100, 1_000_000),
+            "currency": rng.choice(("EUR", "USD", "GBP")),
+            "items": [{"sku": f"SKU-{rng.randrange(10_000):05d}", "qty": rng.randrange(1, 5)}],
+        }
+        metadata = {"source": "bench", "user": f"user-{rng.randrange(1000)}", "v": 1}
+        out.append(Payload(types[i % len(types)], data, metadata))
+    return out
+
+
+# -- statistics and printing --------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def fmt_rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def fmt_ratio(values: Sequence[float]) -> str:
+    """Median of per-run ratios, with the range so the reader can see the noise."""
+    if not values:
+        return "-"
+    return f"{median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    print(line)
+    print("-" * len(line))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))

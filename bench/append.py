@@ -1,0 +1,548 @@
+"""Append throughput of ledgerflow against raw psycopg on an identical table, and against eventsourcing.
+
+Run by hand (it is not a test):
+
+    python bench/append.py [--runs 5] [--url postgresql://postgres@127.0.0.1:5432/postgres]
+
+Four workloads, each measured for every system in every run:
+
+  (a) one event per append, one connection, sequential appends;
+  (b) 8 connections (threads) appending concurrently, each to its own streams, one event per append;
+  (c) 100 events per append;
+  (d) a bulk import of 100k events (ledgerflow: EventStore.import_events; raw: COPY).
+
+The baseline is "raw psycopg": the same rows written with the cheapest plain SQL into
+`bench_raw.events`, a twin of `ledgerflow.events` (same columns, defaults, identity, generated column,
+constraints and indexes), with stream versions computed by the client. What ledgerflow adds on top
+(the streams table, the plpgsql function, validation, the pool, the subscriber wake-up) is what the
+ratio ledgerflow/raw measures. Absolute numbers on a shared machine drift; the ratios are taken per run
+(both sides measured minutes apart at most, in rotating order) and the median over runs is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import psycopg
+
+from eventstore import DatabaseSettings, EventStore, NewEvent, open_store
+from eventstore.migrate import migrate
+
+if __package__ in (None, ""):
+    # Run as `python bench/append.py`: make the repository root importable so `bench._common` resolves
+    # the same way as under `python -m bench.append`.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (  # noqa: E402  (needs the sys.path line above when run as a script)
+    Payload,
+    create_twin_table,
+    default_admin_url,
+    dump_json,
+    fmt_rate,
+    fmt_ratio,
+    fresh_database,
+    make_payloads,
+    median,
+    print_table,
+    quiet_logs,
+)
+
+TENANT = "default"
+RAW_SCHEMA = "bench_raw"
+ES_SCHEMA = "bench_es"
+
+# -- raw psycopg -------------------------------------------------------------------------------------
+
+_RAW_COLUMNS = (
+    "tenant, stream_id, stream_version, event_id, event_type, data, metadata, correlation_id, causation_id"
+)
+# (a), (b): one plain INSERT per event on an autocommit connection: one round trip, one commit.
+RAW_INSERT_ONE = f"INSERT INTO {RAW_SCHEMA}.events ({_RAW_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+# (c): one multi-row INSERT per append. unnest of parallel arrays sends one statement with one set of
+# parameters (one round trip), which beat executemany's pipelined per-row statements when tried; the
+# baseline should be the fastest plain SQL, or the ratio flatters ledgerflow.
+RAW_INSERT_MANY = f"""
+INSERT INTO {RAW_SCHEMA}.events ({_RAW_COLUMNS})
+SELECT %(tenant)s, %(stream_id)s, u.v, u.e, u.t, u.d::jsonb, u.m::jsonb, NULL, NULL
+  FROM unnest(%(versions)s::bigint[], %(event_ids)s::uuid[], %(types)s::text[], %(data)s::text[],
+              %(metadata)s::text[]) AS u(v, e, t, d, m)
+"""
+# (d): COPY, the fastest way into PostgreSQL, with the same columns ledgerflow's import copies.
+RAW_COPY = f"COPY {RAW_SCHEMA}.events ({_RAW_COLUMNS}) FROM STDIN"
+
+
+class Session(Protocol):
+    """One thread's handle on a system: appends to streams that no other session touches."""
+
+    def append(self, stream_id: str, payloads: Sequence[Payload]) -> None: ...
+
+
+class System(Protocol):
+    name: str
+
+    def session(self, index: int) -> Session: ...
+
+    def bulk(self, rows: Sequence[tuple[str, Payload]]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RawSession:
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        # The client knows its streams' versions (each stream is written by one session only), which is
+        # the cheapest possible way to number events: no read, no lock, the unique index still guards.
+        self.versions: dict[str, int] = {}
+
+    def append(self, stream_id: str, payloads: Sequence[Payload]) -> None:
+        base = self.versions.get(stream_id, 0)
+        self.versions[stream_id] = base + len(payloads)
+        if len(payloads) == 1:
+            p = payloads[0]
+            self.conn.execute(
+                RAW_INSERT_ONE,
+                (TENANT, stream_id, base + 1, uuid.uuid4(), p.type, dump_json(p.data), dump_json(p.metadata),
+                 None, None),
+            )
+            return
+        self.conn.execute(
+            RAW_INSERT_MANY,
+            {
+                "tenant": TENANT,
+                "stream_id": stream_id,
+                "versions": list(range(base + 1, base + 1 + len(payloads))),
+                "event_ids": [uuid.uuid4() for _ in payloads],
+                "types": [p.type for p in payloads],
+                "data": [dump_json(p.data) for p in payloads],
+                "metadata": [dump_json(p.metadata) for p in payloads],
+            },
+        )
+
+
+class RawSystem:
+    name = "raw"
+
+    def __init__(self, url: str, connections: int) -> None:
+        # One long-lived autocommit connection per session index, opened (and warmed) outside the timed
+        # sections, as ledgerflow's pool connections are.
+        self.conns = [
+            psycopg.connect(url, autocommit=True, application_name="bench-raw") for _ in range(connections)
+        ]
+
+    def session(self, index: int) -> Session:
+        return RawSession(self.conns[index])
+
+    def bulk(self, rows: Sequence[tuple[str, Payload]]) -> None:
+        versions: dict[str, int] = {}
+        conn = self.conns[0]
+        with conn.transaction(), conn.cursor().copy(RAW_COPY) as copy:
+            for stream_id, p in rows:
+                version = versions.get(stream_id, 0) + 1
+                versions[stream_id] = version
+                copy.write_row(
+                    (TENANT, stream_id, version, uuid.uuid4(), p.type, dump_json(p.data), dump_json(p.metadata),
+                     None, None)
+                )
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+
+
+# -- ledgerflow -------------------------------------------------------------------------------------
+
+
+class LedgerflowSession:
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+
+    def append(self, stream_id: str, payloads: Sequence[Payload]) -> None:
+        # The default path a user takes: pool connection, expected version ANY, subscriber wake-up.
+        self.store.append(stream_id, [NewEvent(p.type, p.data, p.metadata) for p in payloads])
+
+
+class LedgerflowSystem:
+    name = "ledgerflow"
+
+    def __init__(self, url: str, connections: int) -> None:
+        # The pool is sized to the benchmark's concurrency and its minimum connections are opened up front,
+        # as a deployment expecting 8 concurrent writers would configure it; otherwise (b) would time
+        # connection setup instead of appends.
+        settings = DatabaseSettings(
+            database_url=url, pool_min_size=connections, pool_max_size=max(10, connections)
+        )
+        self.store = open_store(settings, url=url, migrate=True, name="bench-ledgerflow")
+
+    def session(self, index: int) -> Session:
+        return LedgerflowSession(self.store)
+
+    def bulk(self, rows: Sequence[tuple[str, Payload]]) -> None:
+        self.store.import_events((s, NewEvent(p.type, p.data, p.metadata)) for s, p in rows)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+# -- eventsourcing ----------------------------------------------------------------------------------
+
+
+def eventsourcing_status() -> str | None:
+    """None when eventsourcing's PostgreSQL persistence can be used, else why not."""
+    if importlib.util.find_spec("eventsourcing") is None:
+        return "eventsourcing is not installed (pip install -e '.[bench]' to measure it beside ledgerflow)"
+    try:
+        import eventsourcing.postgres  # noqa: F401
+    except ImportError as exc:
+        return f"eventsourcing is installed but its PostgreSQL persistence cannot be imported: {exc}"
+    return None
+
+
+def _es_state(p: Payload) -> bytes:
+    # eventsourcing stores one opaque `state` per event and has no metadata column: both dicts go in, with
+    # the same serialisation calls as the other systems.
+    return ('{"data":' + dump_json(p.data) + ',"metadata":' + dump_json(p.metadata) + "}").encode()
+
+
+class EventsourcingSession:
+    def __init__(self, recorder: Any, stored_event: type[Any]) -> None:
+        self.recorder = recorder
+        self.stored_event = stored_event
+        # eventsourcing numbers events in the client too (aggregate versions); it relies on the primary
+        # key (originator_id, originator_version) for optimistic concurrency, like the raw baseline.
+        self.versions: dict[str, int] = {}
+
+    def append(self, stream_id: str, payloads: Sequence[Payload]) -> None:
+        base = self.versions.get(stream_id, 0)
+        self.versions[stream_id] = base + len(payloads)
+        self.recorder.insert_events(
+            [
+                self.stored_event(
+                    originator_id=stream_id, originator_version=base + 1 + i, topic=p.type, state=_es_state(p)
+                )
+                for i, p in enumerate(payloads)
+            ]
+        )
+
+
+class EventsourcingSystem:
+    """eventsourcing's PostgresApplicationRecorder: the recorder behind an Application, which (like
+    ledgerflow) keeps a global, gap-free notification log beside the per-aggregate sequences."""
+
+    name = "eventsourcing"
+
+    def __init__(self, url: str, connections: int) -> None:
+        from eventsourcing.persistence import StoredEvent
+        from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+
+        info = psycopg.conninfo.conninfo_to_dict(url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {ES_SCHEMA}")
+        self.datastore = PostgresDatastore(
+            dbname=str(info.get("dbname", "")),
+            host=str(info.get("host", "")),
+            port=str(info.get("port", "5432")),
+            user=str(info.get("user", "")),
+            password=str(info.get("password", "")),
+            schema=ES_SCHEMA,
+            # Text ids, so it appends to the same stream names as the others.
+            originator_id_type="text",
+            pool_size=connections,
+        )
+        self.recorder = PostgresApplicationRecorder(self.datastore)
+        self.recorder.create_table()
+        self.stored_event = StoredEvent
+
+    def session(self, index: int) -> Session:
+        return EventsourcingSession(self.recorder, self.stored_event)
+
+    def bulk(self, rows: Sequence[tuple[str, Payload]]) -> None:
+        # eventsourcing has no COPY path; its bulk write is one insert_events call (one INSERT ... SELECT
+        # FROM unnest of a composite array, in one transaction).
+        versions: dict[str, int] = {}
+        events = []
+        for stream_id, p in rows:
+            version = versions.get(stream_id, 0) + 1
+            versions[stream_id] = version
+            events.append(
+                self.stored_event(originator_id=stream_id, originator_version=version, topic=p.type,
+                                  state=_es_state(p))
+            )
+        self.recorder.insert_events(events)
+
+    def close(self) -> None:
+        self.datastore.close()
+
+
+# -- workloads --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    appends: int
+    threads: int
+    appends_per_thread: int
+    batches: int
+    batch_size: int
+    import_events: int
+    streams: int
+
+    @property
+    def payloads_needed(self) -> int:
+        return max(
+            self.appends, self.threads * self.appends_per_thread, self.batches * self.batch_size,
+            self.import_events,
+        )
+
+
+def sequential(system: System, prefix: str, payloads: Sequence[Payload], s: Settings) -> tuple[int, float]:
+    session = system.session(0)
+    start = time.perf_counter()
+    for i in range(s.appends):
+        # Round-robin over a set of streams, so appends both create streams and extend them.
+        session.append(f"{prefix}-{i % s.streams}", payloads[i : i + 1])
+    return s.appends, time.perf_counter() - start
+
+
+def concurrent(system: System, prefix: str, payloads: Sequence[Payload], s: Settings) -> tuple[int, float]:
+    sessions = [system.session(k) for k in range(s.threads)]
+    # Threads start together on a barrier; the clock runs from the release to the last one finishing.
+    barrier = threading.Barrier(s.threads + 1)
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        mine = payloads[k * s.appends_per_thread : (k + 1) * s.appends_per_thread]
+        barrier.wait()
+        try:
+            for i in range(len(mine)):
+                # Each thread has its own streams: this measures writers that do not conflict.
+                sessions[k].append(f"{prefix}-t{k}-{i % s.streams}", mine[i : i + 1])
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,), name=f"bench-writer-{k}") for k in range(s.threads)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return s.threads * s.appends_per_thread, elapsed
+
+
+def batched(system: System, prefix: str, payloads: Sequence[Payload], s: Settings) -> tuple[int, float]:
+    session = system.session(0)
+    start = time.perf_counter()
+    for b in range(s.batches):
+        session.append(f"{prefix}-{b % s.streams}", payloads[b * s.batch_size : (b + 1) * s.batch_size])
+    return s.batches * s.batch_size, time.perf_counter() - start
+
+
+def bulk(system: System, prefix: str, payloads: Sequence[Payload], s: Settings) -> tuple[int, float]:
+    # 100 events per stream on average, interleaved as an export of a global log would deliver them.
+    n_streams = max(1, s.import_events // 100)
+    rows = [(f"{prefix}-{i % n_streams}", payloads[i]) for i in range(s.import_events)]
+    start = time.perf_counter()
+    system.bulk(rows)
+    return len(rows), time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class Workload:
+    key: str
+    title: str
+    target: float
+    measure: Callable[[System, str, Sequence[Payload], Settings], tuple[int, float]]
+
+
+WORKLOADS = (
+    Workload("a", "(a) 1 event/append, 1 conn", 0.85, sequential),
+    Workload("b", "(b) 1 event/append, 8 conns", 0.80, concurrent),
+    Workload("c", "(c) 100 events/append", 0.70, batched),
+    Workload("d", "(d) bulk import 100k", 0.60, bulk),
+)
+
+
+def warm_up(system: System, payloads: Sequence[Payload], s: Settings) -> None:
+    """Run every path a little before timing: opens and warms every connection, lets psycopg prepare the
+    repeated statements (after 5 executions) and PostgreSQL cache the plpgsql function's plans."""
+    small = Settings(
+        appends=50, threads=s.threads, appends_per_thread=20, batches=5, batch_size=min(100, s.batch_size),
+        import_events=500, streams=5,
+    )
+    concurrent(system, "warm-b", payloads, small)
+    sequential(system, "warm-a", payloads, small)
+    batched(system, "warm-c", payloads, small)
+    bulk(system, "warm-d", payloads, small)
+
+
+# -- running and reporting ----------------------------------------------------------------------------
+
+
+@dataclass
+class Results:
+    #: workload key -> system name -> events/s, one per run
+    rates: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    #: workload key -> system name -> system/raw ratio, one per run in which both succeeded
+    ratios: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    #: workload key -> system name -> what went wrong (first failure)
+    failures: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def open_systems(url: str, threads: int, with_es: bool) -> list[System]:
+    systems: list[System] = [RawSystem(url, threads), LedgerflowSystem(url, threads)]
+    if with_es:
+        systems.append(EventsourcingSystem(url, threads))
+    return systems
+
+
+def one_run(admin_url: str, run: int, s: Settings, with_es: bool, results: Results) -> None:
+    payloads = make_payloads(s.payloads_needed, seed=run)
+    with fresh_database(admin_url) as url:
+        migrate(url)
+        differences = create_twin_table(url, "ledgerflow.events", RAW_SCHEMA)
+        if differences:
+            # A baseline on a cheaper table would make every ratio meaningless: stop rather than mislead.
+            raise SystemExit("bench_raw.events is not an exact twin of ledgerflow.events:\n" + "\n".join(differences))
+        systems = open_systems(url, s.threads, with_es)
+        try:
+            for system in systems:
+                warm_up(system, payloads, s)
+            for w_index, w in enumerate(WORKLOADS):
+                # Rotate who goes first, per run and per workload, so that drift (autovacuum, checkpoints,
+                # other tenants of the machine) does not always fall on the same system.
+                shift = (run + w_index) % len(systems)
+                run_rates: dict[str, float] = {}
+                for system in systems[shift:] + systems[:shift]:
+                    try:
+                        events, seconds = w.measure(system, f"{w.key}{run}", payloads, s)
+                    except Exception as exc:
+                        results.failures.setdefault(w.key, {}).setdefault(
+                            system.name, f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                        )
+                        continue
+                    run_rates[system.name] = events / seconds
+                    results.rates.setdefault(w.key, {}).setdefault(system.name, []).append(events / seconds)
+                raw = run_rates.get("raw")
+                for name, rate in run_rates.items():
+                    if raw and name != "raw":
+                        results.ratios.setdefault(w.key, {}).setdefault(name, []).append(rate / raw)
+        finally:
+            for system in systems:
+                system.close()
+
+
+def report(results: Results, names: Sequence[str], s: Settings) -> None:
+    others = [n for n in names if n != "raw"]
+    headers = ["workload", *(f"{n} ev/s" for n in names)]
+    for n in others:
+        headers.append(f"{n}/raw")
+        if n == "ledgerflow":
+            headers += ["target", "verdict"]
+    rows: list[list[str]] = []
+    for w in WORKLOADS:
+        rates = results.rates.get(w.key, {})
+        ratios = results.ratios.get(w.key, {})
+        failures = results.failures.get(w.key, {})
+        row = [w.title]
+        for n in names:
+            row.append(fmt_rate(median(rates[n])) if n in rates else "FAILED" if n in failures else "-")
+        for n in others:
+            row.append(fmt_ratio(ratios.get(n, [])))
+            if n == "ledgerflow":
+                got = ratios.get(n)
+                row.append(f">= {w.target:.2f}")
+                row.append("-" if not got else "PASS" if median(got) >= w.target else "MISS")
+        rows.append(row)
+    print_table(headers, rows)
+    print("\nev/s: median events per second over runs. x/raw: median of per-run ratios (min-max over runs).")
+
+    print("\nPer-run ratios to raw:")
+    for w in WORKLOADS:
+        for n in others:
+            got = results.ratios.get(w.key, {}).get(n, [])
+            if got:
+                print(f"  {w.title:30} {n:14} " + " ".join(f"{r:.2f}" for r in got))
+
+    a, b = results.rates.get("a", {}), results.rates.get("b", {})
+    scaling = [f"{n} x{median(b[n]) / median(a[n]):.2f}" for n in names if n in a and n in b]
+    if scaling:
+        print(f"\nScaling from 1 to {s.threads} connections ((b) ev/s over (a) ev/s): " + ", ".join(scaling))
+    if "eventsourcing" in names:
+        print(
+            "  eventsourcing's PostgresApplicationRecorder takes LOCK TABLE ... IN EXCLUSIVE MODE and sends NOTIFY\n"
+            "  in every insert transaction (to keep its notification log gap-free), so its writers are\n"
+            "  serialised: extra connections queue on the table lock instead of adding throughput."
+        )
+    for key, failed in results.failures.items():
+        for n, message in failed.items():
+            print(f"\n({key}) {n} failed: {message}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=5, help="runs, each on a fresh database (default 5)")
+    parser.add_argument("--url", default=default_admin_url(),
+                        help="server to use; a database is created and dropped per run (default: "
+                             "$LEDGERFLOW_BENCH_URL or the local server)")
+    parser.add_argument("--appends", type=int, default=2000, help="(a) sequential single-event appends")
+    parser.add_argument("--threads", type=int, default=8, help="(b) concurrent connections")
+    parser.add_argument("--appends-per-thread", type=int, default=400, help="(b) appends per connection")
+    parser.add_argument("--batches", type=int, default=100, help="(c) appends of --batch-size events")
+    parser.add_argument("--batch-size", type=int, default=100, help="(c) events per append")
+    parser.add_argument("--import-events", type=int, default=100_000, help="(d) events imported")
+    parser.add_argument("--streams", type=int, default=50, help="streams per writer, appended round-robin")
+    parser.add_argument("--no-eventsourcing", action="store_true", help="skip the eventsourcing peer")
+    args = parser.parse_args(argv)
+    s = Settings(
+        appends=args.appends, threads=args.threads, appends_per_thread=args.appends_per_thread,
+        batches=args.batches, batch_size=args.batch_size, import_events=args.import_events,
+        streams=args.streams,
+    )
+    quiet_logs()
+
+    es_problem = "skipped (--no-eventsourcing)" if args.no_eventsourcing else eventsourcing_status()
+    names = ["raw", "ledgerflow"] + ([] if es_problem else ["eventsourcing"])
+    with psycopg.connect(args.url) as conn:
+        row = conn.execute("SELECT current_setting('server_version'), current_setting('synchronous_commit'), "
+                           "current_setting('fsync')").fetchone()
+    print(f"PostgreSQL {row[0] if row else '?'} (synchronous_commit={row[1] if row else '?'}, "
+          f"fsync={row[2] if row else '?'}), {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+          f"psycopg {psycopg.__version__}")
+    if es_problem:
+        print(f"eventsourcing: {es_problem}")
+    else:
+        print(f"eventsourcing {importlib.metadata.version('eventsourcing')}: PostgresApplicationRecorder, "
+              f"schema {ES_SCHEMA}, text originator ids")
+    print(f"{args.runs} runs, each on a fresh database; bench_raw.events checked to be an exact twin of "
+          "ledgerflow.events (columns, defaults, identity, constraints, indexes, no INSERT triggers)")
+    print(f"(a) {s.appends} appends | (b) {s.threads} x {s.appends_per_thread} appends | "
+          f"(c) {s.batches} x {s.batch_size} events | (d) {s.import_events} events; "
+          "payload ~150 B data + ~50 B metadata\n")
+
+    results = Results()
+    started = time.perf_counter()
+    for run in range(args.runs):
+        t0 = time.perf_counter()
+        one_run(args.url, run, s, not es_problem, results)
+        print(f"run {run + 1}/{args.runs} done in {time.perf_counter() - t0:.1f}s", flush=True)
+    print(f"\nTotal {time.perf_counter() - started:.0f}s\n")
+    report(results, names, s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

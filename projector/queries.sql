@@ -1,0 +1,190 @@
+-- The projector's SQL. Every statement the projector package runs is here, named.
+
+-- name: ensure_cursor
+INSERT INTO ledgerflow.projection_cursors (projection, version) VALUES (%(projection)s, %(version)s)
+ON CONFLICT (projection) DO NOTHING
+
+-- name: get_cursor
+SELECT cursor_tx, cursor_position, version, events_applied
+  FROM ledgerflow.projection_cursors WHERE projection = %(projection)s
+
+-- name: lock_cursor
+-- Taken first by every transaction that changes a projection's tables, so batches, swaps and replays
+-- queue on this row instead of deadlocking on the tables.
+SELECT cursor_tx, cursor_position, version
+  FROM ledgerflow.projection_cursors WHERE projection = %(projection)s FOR UPDATE
+
+-- name: advance_cursor
+-- Compare-and-set: a batch commits only if the cursor is still where the batch started, so a batch is
+-- never applied twice, whatever the crash or race.
+UPDATE ledgerflow.projection_cursors
+   SET cursor_tx = %(new_tx)s, cursor_position = %(new_position)s,
+       events_applied = events_applied + %(applied)s, updated_at = now()
+ WHERE projection = %(projection)s AND cursor_tx = %(old_tx)s AND cursor_position = %(old_position)s
+RETURNING 1
+
+-- name: set_cursor
+UPDATE ledgerflow.projection_cursors
+   SET cursor_tx = %(tx)s, cursor_position = %(position)s, version = %(version)s, updated_at = now()
+ WHERE projection = %(projection)s
+
+-- name: acquire_lease
+-- Exactly one worker wins a free or lapsed lease: the conditional update re-checks expires_at under the
+-- row lock, so a second contender finds the lease alive and gets no row. The epoch grows on every take.
+INSERT INTO ledgerflow.projection_leases AS l (projection, owner, epoch, expires_at)
+VALUES (%(projection)s, %(owner)s, 1, clock_timestamp() + make_interval(secs => %(ttl)s))
+ON CONFLICT (projection) DO UPDATE
+   SET owner = excluded.owner, epoch = l.epoch + 1, acquired_at = clock_timestamp(),
+       heartbeat_at = clock_timestamp(), expires_at = excluded.expires_at
+ WHERE l.expires_at < clock_timestamp()
+RETURNING epoch
+
+-- name: renew_lease
+UPDATE ledgerflow.projection_leases
+   SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+ WHERE projection = %(projection)s AND owner = %(owner)s AND epoch = %(epoch)s
+   AND expires_at > clock_timestamp()
+RETURNING 1
+
+-- name: release_lease
+UPDATE ledgerflow.projection_leases SET expires_at = clock_timestamp()
+ WHERE projection = %(projection)s AND owner = %(owner)s AND epoch = %(epoch)s
+
+-- name: hold_lease
+-- Fencing: run at the start of a batch transaction. FOR SHARE keeps a contender from taking the lease
+-- until this batch commits; a worker whose lease lapsed or was taken gets no row and commits nothing.
+SELECT 1 FROM ledgerflow.projection_leases
+ WHERE projection = %(projection)s AND owner = %(owner)s AND epoch = %(epoch)s
+   AND expires_at > clock_timestamp()
+   FOR SHARE
+
+-- name: lease_of
+SELECT owner, epoch, expires_at > clock_timestamp(), heartbeat_at, expires_at
+  FROM ledgerflow.projection_leases WHERE projection = %(projection)s
+
+-- name: start_run
+INSERT INTO ledgerflow.projection_runs
+       (projection, kind, trigger, actor, owner, start_tx, start_position, target_tx, target_position)
+VALUES (%(projection)s, %(kind)s, %(trigger)s, %(actor)s, %(owner)s, %(start_tx)s, %(start_position)s,
+        %(target_tx)s, %(target_position)s)
+RETURNING id
+
+-- name: run_progress
+UPDATE ledgerflow.projection_runs
+   SET end_tx = %(tx)s, end_position = %(position)s, events_processed = events_processed + %(events)s,
+       heartbeat_at = clock_timestamp()
+ WHERE id = %(run_id)s AND status = 'running'
+
+-- name: heartbeat_runs
+UPDATE ledgerflow.projection_runs SET heartbeat_at = clock_timestamp()
+ WHERE owner = %(owner)s AND status = 'running'
+
+-- name: finish_run
+UPDATE ledgerflow.projection_runs
+   SET status = %(status)s, ended_at = clock_timestamp(), error = %(error)s,
+       digest = coalesce(%(digest)s, digest)
+ WHERE id = %(run_id)s AND status = 'running'
+
+-- name: mark_abandoned_runs
+-- A run whose owner stopped heartbeating died with it: say so, instead of showing it running for ever.
+UPDATE ledgerflow.projection_runs
+   SET status = 'abandoned', ended_at = clock_timestamp(),
+       error = 'its owner ' || owner || ' stopped heartbeating at ' || heartbeat_at::text
+ WHERE status = 'running' AND heartbeat_at < clock_timestamp() - make_interval(secs => %(timeout)s)
+RETURNING id, projection, kind, owner
+
+-- name: list_runs
+SELECT id, projection, kind, trigger, actor, owner, status, start_tx, start_position, end_tx, end_position,
+       target_tx, target_position, events_processed, started_at, heartbeat_at, ended_at, digest, error
+  FROM ledgerflow.projection_runs
+ WHERE (%(projection)s::text IS NULL OR projection = %(projection)s::text)
+ ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- name: get_run
+SELECT id, projection, kind, trigger, actor, owner, status, start_tx, start_position, end_tx, end_position,
+       target_tx, target_position, events_processed, started_at, heartbeat_at, ended_at, digest, error
+  FROM ledgerflow.projection_runs WHERE id = %(run_id)s
+
+-- name: record_failure
+INSERT INTO ledgerflow.projection_failures AS f
+       (projection, event_position, event_tx, event_id, tenant, stream_id, stream_version, event_type,
+        policy, error_class, error_message, attempts)
+VALUES (%(projection)s, %(position)s, %(tx)s, %(event_id)s, %(tenant)s, %(stream_id)s, %(stream_version)s,
+        %(event_type)s, %(policy)s, %(error_class)s, %(error_message)s, %(attempts)s)
+ON CONFLICT (projection, event_position) DO UPDATE
+   SET status = 'open', error_class = excluded.error_class, error_message = excluded.error_message,
+       attempts = f.attempts + excluded.attempts, last_seen = now()
+RETURNING id
+
+-- name: open_failures
+SELECT id, projection, event_position, event_tx, event_id, tenant, stream_id, stream_version, event_type,
+       policy, status, error_class, error_message, attempts, first_seen, last_seen, resolved_at, resolved_by
+  FROM ledgerflow.projection_failures
+ WHERE projection = %(projection)s AND status IN ('open', 'retry_requested', 'skip_requested')
+ ORDER BY event_tx, event_position
+
+-- name: list_failures
+SELECT id, projection, event_position, event_tx, event_id, tenant, stream_id, stream_version, event_type,
+       policy, status, error_class, error_message, attempts, first_seen, last_seen, resolved_at, resolved_by
+  FROM ledgerflow.projection_failures
+ WHERE (%(projection)s::text IS NULL OR projection = %(projection)s::text)
+   AND (%(all)s OR status IN ('open', 'retry_requested', 'skip_requested'))
+ ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- name: skipped_positions
+SELECT event_position FROM ledgerflow.projection_failures
+ WHERE projection = %(projection)s AND status = 'skipped'
+
+-- name: request_failure_retry
+UPDATE ledgerflow.projection_failures SET status = 'retry_requested', resolved_by = %(actor)s
+ WHERE id = %(failure_id)s AND status = 'open'
+RETURNING id
+
+-- name: request_failure_skip
+-- The worker carries the skip out (and, under the park policy, applies the stream's parked events).
+UPDATE ledgerflow.projection_failures SET status = 'skip_requested', resolved_by = %(actor)s
+ WHERE id = %(failure_id)s AND status IN ('open', 'retry_requested')
+RETURNING id
+
+-- name: close_failure
+UPDATE ledgerflow.projection_failures SET status = %(status)s, resolved_at = now()
+ WHERE id = %(failure_id)s
+
+-- name: failure_events
+-- The events a resolution applies: the failed event (unless skipped) and the stream's later events that
+-- were parked behind it, up to the projection's cursor.
+SELECT position, transaction_id::text::bigint, tenant, stream_id, stream_version, event_id, event_type,
+       data, metadata, correlation_id, causation_id, recorded_at
+  FROM ledgerflow.events
+ WHERE tenant = %(tenant)s AND stream_id = %(stream_id)s AND stream_version >= %(from_version)s
+   AND (transaction_id, position) <= (%(tx)s::text::xid8, %(position)s::bigint)
+ ORDER BY stream_version
+
+-- name: lag
+-- How far a projection trails: events below the safe horizon not yet applied, events committed at all
+-- not yet applied, and the age of the oldest of them. Counts stop at 1,000,000 to stay cheap.
+WITH h AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin),
+behind AS (
+    SELECT e.transaction_id, e.recorded_at
+      FROM ledgerflow.events e
+     WHERE (e.transaction_id, e.position) > (%(tx)s::text::xid8, %(position)s::bigint)
+     ORDER BY e.transaction_id, e.position
+     LIMIT 1000000
+)
+SELECT (SELECT count(*) FROM behind, h WHERE behind.transaction_id < h.xmin),
+       (SELECT count(*) FROM behind),
+       (SELECT extract(epoch FROM clock_timestamp() - min(recorded_at))::float8 FROM behind),
+       (SELECT xmin::text::bigint FROM h)
+
+-- name: active_run
+SELECT id, target_tx, target_position FROM ledgerflow.projection_runs
+ WHERE projection = %(projection)s AND kind = %(kind)s AND status = 'running'
+ ORDER BY id DESC LIMIT 1
+
+-- name: first_cursor_since
+-- The cursor just before the first event recorded at or after a time, for replays "from a time".
+SELECT transaction_id::text::bigint, position - 1 FROM ledgerflow.events
+ WHERE recorded_at >= %(since)s
+ ORDER BY transaction_id, position LIMIT 1

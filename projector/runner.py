@@ -1,0 +1,285 @@
+"""Applying a projection's batches to its live tables: exactly once, under a lease, failures kept.
+
+Each batch commits in one transaction that (1) checks the lease (fencing by epoch), (2) moves the cursor
+with a compare-and-set from where the batch started, (3) runs the handlers. A crash at any instant
+rolls all three back together; a second applier of the same batch fails the compare-and-set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
+import tenacity
+
+from eventstore import Cursor, DatabaseUnavailableError, EventStore, RecordedEvent
+from projector import state
+from projector.projection import ApplyContext, Projection
+
+log = structlog.get_logger(__name__)
+
+
+class LeaseLost(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt, not an error
+    """This worker no longer holds the projection's lease; it must stop applying at once.
+
+    A BaseException so that handler code catching Exception cannot swallow it."""
+
+
+class _CursorMoved(Exception):
+    """The cursor is not where this runner left it (a replay or a rebuild moved it)."""
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """How often a failing batch or event is retried before it becomes a failure record."""
+
+    attempts: int = 3
+    initial_backoff: float = 0.05
+    max_backoff: float = 2.0
+
+
+@dataclass(frozen=True)
+class StepResult:
+    applied: int
+    caught_up: bool
+    blocked: bool = False
+
+
+class LiveRunner:
+    """Moves one projection's live tables forward, batch by batch, while holding its lease."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        projection: Projection,
+        *,
+        owner: str,
+        epoch: int,
+        batch_size: int = 500,
+        retry: RetrySettings | None = None,
+        catch_up_run: int | None = None,
+    ) -> None:
+        self.store = store
+        self.projection = projection
+        self.owner = owner
+        self.epoch = epoch
+        self.batch_size = batch_size
+        self.retry = retry or RetrySettings()
+        self._catch_up_run = catch_up_run
+        self._replay: tuple[int, Cursor | None] | None = None
+        self._reload()
+
+    def _reload(self) -> None:
+        with self.store.pool.connection() as conn:
+            current = state.get_cursor(conn, self.projection.name)
+            assert current is not None, "the worker creates the cursor before running"
+            self._db_cursor = current.cursor
+            self._skipped = state.skipped_positions(conn, self.projection.name)
+            self._replay = state.active_run(conn, self.projection.name, "replay")
+        self._read_cursor = self._db_cursor
+
+    @property
+    def cursor(self) -> Cursor:
+        return self._db_cursor
+
+    def step(self) -> StepResult:
+        """Apply at most one batch. Raises LeaseLost when the lease is gone."""
+        name = self.projection.name
+        with self.store.pool.connection() as conn:
+            failures = state.open_failures(conn, name)
+        for failure in failures:
+            if failure.policy == "park" and failure.status in ("retry_requested", "skip_requested"):
+                self._resolve_parked(failure)
+                return StepResult(applied=1, caught_up=False)
+            if failure.policy == "block" and failure.status == "skip_requested":
+                with self.store.pool.connection() as conn:
+                    state.close_failure(conn, failure.id, "skipped")
+                self._skipped.add(failure.event_position)
+                log.info("projection_failure_skipped", projection=name, failure_id=failure.id)
+        if any(f.policy == "block" and f.status == "open" for f in failures):
+            return StepResult(applied=0, caught_up=False, blocked=True)
+        retrying = {f.event_position: f.id for f in failures if f.status == "retry_requested"}
+        parked = {(f.tenant, f.stream_id): f.stream_version for f in failures if f.policy == "park"}
+
+        page = self.store.read_all(self._read_cursor, limit=self.batch_size, types=self.projection.event_types)
+        self._read_cursor = page.cursor
+        if not page.events:
+            self._finish_catch_up_if(page.caught_up)
+            return StepResult(applied=0, caught_up=page.caught_up)
+
+        def wanted(e: RecordedEvent) -> bool:
+            parked_at = parked.get((e.tenant, e.stream_id))
+            return e.position not in self._skipped and (parked_at is None or e.stream_version < parked_at)
+
+        to_apply = [e for e in page.events if wanted(e)]
+        try:
+            self._with_retries(lambda: self._commit(to_apply, page.cursor, retrying))
+        except _CursorMoved:
+            self._moved()
+            return StepResult(applied=0, caught_up=False)
+        except _HandlerFailed as failed:
+            return self._one_by_one(page.events, wanted, retrying, failed)
+        self._finish_catch_up_if(page.caught_up)
+        return StepResult(applied=len(to_apply), caught_up=page.caught_up)
+
+    # -- committing -----------------------------------------------------------------------------------
+
+    def _commit(
+        self,
+        events: Sequence[RecordedEvent],
+        new_cursor: Cursor,
+        retrying: dict[int, int],
+        extra: Callable[[psycopg.Connection[Any]], None] | None = None,
+    ) -> None:
+        name = self.projection.name
+        try:
+            with self.store.pool.connection() as conn, conn.transaction():
+                if not state.hold_lease(conn, name, self.owner, self.epoch):
+                    raise LeaseLost(f"lease of {name!r} (epoch {self.epoch}) is no longer held by {self.owner}")
+                if not state.advance_cursor(conn, name, self._db_cursor, new_cursor, len(events)):
+                    raise _CursorMoved
+                try:
+                    self.projection.apply(ApplyContext(conn, self.projection.schema, self.projection.table_names),
+                                          events)
+                except psycopg.OperationalError:
+                    raise
+                except Exception as exc:
+                    raise _HandlerFailed(exc, events[0] if len(events) == 1 else None) from exc
+                for e in events:
+                    if e.position in retrying:
+                        state.close_failure(conn, retrying.pop(e.position), "resolved")
+                for run_id in self._runs_to_advance():
+                    state.run_progress(conn, run_id, new_cursor, len(events))
+                if extra is not None:
+                    extra(conn)
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailableError(f"projection {name!r}: batch not committed: {exc}") from exc
+        self._db_cursor = new_cursor
+        self._read_cursor = max(self._read_cursor, new_cursor)
+        self._check_replay_done()
+
+    def _with_retries(self, attempt: Callable[[], None]) -> None:
+        """Retry handler failures with exponential backoff; then raise the last _HandlerFailed."""
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(_HandlerFailed),
+            stop=tenacity.stop_after_attempt(self.retry.attempts),
+            wait=tenacity.wait_exponential(multiplier=self.retry.initial_backoff, max=self.retry.max_backoff),
+            reraise=True,
+        )
+        for try_ in retrying:
+            with try_:
+                attempt()
+
+    def _one_by_one(
+        self,
+        events: Sequence[RecordedEvent],
+        wanted: Callable[[RecordedEvent], bool],
+        retrying: dict[int, int],
+        failed: _HandlerFailed,
+    ) -> StepResult:
+        """A batch failed: apply its events one at a time to find, and keep, the one that fails."""
+        applied = 0
+        for e in events:
+            batch = [e] if wanted(e) else []
+            try:
+                self._with_retries(lambda b=batch, c=e.cursor: self._commit(b, c, retrying))  # type: ignore[misc]
+            except _CursorMoved:
+                self._moved()
+                break
+            except _HandlerFailed as exc:
+                return self._fail(e, exc.error)
+            applied += len(batch)
+        del failed
+        return StepResult(applied=applied, caught_up=False)
+
+    def _fail(self, event: RecordedEvent, error: BaseException) -> StepResult:
+        name, policy = self.projection.name, self.projection.failure_policy
+        attempts = self.retry.attempts
+        if policy == "block":
+            with self.store.pool.connection() as conn:
+                failure_id = state.record_failure(conn, name, event, policy, error, attempts)
+            log.error("projection_blocked", projection=name, failure_id=failure_id, position=event.position,
+                      error=str(error))
+            return StepResult(applied=0, caught_up=False, blocked=True)
+        # Park: record the failure and move the cursor past the event in one transaction; the stream's
+        # later events wait for the operator, other streams go on.
+        self._commit([], event.cursor, {}, extra=lambda conn: self._record(conn, event, error, attempts))
+        log.error("projection_stream_parked", projection=name, stream_id=event.stream_id,
+                  position=event.position, error=str(error))
+        return StepResult(applied=0, caught_up=False)
+
+    def _record(self, conn: psycopg.Connection[Any], event: RecordedEvent, error: BaseException, n: int) -> None:
+        state.record_failure(conn, self.projection.name, event, self.projection.failure_policy, error, n)
+
+    def _resolve_parked(self, failure: state.Failure) -> None:
+        """Carry out an operator's retry or skip of a parked stream: apply the failed event (unless
+        skipped) and the stream's later events that were parked behind it, in one transaction."""
+        skip = failure.status == "skip_requested"
+        from_version = failure.stream_version + (1 if skip else 0)
+        with self.store.pool.connection() as conn:
+            events = state.failure_events(conn, failure, from_version, self._db_cursor)
+
+        def close(conn: psycopg.Connection[Any]) -> None:
+            state.close_failure(conn, failure.id, "skipped" if skip else "resolved")
+
+        try:
+            self._with_retries(lambda: self._commit(events, self._db_cursor, {}, extra=close))
+        except _CursorMoved:
+            self._moved()
+            return
+        except _HandlerFailed as exc:
+            first = events[0] if events else None
+            if first is not None:
+                with self.store.pool.connection() as conn:
+                    state.record_failure(conn, self.projection.name, first, "park", exc.error, self.retry.attempts)
+            return
+        if skip:
+            self._skipped.add(failure.event_position)
+        log.info("projection_stream_unparked", projection=self.projection.name, stream_id=failure.stream_id,
+                 applied=len(events), skipped=skip)
+
+    # -- runs -----------------------------------------------------------------------------------------
+
+    def _runs_to_advance(self) -> list[int]:
+        runs = [self._catch_up_run] if self._catch_up_run is not None else []
+        if self._replay is not None:
+            runs.append(self._replay[0])
+        return runs
+
+    def _finish_catch_up_if(self, caught_up: bool) -> None:
+        if caught_up and self._catch_up_run is not None:
+            with self.store.pool.connection() as conn:
+                state.finish_run(conn, self._catch_up_run, "completed")
+            log.info("projection_caught_up", projection=self.projection.name, run_id=self._catch_up_run)
+            self._catch_up_run = None
+
+    def _check_replay_done(self) -> None:
+        if self._replay is None:
+            return
+        run_id, target = self._replay
+        if target is None or self._db_cursor >= target:
+            with self.store.pool.connection() as conn:
+                state.finish_run(conn, run_id, "completed")
+            log.info("projection_replay_completed", projection=self.projection.name, run_id=run_id)
+            self._replay = None
+
+    def _moved(self) -> None:
+        log.info("projection_cursor_moved", projection=self.projection.name)
+        self._reload()
+
+    def close(self, status: state.RunStatus = "stopped") -> None:
+        """End this runner's open catch-up run (on release or shutdown)."""
+        if self._catch_up_run is not None:
+            with self.store.pool.connection() as conn:
+                state.finish_run(conn, self._catch_up_run, status)
+            self._catch_up_run = None
+
+
+class _HandlerFailed(Exception):
+    def __init__(self, error: BaseException, event: RecordedEvent | None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.event = event

@@ -1,0 +1,320 @@
+"""The projector's bookkeeping in the database: cursors, leases, runs, failures, lag.
+
+The only module of `projector` that runs bookkeeping SQL; each function takes the caller's connection,
+so callers combine them in one transaction where a guarantee needs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+import psycopg
+
+from eventstore import Cursor, RecordedEvent
+from eventstore.sqlfile import load_queries
+
+Q = load_queries("projector")
+Conn = psycopg.Connection[Any]
+
+RunKind = Literal["catch_up", "replay", "rebuild", "verify"]
+RunStatus = Literal["running", "completed", "failed", "abandoned", "stopped"]
+
+
+@dataclass(frozen=True)
+class CursorState:
+    cursor: Cursor
+    version: int
+    events_applied: int
+
+
+@dataclass(frozen=True)
+class Run:
+    id: int
+    projection: str
+    kind: str
+    trigger: str
+    actor: str
+    owner: str
+    status: str
+    start_tx: int
+    start_position: int
+    end_tx: int | None
+    end_position: int | None
+    target_tx: int | None
+    target_position: int | None
+    events_processed: int
+    started_at: datetime
+    heartbeat_at: datetime
+    ended_at: datetime | None
+    digest: str | None
+    error: str | None
+
+    @property
+    def rate(self) -> float:
+        """Events per second over the run so far."""
+        end = self.ended_at or self.heartbeat_at
+        seconds = (end - self.started_at).total_seconds()
+        return self.events_processed / seconds if seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Failure:
+    id: int
+    projection: str
+    event_position: int
+    event_tx: int
+    event_id: UUID
+    tenant: str
+    stream_id: str
+    stream_version: int
+    event_type: str
+    policy: str
+    status: str
+    error_class: str
+    error_message: str
+    attempts: int
+    first_seen: datetime
+    last_seen: datetime
+    resolved_at: datetime | None
+    resolved_by: str | None
+
+    @property
+    def cursor_before(self) -> Cursor:
+        """The cursor just before the failed event."""
+        return Cursor(self.event_tx, self.event_position - 1)
+
+
+def ensure_cursor(conn: Conn, projection: str, version: int) -> CursorState:
+    conn.execute(Q["ensure_cursor"], {"projection": projection, "version": version})
+    state = get_cursor(conn, projection)
+    assert state is not None
+    return state
+
+
+def get_cursor(conn: Conn, projection: str) -> CursorState | None:
+    row = conn.execute(Q["get_cursor"], {"projection": projection}).fetchone()
+    return None if row is None else CursorState(Cursor(row[0], row[1]), row[2], row[3])
+
+
+def lock_cursor(conn: Conn, projection: str) -> tuple[Cursor, int]:
+    row = conn.execute(Q["lock_cursor"], {"projection": projection}).fetchone()
+    if row is None:
+        raise LookupError(f"projection {projection!r} has no cursor yet")
+    return Cursor(row[0], row[1]), int(row[2])
+
+
+def advance_cursor(conn: Conn, projection: str, old: Cursor, new: Cursor, applied: int) -> bool:
+    row = conn.execute(
+        Q["advance_cursor"],
+        {
+            "projection": projection,
+            "old_tx": old.transaction_id,
+            "old_position": old.position,
+            "new_tx": new.transaction_id,
+            "new_position": new.position,
+            "applied": applied,
+        },
+    ).fetchone()
+    return row is not None
+
+
+def set_cursor(conn: Conn, projection: str, cursor: Cursor, version: int) -> None:
+    conn.execute(
+        Q["set_cursor"],
+        {"projection": projection, "tx": cursor.transaction_id, "position": cursor.position, "version": version},
+    )
+
+
+# -- leases -----------------------------------------------------------------------------------------
+
+
+def acquire_lease(conn: Conn, projection: str, owner: str, ttl: float) -> int | None:
+    row = conn.execute(Q["acquire_lease"], {"projection": projection, "owner": owner, "ttl": ttl}).fetchone()
+    return None if row is None else int(row[0])
+
+
+def renew_lease(conn: Conn, projection: str, owner: str, epoch: int, ttl: float) -> bool:
+    params = {"projection": projection, "owner": owner, "epoch": epoch, "ttl": ttl}
+    return conn.execute(Q["renew_lease"], params).fetchone() is not None
+
+
+def release_lease(conn: Conn, projection: str, owner: str, epoch: int) -> None:
+    conn.execute(Q["release_lease"], {"projection": projection, "owner": owner, "epoch": epoch})
+
+
+def hold_lease(conn: Conn, projection: str, owner: str, epoch: int) -> bool:
+    params = {"projection": projection, "owner": owner, "epoch": epoch}
+    return conn.execute(Q["hold_lease"], params).fetchone() is not None
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    owner: str
+    epoch: int
+    alive: bool
+    heartbeat_at: datetime
+    expires_at: datetime
+
+
+def lease_of(conn: Conn, projection: str) -> LeaseInfo | None:
+    row = conn.execute(Q["lease_of"], {"projection": projection}).fetchone()
+    return None if row is None else LeaseInfo(*row)
+
+
+# -- runs -------------------------------------------------------------------------------------------
+
+
+def start_run(
+    conn: Conn,
+    projection: str,
+    kind: RunKind,
+    *,
+    trigger: str,
+    actor: str,
+    owner: str,
+    start: Cursor,
+    target: Cursor | None = None,
+) -> int:
+    row = conn.execute(
+        Q["start_run"],
+        {
+            "projection": projection,
+            "kind": kind,
+            "trigger": trigger,
+            "actor": actor,
+            "owner": owner,
+            "start_tx": start.transaction_id,
+            "start_position": start.position,
+            "target_tx": target.transaction_id if target else None,
+            "target_position": target.position if target else None,
+        },
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def run_progress(conn: Conn, run_id: int, cursor: Cursor, events: int) -> None:
+    conn.execute(
+        Q["run_progress"],
+        {"run_id": run_id, "tx": cursor.transaction_id, "position": cursor.position, "events": events},
+    )
+
+
+def heartbeat_runs(conn: Conn, owner: str) -> None:
+    conn.execute(Q["heartbeat_runs"], {"owner": owner})
+
+
+def finish_run(
+    conn: Conn, run_id: int, status: RunStatus, *, error: str | None = None, digest: str | None = None
+) -> None:
+    conn.execute(Q["finish_run"], {"run_id": run_id, "status": status, "error": error, "digest": digest})
+
+
+def mark_abandoned_runs(conn: Conn, timeout: float) -> list[tuple[int, str, str, str]]:
+    return [tuple(r) for r in conn.execute(Q["mark_abandoned_runs"], {"timeout": timeout}).fetchall()]
+
+
+def list_runs(conn: Conn, projection: str | None = None, limit: int = 50) -> list[Run]:
+    rows = conn.execute(Q["list_runs"], {"projection": projection, "limit": limit}).fetchall()
+    return [Run(*r) for r in rows]
+
+
+def get_run(conn: Conn, run_id: int) -> Run | None:
+    row = conn.execute(Q["get_run"], {"run_id": run_id}).fetchone()
+    return None if row is None else Run(*row)
+
+
+# -- failures ---------------------------------------------------------------------------------------
+
+
+def record_failure(
+    conn: Conn, projection: str, event: RecordedEvent, policy: str, error: BaseException, attempts: int
+) -> int:
+    row = conn.execute(
+        Q["record_failure"],
+        {
+            "projection": projection,
+            "position": event.position,
+            "tx": event.transaction_id,
+            "event_id": event.event_id,
+            "tenant": event.tenant,
+            "stream_id": event.stream_id,
+            "stream_version": event.stream_version,
+            "event_type": event.type,
+            "policy": policy,
+            "error_class": f"{type(error).__module__}.{type(error).__qualname__}",
+            "error_message": str(error)[:4000],
+            "attempts": attempts,
+        },
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def open_failures(conn: Conn, projection: str) -> list[Failure]:
+    return [Failure(*r) for r in conn.execute(Q["open_failures"], {"projection": projection}).fetchall()]
+
+
+def list_failures(conn: Conn, projection: str | None, *, include_closed: bool, limit: int = 100) -> list[Failure]:
+    params = {"projection": projection, "all": include_closed, "limit": limit}
+    return [Failure(*r) for r in conn.execute(Q["list_failures"], params).fetchall()]
+
+
+def skipped_positions(conn: Conn, projection: str) -> set[int]:
+    return {int(r[0]) for r in conn.execute(Q["skipped_positions"], {"projection": projection}).fetchall()}
+
+
+def request_failure_retry(conn: Conn, failure_id: int, actor: str) -> bool:
+    params = {"failure_id": failure_id, "actor": actor}
+    return conn.execute(Q["request_failure_retry"], params).fetchone() is not None
+
+
+def request_failure_skip(conn: Conn, failure_id: int, actor: str) -> bool:
+    params = {"failure_id": failure_id, "actor": actor}
+    return conn.execute(Q["request_failure_skip"], params).fetchone() is not None
+
+
+def close_failure(conn: Conn, failure_id: int, status: Literal["resolved", "skipped"]) -> None:
+    conn.execute(Q["close_failure"], {"failure_id": failure_id, "status": status})
+
+
+def failure_events(conn: Conn, failure: Failure, from_version: int, until: Cursor) -> list[RecordedEvent]:
+    """The failed stream's events from `from_version` up to `until` (the projection's cursor)."""
+    params = {
+        "tenant": failure.tenant,
+        "stream_id": failure.stream_id,
+        "from_version": from_version,
+        "tx": str(until.transaction_id),
+        "position": until.position,
+    }
+    return [RecordedEvent(*r) for r in conn.execute(Q["failure_events"], params).fetchall()]
+
+
+@dataclass(frozen=True)
+class Lag:
+    behind_horizon: int
+    behind_head: int
+    oldest_seconds: float
+    horizon_xmin: int
+
+
+def lag(conn: Conn, cursor: Cursor) -> Lag:
+    row = conn.execute(Q["lag"], {"tx": str(cursor.transaction_id), "position": cursor.position}).fetchone()
+    assert row is not None
+    return Lag(int(row[0]), int(row[1]), float(row[2] or 0.0), int(row[3]))
+
+
+def active_run(conn: Conn, projection: str, kind: RunKind) -> tuple[int, Cursor | None] | None:
+    row = conn.execute(Q["active_run"], {"projection": projection, "kind": kind}).fetchone()
+    if row is None:
+        return None
+    target = Cursor(row[1], row[2]) if row[1] is not None else None
+    return int(row[0]), target
+
+
+def first_cursor_since(conn: Conn, since: datetime) -> Cursor | None:
+    row = conn.execute(Q["first_cursor_since"], {"since": since}).fetchone()
+    return None if row is None else Cursor(row[0], row[1])

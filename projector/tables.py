@@ -1,0 +1,86 @@
+"""A projection's tables in PostgreSQL: creating them, their shadow copies, and the atomic swap.
+
+Live tables sit in the projection's schema under their own names, so readers query plain tables.
+A rebuild fills a shadow schema (`lf_shadow_<projection>`) and the swap moves, in one transaction, the
+live tables into `lf_retired_<projection>` (kept for rollback until the next rebuild) and the shadow
+tables into the live schema. Readers see the old complete tables until the swap commits, then the new.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from projector.projection import Projection
+
+
+def shadow_schema(projection: Projection) -> str:
+    return f"lf_shadow_{projection.name}"
+
+
+def retired_schema(projection: Projection) -> str:
+    return f"lf_retired_{projection.name}"
+
+
+def verify_schema(projection: Projection) -> str:
+    return f"lf_verify_{projection.name}"
+
+
+def missing_tables(conn: psycopg.Connection[Any], projection: Projection, schema: str) -> list[str]:
+    missing = []
+    for name in projection.table_names:
+        row = conn.execute("SELECT to_regclass(%s)", (sql.Identifier(schema, name).as_string(conn),)).fetchone()
+        if row is None or row[0] is None:
+            missing.append(name)
+    return missing
+
+
+def ensure_live_tables(conn: psycopg.Connection[Any], projection: Projection) -> None:
+    """Create the live schema and any missing table (inside the caller's transaction)."""
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(projection.schema)))
+    missing = set(missing_tables(conn, projection, projection.schema))
+    for table in projection.tables:
+        if table.name in missing:
+            for statement in _create(projection, table.name, projection.schema):
+                conn.execute(statement)
+
+
+def recreate_schema(conn: psycopg.Connection[Any], projection: Projection, schema: str) -> None:
+    """Drop `schema` with everything in it and create the projection's empty tables there."""
+    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    for table in projection.tables:
+        for statement in _create(projection, table.name, schema):
+            conn.execute(statement)
+
+
+def drop_schema(conn: psycopg.Connection[Any], schema: str) -> None:
+    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def swap_in_shadow(conn: psycopg.Connection[Any], projection: Projection) -> None:
+    """Inside the caller's transaction: retire the live tables and move the shadow ones in their place."""
+    live, shadow, retired = projection.schema, shadow_schema(projection), retired_schema(projection)
+    drop_schema(conn, retired)
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(retired)))
+    for name in projection.table_names:
+        conn.execute(
+            sql.SQL("ALTER TABLE IF EXISTS {} SET SCHEMA {}").format(
+                sql.Identifier(live, name), sql.Identifier(retired)
+            )
+        )
+        conn.execute(
+            sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(sql.Identifier(shadow, name), sql.Identifier(live))
+        )
+    drop_schema(conn, shadow)
+
+
+def _create(projection: Projection, table: str, schema: str) -> list[sql.Composed]:
+    spec = next(t for t in projection.tables if t.name == table)
+    return [
+        sql.SQL(part).format(table=sql.Identifier(schema, table))
+        for part in spec.ddl.split(";")
+        if part.strip()
+    ]
