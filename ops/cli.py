@@ -6,12 +6,11 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -28,22 +27,15 @@ from eventstore import (
 from eventstore.db import resolve_database_url
 from eventstore.events import ExpectedVersion
 from eventstore.migrate import migrate as apply_migrations
+from ops import cli_projections
+from ops.cli_common import console, settings_of
 from ops.settings import Settings
 from ops.telemetry import configure_logging
-
-console = Console()
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _settings(ctx: click.Context) -> Settings:
-    settings = ctx.obj
-    assert isinstance(settings, Settings)
-    return settings
 
 
 @contextmanager
 def _store(ctx: click.Context) -> Iterator[EventStore]:
-    with open_store(_settings(ctx)) as store:
+    with open_store(settings_of(ctx)) as store:
         yield store
 
 
@@ -84,7 +76,7 @@ def cli(ctx: click.Context) -> None:
 @click.pass_context
 def migrate(ctx: click.Context) -> None:
     """Apply pending database migrations (also done automatically on start-up)."""
-    applied = apply_migrations(resolve_database_url(_settings(ctx)))
+    applied = apply_migrations(resolve_database_url(settings_of(ctx)))
     if applied:
         for m in applied:
             console.print(f"applied {m.version:04d}_{m.name}")
@@ -267,6 +259,9 @@ def events_demo(ctx: click.Context, count: int, writers: int) -> None:
         f"({total / elapsed:,.0f} events/s); resume after cursor {subscription.cursor}",
         highlight=False,
     )
+
+
+cli_projections.register(cli)
 
 
 def main() -> None:

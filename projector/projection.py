@@ -49,10 +49,14 @@ class ApplyContext:
         """`template` with its `{table_name}` placeholders filled in."""
         return sql.SQL(template).format(**self._names)
 
-    def execute(self, template: LiteralString, params: Sequence[Any] | Mapping[str, Any] | None = None) -> None:
+    def execute(
+        self, template: LiteralString, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> None:
         self.conn.execute(self.sql(template), params)
 
-    def executemany(self, template: LiteralString, params: Iterable[Sequence[Any] | Mapping[str, Any]]) -> None:
+    def executemany(
+        self, template: LiteralString, params: Iterable[Sequence[Any] | Mapping[str, Any]]
+    ) -> None:
         with self.conn.cursor() as cur:
             cur.executemany(self.sql(template), params)
 

@@ -79,25 +79,36 @@ class _ShadowBuild:
         parked_at = self._parked.get((e.tenant, e.stream_id))
         return e.position not in self._skipped and (parked_at is None or e.stream_version < parked_at)
 
-    def run_until(self, target: Cursor, progress: Progress | None, conn: psycopg.Connection[Any] | None = None) -> None:
-        """Apply every event up to and including `target`; in `conn`'s transaction if given."""
-        while self.cursor < target:
+    def run_until(
+        self, target: Cursor | None, progress: Progress | None, conn: psycopg.Connection[Any] | None = None
+    ) -> None:
+        """Apply every event up to and including `target` (None: everything readable now); in `conn`'s
+        transaction if given."""
+        while target is None or self.cursor < target:
             page = self.store.read_all(
                 self.cursor, limit=self.batch_size, types=self.projection.event_types, conn=conn
             )
-            events = [e for e in page.events if e.cursor <= target]
+            events = [e for e in page.events if target is None or e.cursor <= target]
             if len(events) < len(page.events) or page.caught_up:
-                # Past the target, or everything readable is read: the shadow stands at the target.
-                end = min(max(page.cursor, self.cursor), target)
+                # Past the target, or everything readable is read: the shadow stands at the end.
+                end = (
+                    max(page.cursor, self.cursor)
+                    if target is None
+                    else min(max(page.cursor, self.cursor), target)
+                )
             else:
                 end = events[-1].cursor
             if not events and end <= self.cursor:
                 break
             self._apply(events, end, conn)
             if progress is not None:
-                progress(self.events, self.cursor, target)
+                progress(self.events, self.cursor, target or end)
+            if target is None and page.caught_up:
+                break
 
-    def _apply(self, events: Sequence[RecordedEvent], end: Cursor, conn: psycopg.Connection[Any] | None) -> None:
+    def _apply(
+        self, events: Sequence[RecordedEvent], end: Cursor, conn: psycopg.Connection[Any] | None
+    ) -> None:
         wanted = [e for e in events if self._wanted(e)]
         if conn is not None:
             self._apply_in(conn, wanted, end, len(events))
@@ -107,25 +118,45 @@ class _ShadowBuild:
         self.cursor = max(self.cursor, end)
         self.events += len(events)
 
-    def _apply_in(self, conn: psycopg.Connection[Any], events: list[RecordedEvent], end: Cursor, n: int) -> None:
+    def _apply_in(
+        self, conn: psycopg.Connection[Any], events: list[RecordedEvent], end: Cursor, n: int
+    ) -> None:
         if events:
             self.projection.apply(ApplyContext(conn, self.schema, self.projection.table_names), events)
         state.run_progress(conn, self.run_id, end, n)
 
 
-def _start_run(store: EventStore, projection: Projection, kind: state.RunKind, *, trigger: str, actor: str,
-               start: Cursor, target: Cursor | None = None) -> int:
+def _start_run(
+    store: EventStore,
+    projection: Projection,
+    kind: state.RunKind,
+    *,
+    trigger: str,
+    actor: str,
+    start: Cursor,
+    target: Cursor | None = None,
+) -> int:
     with store.pool.connection() as conn:
         state.ensure_cursor(conn, projection.name, projection.version)
         try:
-            return state.start_run(conn, projection.name, kind, trigger=trigger, actor=actor,
-                                   owner=f"{socket.gethostname()}:{os.getpid()}", start=start, target=target)
+            return state.start_run(
+                conn,
+                projection.name,
+                kind,
+                trigger=trigger,
+                actor=actor,
+                owner=f"{socket.gethostname()}:{os.getpid()}",
+                start=start,
+                target=target,
+            )
         except psycopg.errors.UniqueViolation:
             running = state.active_run(conn, projection.name, "rebuild") or state.active_run(
-                conn, projection.name, "replay")
+                conn, projection.name, "replay"
+            )
+            which = f" (run {running[0]})" if running else ""
             raise ConflictError(
-                f"a rebuild or replay of {projection.name!r} is already running"
-                f"{f' (run {running[0]})' if running else ''}; wait for it, or check `ledgerflow projections runs`"
+                f"a rebuild or replay of {projection.name!r} is already running{which}; "
+                "wait for it, or check `ledgerflow projections runs`"
             ) from None
 
 
@@ -135,11 +166,25 @@ def _live_cursor(store: EventStore, projection: Projection) -> Cursor:
     return current.cursor if current else Cursor()
 
 
-def rebuild(store: EventStore, projection: Projection, *, actor: str | None = None, trigger: str = "operator",
-            batch_size: int = 1000, progress: Progress | None = None) -> RebuildResult:
+def rebuild(
+    store: EventStore,
+    projection: Projection,
+    *,
+    actor: str | None = None,
+    trigger: str = "operator",
+    batch_size: int = 1000,
+    progress: Progress | None = None,
+) -> RebuildResult:
     """Rebuild `projection` from the whole log in the shadow and swap it in atomically."""
-    run_id = _start_run(store, projection, "rebuild", trigger=trigger, actor=actor or default_actor(),
-                        start=Cursor(), target=_live_cursor(store, projection))
+    run_id = _start_run(
+        store,
+        projection,
+        "rebuild",
+        trigger=trigger,
+        actor=actor or default_actor(),
+        start=Cursor(),
+        target=_live_cursor(store, projection),
+    )
     schema = tables.shadow_schema(projection)
     log.info("projection_rebuild_started", projection=projection.name, run_id=run_id)
     try:
@@ -147,11 +192,11 @@ def rebuild(store: EventStore, projection: Projection, *, actor: str | None = No
             tables.recreate_schema(conn, projection, schema)
         build = _ShadowBuild(store, projection, schema, run_id, batch_size)
         # Most of the work happens while the live projection keeps going...
-        build.run_until(_live_cursor(store, projection), progress)
+        build.run_until(None, progress)
         # ...then, holding the cursor row, the shadow closes the last gap and takes the live tables' place.
         with store.pool.connection() as conn, conn.transaction():
             live_cursor, _ = state.lock_cursor(conn, projection.name)
-            build.run_until(live_cursor, progress, conn)
+            build.run_until(None, progress, conn)
             final = max(build.cursor, live_cursor)
             tables.swap_in_shadow(conn, projection)
             state.set_cursor(conn, projection.name, final, projection.version)
@@ -161,15 +206,30 @@ def rebuild(store: EventStore, projection: Projection, *, actor: str | None = No
     except BaseException as exc:
         _fail_run(store, run_id, exc, schema)
         raise
-    log.info("projection_rebuilt", projection=projection.name, run_id=run_id, events=build.events, digest=digest)
+    log.info(
+        "projection_rebuilt", projection=projection.name, run_id=run_id, events=build.events, digest=digest
+    )
     return RebuildResult(run_id, final, build.events, digest)
 
 
-def verify(store: EventStore, projection: Projection, *, actor: str | None = None, batch_size: int = 1000,
-           progress: Progress | None = None) -> VerifyResult:
+def verify(
+    store: EventStore,
+    projection: Projection,
+    *,
+    actor: str | None = None,
+    batch_size: int = 1000,
+    progress: Progress | None = None,
+) -> VerifyResult:
     """Rebuild `projection` in a scratch schema and compare it with the live tables at the same cursor."""
-    run_id = _start_run(store, projection, "verify", trigger="operator", actor=actor or default_actor(),
-                        start=Cursor(), target=_live_cursor(store, projection))
+    run_id = _start_run(
+        store,
+        projection,
+        "verify",
+        trigger="operator",
+        actor=actor or default_actor(),
+        start=Cursor(),
+        target=_live_cursor(store, projection),
+    )
     schema = tables.verify_schema(projection)
     try:
         with store.pool.connection() as conn, conn.transaction():
@@ -183,23 +243,39 @@ def verify(store: EventStore, projection: Projection, *, actor: str | None = Non
                 raise InvalidInputError("the verify copy went past the live cursor; run verify again")
             live_digest = projection_digest(conn, projection, projection.schema)
             rebuilt_digest = projection_digest(conn, projection, schema)
-            differences = [] if live_digest == rebuilt_digest else differing_rows(
-                conn, projection, projection.schema, schema)
+            differences = (
+                []
+                if live_digest == rebuilt_digest
+                else differing_rows(conn, projection, projection.schema, schema)
+            )
         with store.pool.connection() as conn:
             tables.drop_schema(conn, schema)
-            error = None if live_digest == rebuilt_digest else (
-                f"digest mismatch at {live_cursor}: live {live_digest[:12]}, rebuilt {rebuilt_digest[:12]}; "
-                f"{sum(len(d.only_in_live) + len(d.only_in_rebuilt) for d in differences)} rows differ")
-            state.finish_run(conn, run_id, "completed" if error is None else "failed", error=error,
-                             digest=live_digest)
+            error = (
+                None
+                if live_digest == rebuilt_digest
+                else (
+                    f"digest mismatch at {live_cursor}: "
+                    f"live {live_digest[:12]}, rebuilt {rebuilt_digest[:12]}; "
+                    f"{sum(len(d.only_in_live) + len(d.only_in_rebuilt) for d in differences)} rows differ"
+                )
+            )
+            state.finish_run(
+                conn, run_id, "completed" if error is None else "failed", error=error, digest=live_digest
+            )
     except BaseException as exc:
         _fail_run(store, run_id, exc, schema)
         raise
     return VerifyResult(run_id, live_cursor, live_digest, rebuilt_digest, differences)
 
 
-def replay(store: EventStore, projection: Projection, *, after: Cursor | None = None,
-           since: datetime | None = None, actor: str | None = None) -> int:
+def replay(
+    store: EventStore,
+    projection: Projection,
+    *,
+    after: Cursor | None = None,
+    since: datetime | None = None,
+    actor: str | None = None,
+) -> int:
     """Move the projection's cursor back so the live worker re-applies events after `after` (or those
     recorded since `since`). Returns the run id; the worker completes the run when it is back."""
     if (after is None) == (since is None):
@@ -208,18 +284,34 @@ def replay(store: EventStore, projection: Projection, *, after: Cursor | None = 
         if since is not None:
             after = state.first_cursor_since(conn, since)
             if after is None:
-                raise NotFoundError(f"no event was recorded at or after {since.isoformat()}; nothing to replay")
+                raise NotFoundError(
+                    f"no event was recorded at or after {since.isoformat()}; nothing to replay"
+                )
     assert after is not None
     live = _live_cursor(store, projection)
     if after >= live:
-        raise InvalidInputError(f"cursor {after} is not behind the projection's cursor {live}; nothing to replay")
-    run_id = _start_run(store, projection, "replay", trigger="operator", actor=actor or default_actor(),
-                        start=after, target=live)
+        raise InvalidInputError(
+            f"cursor {after} is not behind the projection's cursor {live}; nothing to replay"
+        )
+    run_id = _start_run(
+        store,
+        projection,
+        "replay",
+        trigger="operator",
+        actor=actor or default_actor(),
+        start=after,
+        target=live,
+    )
     with store.pool.connection() as conn, conn.transaction():
         current, version = state.lock_cursor(conn, projection.name)
         state.set_cursor(conn, projection.name, after, version)
-    log.info("projection_replay_requested", projection=projection.name, run_id=run_id, after=str(after),
-             until=str(current))
+    log.info(
+        "projection_replay_requested",
+        projection=projection.name,
+        run_id=run_id,
+        after=str(after),
+        until=str(current),
+    )
     return run_id
 
 

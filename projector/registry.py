@@ -22,7 +22,9 @@ def load_projections(paths: Iterable[str] = (), *, built_in: bool = True) -> lis
     for path in paths:
         module_name, _, attribute = path.strip().partition(":")
         if not module_name or not attribute:
-            raise ConfigurationError(f"{path!r} is not an import path; write it as 'package.module:attribute'")
+            raise ConfigurationError(
+                f"{path!r} is not an import path; write it as 'package.module:attribute'"
+            )
         try:
             value = getattr(importlib.import_module(module_name), attribute)
         except (ImportError, AttributeError) as exc:

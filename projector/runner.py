@@ -22,7 +22,7 @@ from projector.projection import ApplyContext, Projection
 log = structlog.get_logger(__name__)
 
 
-class LeaseLost(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt, not an error
+class LeaseLost(BaseException):
     """This worker no longer holds the projection's lease; it must stop applying at once.
 
     A BaseException so that handler code catching Exception cannot swallow it."""
@@ -104,9 +104,13 @@ class LiveRunner:
         retrying = {f.event_position: f.id for f in failures if f.status == "retry_requested"}
         parked = {(f.tenant, f.stream_id): f.stream_version for f in failures if f.policy == "park"}
 
-        page = self.store.read_all(self._read_cursor, limit=self.batch_size, types=self.projection.event_types)
-        self._read_cursor = page.cursor
+        page = self.store.read_all(
+            self._read_cursor, limit=self.batch_size, types=self.projection.event_types
+        )
         if not page.events:
+            # Nothing to apply up to the horizon: read from there next time. The jump is not written to
+            # the cursor row; that would be a write per idle poll.
+            self._read_cursor = page.cursor
             self._finish_catch_up_if(page.caught_up)
             return StepResult(applied=0, caught_up=page.caught_up)
 
@@ -138,12 +142,15 @@ class LiveRunner:
         try:
             with self.store.pool.connection() as conn, conn.transaction():
                 if not state.hold_lease(conn, name, self.owner, self.epoch):
-                    raise LeaseLost(f"lease of {name!r} (epoch {self.epoch}) is no longer held by {self.owner}")
+                    raise LeaseLost(
+                        f"lease of {name!r} (epoch {self.epoch}) is no longer held by {self.owner}"
+                    )
                 if not state.advance_cursor(conn, name, self._db_cursor, new_cursor, len(events)):
                     raise _CursorMoved
                 try:
-                    self.projection.apply(ApplyContext(conn, self.projection.schema, self.projection.table_names),
-                                          events)
+                    self.projection.apply(
+                        ApplyContext(conn, self.projection.schema, self.projection.table_names), events
+                    )
                 except psycopg.OperationalError:
                     raise
                 except Exception as exc:
@@ -157,8 +164,7 @@ class LiveRunner:
                     extra(conn)
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailableError(f"projection {name!r}: batch not committed: {exc}") from exc
-        self._db_cursor = new_cursor
-        self._read_cursor = max(self._read_cursor, new_cursor)
+        self._db_cursor = self._read_cursor = new_cursor
         self._check_replay_done()
 
     def _with_retries(self, attempt: Callable[[], None]) -> None:
@@ -201,17 +207,29 @@ class LiveRunner:
         if policy == "block":
             with self.store.pool.connection() as conn:
                 failure_id = state.record_failure(conn, name, event, policy, error, attempts)
-            log.error("projection_blocked", projection=name, failure_id=failure_id, position=event.position,
-                      error=str(error))
+            log.error(
+                "projection_blocked",
+                projection=name,
+                failure_id=failure_id,
+                position=event.position,
+                error=str(error),
+            )
             return StepResult(applied=0, caught_up=False, blocked=True)
         # Park: record the failure and move the cursor past the event in one transaction; the stream's
         # later events wait for the operator, other streams go on.
         self._commit([], event.cursor, {}, extra=lambda conn: self._record(conn, event, error, attempts))
-        log.error("projection_stream_parked", projection=name, stream_id=event.stream_id,
-                  position=event.position, error=str(error))
+        log.error(
+            "projection_stream_parked",
+            projection=name,
+            stream_id=event.stream_id,
+            position=event.position,
+            error=str(error),
+        )
         return StepResult(applied=0, caught_up=False)
 
-    def _record(self, conn: psycopg.Connection[Any], event: RecordedEvent, error: BaseException, n: int) -> None:
+    def _record(
+        self, conn: psycopg.Connection[Any], event: RecordedEvent, error: BaseException, n: int
+    ) -> None:
         state.record_failure(conn, self.projection.name, event, self.projection.failure_policy, error, n)
 
     def _resolve_parked(self, failure: state.Failure) -> None:
@@ -234,12 +252,19 @@ class LiveRunner:
             first = events[0] if events else None
             if first is not None:
                 with self.store.pool.connection() as conn:
-                    state.record_failure(conn, self.projection.name, first, "park", exc.error, self.retry.attempts)
+                    state.record_failure(
+                        conn, self.projection.name, first, "park", exc.error, self.retry.attempts
+                    )
             return
         if skip:
             self._skipped.add(failure.event_position)
-        log.info("projection_stream_unparked", projection=self.projection.name, stream_id=failure.stream_id,
-                 applied=len(events), skipped=skip)
+        log.info(
+            "projection_stream_unparked",
+            projection=self.projection.name,
+            stream_id=failure.stream_id,
+            applied=len(events),
+            skipped=skip,
+        )
 
     # -- runs -----------------------------------------------------------------------------------------
 

@@ -124,7 +124,12 @@ def advance_cursor(conn: Conn, projection: str, old: Cursor, new: Cursor, applie
 def set_cursor(conn: Conn, projection: str, cursor: Cursor, version: int) -> None:
     conn.execute(
         Q["set_cursor"],
-        {"projection": projection, "tx": cursor.transaction_id, "position": cursor.position, "version": version},
+        {
+            "projection": projection,
+            "tx": cursor.transaction_id,
+            "position": cursor.position,
+            "version": version,
+        },
     )
 
 
@@ -258,7 +263,9 @@ def open_failures(conn: Conn, projection: str) -> list[Failure]:
     return [Failure(*r) for r in conn.execute(Q["open_failures"], {"projection": projection}).fetchall()]
 
 
-def list_failures(conn: Conn, projection: str | None, *, include_closed: bool, limit: int = 100) -> list[Failure]:
+def list_failures(
+    conn: Conn, projection: str | None, *, include_closed: bool, limit: int = 100
+) -> list[Failure]:
     params = {"projection": projection, "all": include_closed, "limit": limit}
     return [Failure(*r) for r in conn.execute(Q["list_failures"], params).fetchall()]
 

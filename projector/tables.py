@@ -31,7 +31,9 @@ def verify_schema(projection: Projection) -> str:
 def missing_tables(conn: psycopg.Connection[Any], projection: Projection, schema: str) -> list[str]:
     missing = []
     for name in projection.table_names:
-        row = conn.execute("SELECT to_regclass(%s)", (sql.Identifier(schema, name).as_string(conn),)).fetchone()
+        row = conn.execute(
+            "SELECT to_regclass(%s)", (sql.Identifier(schema, name).as_string(conn),)
+        ).fetchone()
         if row is None or row[0] is None:
             missing.append(name)
     return missing

@@ -14,12 +14,13 @@ import socket
 import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 import structlog
 
-from eventstore import DatabaseUnavailableError, EventStore
+from eventstore import Cursor, DatabaseUnavailableError, EventStore
 from eventstore.sqlfile import load_queries
 from projector import state, tables
 from projector.projection import Projection
@@ -38,7 +39,12 @@ class WorkerSettings:
     abandoned_after: float = 30.0
     batch_size: int = 500
     poll_interval: float = 1.0
-    retry: RetrySettings = RetrySettings()
+    retry: RetrySettings = field(default_factory=RetrySettings)
+
+
+def _cursor_of(conn: psycopg.Connection[Any], name: str) -> Cursor:
+    current = state.get_cursor(conn, name)
+    return current.cursor if current else Cursor()
 
 
 def new_worker_id() -> str:
@@ -146,14 +152,35 @@ class ProjectorWorker:
             tables.ensure_live_tables(conn, projection)
         log.info("projection_lease_acquired", projection=name, worker=self.id, epoch=epoch)
         if current.version != projection.version:
-            log.info("projection_version_changed", projection=name, stored=current.version, code=projection.version)
-            rebuild(self.store, projection, actor=self.id, trigger="version_change",
-                    batch_size=self.settings.batch_size)
+            log.info(
+                "projection_version_changed", projection=name, stored=current.version, code=projection.version
+            )
+            rebuild(
+                self.store,
+                projection,
+                actor=self.id,
+                trigger="version_change",
+                batch_size=self.settings.batch_size,
+            )
         with self.store.pool.connection() as conn:
-            run_id = state.start_run(conn, name, "catch_up", trigger="lease_acquired", actor=self.id,
-                                     owner=self.id, start=state.get_cursor(conn, name).cursor)  # type: ignore[union-attr]
-        runner = LiveRunner(self.store, projection, owner=self.id, epoch=epoch,
-                            batch_size=self.settings.batch_size, retry=self.settings.retry, catch_up_run=run_id)
+            run_id = state.start_run(
+                conn,
+                name,
+                "catch_up",
+                trigger="lease_acquired",
+                actor=self.id,
+                owner=self.id,
+                start=_cursor_of(conn, name),
+            )
+        runner = LiveRunner(
+            self.store,
+            projection,
+            owner=self.id,
+            epoch=epoch,
+            batch_size=self.settings.batch_size,
+            retry=self.settings.retry,
+            catch_up_run=run_id,
+        )
         with self._lock:
             self._runners[name] = runner
 
@@ -193,15 +220,20 @@ class ProjectorWorker:
                     log.warning("projection_lease_lost", projection=name, worker=self.id)
                     self._drop(name, "stopped")
             state.heartbeat_runs(conn, self.id)
-            for run_id, projection, kind, owner in state.mark_abandoned_runs(conn, self.settings.abandoned_after):
-                log.warning("projection_run_abandoned", run_id=run_id, projection=projection, kind=kind, owner=owner)
+            for run_id, projection, kind, owner in state.mark_abandoned_runs(
+                conn, self.settings.abandoned_after
+            ):
+                log.warning(
+                    "projection_run_abandoned", run_id=run_id, projection=projection, kind=kind, owner=owner
+                )
 
     def _listen_loop(self) -> None:
         """Wakes the main loop when events are appended, instead of waiting out the poll interval."""
         while not self.stopping.is_set():
             try:
-                with psycopg.connect(self.store.url, autocommit=True,
-                                     application_name="ledgerflow-projector-listener") as conn:
+                with psycopg.connect(
+                    self.store.url, autocommit=True, application_name="ledgerflow-projector-listener"
+                ) as conn:
                     conn.execute(_EVENTSTORE_Q["listen"])
                     while not self.stopping.is_set():
                         for _ in conn.notifies(timeout=0.5, stop_after=1):

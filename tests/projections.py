@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from projector import ApplyContext, Projection, Table
 from eventstore import RecordedEvent
+from projector import ApplyContext, Projection, Table
 
 #: Event ids that make the counter's handler fail, until removed (tests flip this in-process).
 POISONED: set[str] = set()
@@ -16,8 +16,10 @@ def make_counter(name: str = "test_counter", policy: str = "block") -> Projectio
         version=1,
         failure_policy=policy,  # type: ignore[arg-type]
         tables=[
-            Table("counts", "CREATE TABLE {table} (stream_id text PRIMARY KEY, n bigint NOT NULL, "
-                            "total bigint NOT NULL)"),
+            Table(
+                "counts",
+                "CREATE TABLE {table} (stream_id text PRIMARY KEY, n bigint NOT NULL, total bigint NOT NULL)",
+            ),
             Table("applied", "CREATE TABLE {table} (position bigint PRIMARY KEY, times int NOT NULL)"),
         ],
     )

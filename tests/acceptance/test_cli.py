@@ -11,7 +11,12 @@ import sys
 def run(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"LEDGERFLOW_DATABASE_URL": database_url, "LEDGERFLOW_LOG_FORMAT": "json"}
     return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args], env=env, capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-m", "ops.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 

@@ -6,8 +6,7 @@ import psycopg
 import pytest
 
 from eventstore import EventStore, NewEvent
-from projector import ProjectorWorker, WorkerSettings, rebuild, stream_catalogue, verify
-from projector import state
+from projector import ProjectorWorker, WorkerSettings, rebuild, state, stream_catalogue, verify
 from projector.digest import projection_digest
 from tests.projections import make_counter
 
@@ -26,8 +25,10 @@ def test_catalogue_follows_the_log(store: EventStore) -> None:
     worker.run_until_caught_up()
     store.append("order-1", [NewEvent("C", {})])
     worker.run_until_caught_up()
-    got = rows(store, "SELECT tenant, stream_id, category, version, events FROM ledgerflow.stream_catalogue "
-                      "ORDER BY 1, 2")
+    got = rows(
+        store,
+        "SELECT tenant, stream_id, category, version, events FROM ledgerflow.stream_catalogue ORDER BY 1, 2",
+    )
     assert got == [("acme", "user-7", "user", 1, 1), ("default", "order-1", "order", 3, 3)]
     worker.release_all()
 
@@ -40,7 +41,12 @@ def test_catch_up_is_recorded_as_a_run(store: EventStore) -> None:
     worker.run_until_caught_up()
     with store.pool.connection() as conn:
         (run,) = state.list_runs(conn, counter.name)
-    assert (run.kind, run.status, run.events_processed, run.trigger) == ("catch_up", "completed", 20, "lease_acquired")
+    assert (run.kind, run.status, run.events_processed, run.trigger) == (
+        "catch_up",
+        "completed",
+        20,
+        "lease_acquired",
+    )
     assert run.owner == worker.id
     assert rows(store, "SELECT sum(n), sum(total) FROM ledgerflow.counts") == [(20, sum(range(20)))]
     worker.release_all()
@@ -87,7 +93,7 @@ def test_verify_names_rows_that_differ(store: EventStore) -> None:
     with store.pool.connection() as conn:
         last = state.list_runs(conn, counter.name, limit=1)[0]
     assert (last.kind, last.status) == ("verify", "failed")
-    assert last.error is not None and "digest mismatch" in last.error
+    assert "digest mismatch" in (last.error or "")
     worker.release_all()
 
 

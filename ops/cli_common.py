@@ -1,0 +1,23 @@
+"""What the CLI's command modules share: the console, settings from the click context, JSON output."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+
+from ops.settings import Settings
+
+console = Console()
+
+
+def settings_of(ctx: click.Context) -> Settings:
+    settings = ctx.find_root().obj
+    assert isinstance(settings, Settings)
+    return settings
+
+
+def emit_json(value: Any) -> None:
+    click.echo(json.dumps(value, default=str, indent=2))

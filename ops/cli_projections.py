@@ -1,0 +1,296 @@
+"""`ledgerflow projector` and `ledgerflow projections ...`: running and operating projections."""
+
+from __future__ import annotations
+
+import signal
+from datetime import datetime
+from types import FrameType
+from typing import Any
+
+import click
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from eventstore import Cursor, open_store
+from eventstore.errors import NotFoundError
+from ops.cli_common import console, emit_json, settings_of
+from projector import (
+    Projection,
+    ProjectorWorker,
+    WorkerSettings,
+    load_projections,
+    rebuild,
+    replay,
+    state,
+    verify,
+)
+from projector.health import projection_health
+from projector.registry import find
+
+
+def _projections(ctx: click.Context) -> list[Projection]:
+    return load_projections(settings_of(ctx).projection_paths)
+
+
+def _worker_settings(ctx: click.Context) -> WorkerSettings:
+    s = settings_of(ctx)
+    return WorkerSettings(
+        lease_ttl=s.projector_lease_ttl,
+        heartbeat_interval=s.projector_heartbeat_interval,
+        batch_size=s.projector_batch_size,
+        abandoned_after=s.abandoned_after,
+    )
+
+
+@click.command("projector")
+@click.pass_context
+def projector_command(ctx: click.Context) -> None:
+    """Run a projector worker until SIGTERM or Ctrl-C; start as many as you like."""
+    projections = _projections(ctx)
+    with open_store(settings_of(ctx), name="ledgerflow-projector") as store:
+        worker = ProjectorWorker(store, projections, _worker_settings(ctx))
+
+        def stop(signum: int, frame: FrameType | None) -> None:
+            worker.stop()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        worker.run()
+
+
+@click.group("projections")
+def projections_group() -> None:
+    """Inspect and operate projections: status, runs, replay, rebuild, verify, failures."""
+
+
+@projections_group.command("status")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Cursor, lag, state, owner and open failures of every projection, and the safe horizon."""
+    with open_store(settings_of(ctx)) as store:
+        health = projection_health(store, _projections(ctx), abandoned_after=settings_of(ctx).abandoned_after)
+        horizon = store.horizon()
+    if as_json:
+        emit_json(
+            {
+                "projections": [h.as_dict() for h in health],
+                "horizon": {
+                    "xmin": horizon.xmin,
+                    "age_seconds": horizon.age_seconds,
+                    "waiting_events": horizon.waiting_events,
+                    "holders": [
+                        {"pid": h.pid, "application": h.application, "age_seconds": h.age_seconds}
+                        for h in horizon.holders
+                    ],
+                },
+            }
+        )
+        return
+    table = Table("projection", "state", "cursor", "lag (events)", "lag (s)", "owner", "failures", "last run")
+    for h in health:
+        table.add_row(
+            h.name,
+            h.state,
+            str(h.cursor),
+            f"{h.lag_events} ({h.lag_events_head} to head)",
+            f"{h.lag_seconds:.1f}",
+            h.owner or "-",
+            str(h.open_failures),
+            h.last_run or "-",
+        )
+    console.print(table)
+    if horizon.holders:
+        oldest = horizon.holders[0]
+        console.print(
+            f"safe horizon held back {oldest.age_seconds:.1f}s by pid {oldest.pid} "
+            f"({oldest.application or 'no application name'}); see `ledgerflow horizon`"
+        )
+
+
+def _progress_bar() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[events]} events"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+def _with_progress(description: str) -> tuple[Progress, Any]:
+    bar = _progress_bar()
+    task = bar.add_task(description, total=None, events=0)
+
+    def update(events: int, cursor: Cursor, target: Cursor) -> None:
+        bar.update(task, events=events)
+
+    return bar, update
+
+
+@projections_group.command("rebuild")
+@click.argument("name")
+@click.pass_context
+def rebuild_command(ctx: click.Context, name: str) -> None:
+    """Rebuild NAME from the whole log in the shadow, then swap it in atomically."""
+    with open_store(settings_of(ctx)) as store:
+        projection = find(_projections(ctx), name)
+        bar, update = _with_progress(f"rebuilding {name}")
+        with bar:
+            result = rebuild(
+                store, projection, progress=update, batch_size=settings_of(ctx).projector_batch_size
+            )
+    console.print(
+        f"rebuilt {name}: {result.events} events, cursor {result.cursor}, digest {result.digest[:16]} "
+        f"(run {result.run_id}); the previous tables are kept in lf_retired_{name}",
+        highlight=False,
+    )
+
+
+@projections_group.command("verify")
+@click.argument("name")
+@click.pass_context
+def verify_command(ctx: click.Context, name: str) -> None:
+    """Rebuild NAME in a scratch schema and compare digests with the live tables at the same cursor."""
+    with open_store(settings_of(ctx)) as store:
+        projection = find(_projections(ctx), name)
+        bar, update = _with_progress(f"verifying {name}")
+        with bar:
+            result = verify(store, projection, progress=update)
+    if result.equal:
+        console.print(
+            f"{name} matches a rebuild at cursor {result.cursor} (digest {result.live_digest[:16]})"
+        )
+        return
+    console.print(f"[red]{name} differs from a rebuild at cursor {result.cursor}[/]")
+    for diff in result.differences:
+        for row in diff.only_in_live:
+            console.print(f"  {diff.table}: only live     {row}", highlight=False)
+        for row in diff.only_in_rebuilt:
+            console.print(f"  {diff.table}: only rebuilt  {row}", highlight=False)
+    console.print(f"fix the handler, then `ledgerflow projections rebuild {name}`")
+    ctx.exit(3)
+
+
+@projections_group.command("replay")
+@click.argument("name")
+@click.option("--after", help="Re-apply events after this cursor (<transaction_id>:<position>).")
+@click.option("--since", type=click.DateTime(), help="Re-apply events recorded since this time.")
+@click.pass_context
+def replay_command(ctx: click.Context, name: str, after: str | None, since: datetime | None) -> None:
+    """Move NAME's cursor back; the running projector re-applies from there (handlers must be idempotent)."""
+    with open_store(settings_of(ctx)) as store:
+        run_id = replay(
+            store, find(_projections(ctx), name), after=Cursor.parse(after) if after else None, since=since
+        )
+    console.print(
+        f"replay requested (run {run_id}); a running `ledgerflow projector` carries it out; "
+        f"follow it with `ledgerflow projections runs {name}`"
+    )
+
+
+@projections_group.command("runs")
+@click.argument("name", required=False)
+@click.option("--limit", default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def runs_command(ctx: click.Context, name: str | None, limit: int, as_json: bool) -> None:
+    """Recent catch-up, replay, rebuild and verify runs."""
+    with open_store(settings_of(ctx)) as store, store.pool.connection() as conn:
+        runs = state.list_runs(conn, name, limit)
+    if as_json:
+        emit_json([_run_dict(r) for r in runs])
+        return
+    table = Table("id", "projection", "kind", "status", "events", "rate/s", "started", "owner", "error")
+    for r in runs:
+        table.add_row(
+            str(r.id),
+            r.projection,
+            r.kind,
+            r.status,
+            str(r.events_processed),
+            f"{r.rate:,.0f}",
+            r.started_at.isoformat(timespec="seconds"),
+            r.owner,
+            (r.error or "")[:50],
+        )
+    console.print(table)
+
+
+def _run_dict(r: state.Run) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, datetime) else v) for k, v in r.__dict__.items()} | {"rate": r.rate}
+
+
+@click.group("failures")
+def failures_group() -> None:
+    """Events projections could not apply: list, retry, skip."""
+
+
+@failures_group.command("list")
+@click.option("--projection", default=None)
+@click.option("--all", "include_closed", is_flag=True, help="Include resolved and skipped failures.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def failures_list(ctx: click.Context, projection: str | None, include_closed: bool, as_json: bool) -> None:
+    with open_store(settings_of(ctx)) as store, store.pool.connection() as conn:
+        found = state.list_failures(conn, projection, include_closed=include_closed)
+    if as_json:
+        emit_json(
+            [
+                {
+                    k: (str(v) if not isinstance(v, int | str | type(None)) else v)
+                    for k, v in f.__dict__.items()
+                }
+                for f in found
+            ]
+        )
+        return
+    table = Table("id", "projection", "status", "position", "stream", "type", "attempts", "error")
+    for f in found:
+        table.add_row(
+            str(f.id),
+            f.projection,
+            f.status,
+            str(f.event_position),
+            f.stream_id,
+            f.event_type,
+            str(f.attempts),
+            f"{f.error_class.rsplit('.', 1)[-1]}: {f.error_message}"[:60],
+        )
+    console.print(table)
+    if found:
+        console.print("retry with `ledgerflow failures retry ID`, or skip with `ledgerflow failures skip ID`")
+
+
+def _act(ctx: click.Context, failure_id: int, action: str) -> None:
+    from projector.rebuild import default_actor
+
+    with open_store(settings_of(ctx)) as store, store.pool.connection() as conn:
+        request = state.request_failure_retry if action == "retry" else state.request_failure_skip
+        if not request(conn, failure_id, default_actor()):
+            raise NotFoundError(f"no open failure {failure_id}; see `ledgerflow failures list`")
+    console.print(
+        f"{action} of failure {failure_id} requested; the projector carries it out on its next step"
+    )
+
+
+@failures_group.command("retry")
+@click.argument("failure_id", type=int)
+@click.pass_context
+def failures_retry(ctx: click.Context, failure_id: int) -> None:
+    """Apply the failed event again (after fixing the handler)."""
+    _act(ctx, failure_id, "retry")
+
+
+@failures_group.command("skip")
+@click.argument("failure_id", type=int)
+@click.pass_context
+def failures_skip(ctx: click.Context, failure_id: int) -> None:
+    """Skip the failed event for good; the skip is recorded with who asked for it."""
+    _act(ctx, failure_id, "skip")
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(projector_command)
+    cli.add_command(projections_group)
+    cli.add_command(failures_group)
