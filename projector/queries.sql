@@ -53,10 +53,12 @@ UPDATE ledgerflow.projection_leases SET expires_at = clock_timestamp()
 -- name: hold_lease
 -- Fencing: run at the start of a batch transaction. FOR SHARE keeps a contender from taking the lease
 -- until this batch commits; a worker whose lease lapsed or was taken gets no row and commits nothing.
-SELECT 1 FROM ledgerflow.projection_leases
+-- The idle-in-transaction timeout (transaction-local) makes the server end this transaction if the
+-- worker freezes mid-batch (SIGSTOP, a long GC pause), so the row lock cannot outlive the lease.
+SELECT 1 FROM ledgerflow.projection_leases, set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true)
  WHERE projection = %(projection)s AND owner = %(owner)s AND epoch = %(epoch)s
    AND expires_at > clock_timestamp()
-   FOR SHARE
+   FOR SHARE OF projection_leases
 
 -- name: lease_of
 SELECT owner, epoch, expires_at > clock_timestamp(), heartbeat_at, expires_at

@@ -58,6 +58,7 @@ class LiveRunner:
         *,
         owner: str,
         epoch: int,
+        lease_ttl: float = 10.0,
         batch_size: int = 500,
         retry: RetrySettings | None = None,
         catch_up_run: int | None = None,
@@ -66,6 +67,7 @@ class LiveRunner:
         self.projection = projection
         self.owner = owner
         self.epoch = epoch
+        self.lease_ttl = lease_ttl
         self.batch_size = batch_size
         self.retry = retry or RetrySettings()
         self._catch_up_run = catch_up_run
@@ -141,7 +143,7 @@ class LiveRunner:
         name = self.projection.name
         try:
             with self.store.pool.connection() as conn, conn.transaction():
-                if not state.hold_lease(conn, name, self.owner, self.epoch):
+                if not state.hold_lease(conn, name, self.owner, self.epoch, self.lease_ttl):
                     raise LeaseLost(
                         f"lease of {name!r} (epoch {self.epoch}) is no longer held by {self.owner}"
                     )

@@ -177,6 +177,7 @@ class ProjectorWorker:
             projection,
             owner=self.id,
             epoch=epoch,
+            lease_ttl=self.settings.lease_ttl,
             batch_size=self.settings.batch_size,
             retry=self.settings.retry,
             catch_up_run=run_id,

@@ -324,13 +324,10 @@ class WorkflowRegistry:
         return wf
 
     def get(self, name: str) -> Workflow:
-        try:
-            return self._workflows[name]
-        except KeyError:
-            known = ", ".join(repr(n) for n in self.names()) or "none"
-            raise NotFoundError(
-                f"no workflow named {name!r} is registered; known workflows: {known}"
-            ) from None
+        if name not in self._workflows:
+            known = ", ".join(map(repr, self.names())) or "none"
+            raise NotFoundError(f"no workflow named {name!r} is registered; known workflows: {known}")
+        return self._workflows[name]
 
     def names(self) -> list[str]:
         return sorted(self._workflows)

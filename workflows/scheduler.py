@@ -2,7 +2,8 @@
 what to run again. No I/O: callers read statuses from the projections and record the decisions as events.
 
 A node with no recorded status counts as pending (it has not started); statuses for names that are not
-nodes of the workflow are ignored.
+nodes of the workflow are ignored. Statuses compare by value, so plain strings read back from the database
+work as well as `NodeStatus` members.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ class NodeStatus(StrEnum):
 # Statuses from which a node will not move on its own. None of them lets its dependents start (only
 # SUCCEEDED does), so everything downstream of one stays pending until an operator retries the run.
 _DEAD_ENDS = frozenset({NodeStatus.FAILED, NodeStatus.PARKED, NodeStatus.CANCELLED, NodeStatus.SKIPPED})
-_IN_FLIGHT = frozenset({NodeStatus.READY, NodeStatus.RUNNING, NodeStatus.RETRY_SCHEDULED})
 
 Outcome = Literal["running", "succeeded", "failed", "cancelled"]
 
@@ -45,8 +45,8 @@ def runnable_nodes(wf: Workflow, statuses: Mapping[str, NodeStatus]) -> list[str
     return [
         name
         for name in wf.topological_order()
-        if _status(statuses, name) is NodeStatus.PENDING
-        and all(_status(statuses, dep) is NodeStatus.SUCCEEDED for dep in wf.nodes[name].depends_on)
+        if _status(statuses, name) == NodeStatus.PENDING
+        and all(_status(statuses, dep) == NodeStatus.SUCCEEDED for dep in wf.nodes[name].depends_on)
     ]
 
 
@@ -58,10 +58,10 @@ def run_outcome(wf: Workflow, statuses: Mapping[str, NodeStatus]) -> Outcome:
     for name in wf.topological_order():  # dependencies are decided before their dependents
         status = _status(statuses, name)
         if status in _DEAD_ENDS or (
-            status is NodeStatus.PENDING and any(dep in blocked for dep in wf.nodes[name].depends_on)
+            status == NodeStatus.PENDING and any(dep in blocked for dep in wf.nodes[name].depends_on)
         ):
             blocked.add(name)
-        elif status is not NodeStatus.SUCCEEDED:
+        elif status != NodeStatus.SUCCEEDED:
             return "running"  # in flight, or pending behind nodes that may still succeed
     settled = {_status(statuses, name) for name in wf.nodes}
     if settled & {NodeStatus.FAILED, NodeStatus.PARKED}:
@@ -106,7 +106,5 @@ def retry_from_failed(wf: Workflow, statuses: Mapping[str, NodeStatus]) -> set[s
         if _status(statuses, name) in {NodeStatus.FAILED, NodeStatus.PARKED, NodeStatus.CANCELLED}
     }
     return {
-        name
-        for name in _with_descendants(wf, stopped)
-        if _status(statuses, name) is not NodeStatus.SUCCEEDED
+        name for name in _with_descendants(wf, stopped) if _status(statuses, name) != NodeStatus.SUCCEEDED
     }
