@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,6 +32,9 @@ from projector.digest import TableDifference, differing_rows, projection_digest
 from projector.projection import ApplyContext, Projection
 
 log = structlog.get_logger(__name__)
+
+_SWAP_LOCK_TIMEOUT_MS = 100  # well below PostgreSQL's default deadlock_timeout of 1 s
+_SWAP_ATTEMPTS = 100
 
 #: Called after every shadow batch with (events processed so far, shadow cursor, target cursor).
 Progress = Callable[[int, Cursor, Cursor], None]
@@ -194,15 +198,7 @@ def rebuild(
         # Most of the work happens while the live projection keeps going...
         build.run_until(None, progress)
         # ...then, holding the cursor row, the shadow closes the last gap and takes the live tables' place.
-        with store.pool.connection() as conn, conn.transaction():
-            live_cursor, _ = state.lock_cursor(conn, projection.name)
-            build.run_until(None, progress, conn)
-            final = max(build.cursor, live_cursor)
-            tables.swap_in_shadow(conn, projection)
-            state.set_cursor(conn, projection.name, final, projection.version)
-            digest = projection_digest(conn, projection, projection.schema)
-            state.run_progress(conn, run_id, final, 0)
-            state.finish_run(conn, run_id, "completed", digest=digest)
+        final, digest = _swap_with_retries(store, projection, build, run_id, progress)
     except BaseException as exc:
         _fail_run(store, run_id, exc, schema)
         raise
@@ -210,6 +206,35 @@ def rebuild(
         "projection_rebuilt", projection=projection.name, run_id=run_id, events=build.events, digest=digest
     )
     return RebuildResult(run_id, final, build.events, digest)
+
+
+def _swap_with_retries(
+    store: EventStore, projection: Projection, build: _ShadowBuild, run_id: int, progress: Progress | None
+) -> tuple[Cursor, str]:
+    """The swap transaction, retried while readers hold the live tables (see `tables.lock_live_tables`)."""
+    for attempt in range(_SWAP_ATTEMPTS):
+        saved = (build.cursor, build.events)
+        try:
+            with store.pool.connection() as conn, conn.transaction():
+                # Cursor row first, tables second: the same order as a live batch, so the two queue.
+                live_cursor, _ = state.lock_cursor(conn, projection.name)
+                tables.lock_live_tables(conn, projection, _SWAP_LOCK_TIMEOUT_MS)
+                build.run_until(None, progress, conn)
+                final = max(build.cursor, live_cursor)
+                tables.swap_in_shadow(conn, projection)
+                state.set_cursor(conn, projection.name, final, projection.version)
+                digest = projection_digest(conn, projection, projection.schema)
+                state.run_progress(conn, run_id, final, 0)
+                state.finish_run(conn, run_id, "completed", digest=digest)
+            return final, digest
+        except psycopg.errors.LockNotAvailable:
+            build.cursor, build.events = saved  # the rolled-back catch-up is done again next time
+            log.info("projection_swap_waiting_for_readers", projection=projection.name, attempt=attempt + 1)
+            threading.Event().wait(min(0.01 * 2**attempt, 0.5))
+    raise ConflictError(
+        f"could not swap in the rebuilt {projection.name!r}: readers kept its tables busy for "
+        f"{_SWAP_ATTEMPTS} attempts; retry when the load is lower"
+    )
 
 
 def verify(

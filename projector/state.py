@@ -151,7 +151,12 @@ def release_lease(conn: Conn, projection: str, owner: str, epoch: int) -> None:
 
 
 def hold_lease(conn: Conn, projection: str, owner: str, epoch: int, ttl: float) -> bool:
-    params = {"projection": projection, "owner": owner, "epoch": epoch, "idle_ms": str(max(1, int(ttl * 1000)))}
+    params = {
+        "projection": projection,
+        "owner": owner,
+        "epoch": epoch,
+        "idle_ms": str(max(1, int(ttl * 1000))),
+    }
     return conn.execute(Q["hold_lease"], params).fetchone() is not None
 
 

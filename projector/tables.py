@@ -62,6 +62,23 @@ def drop_schema(conn: psycopg.Connection[Any], schema: str) -> None:
     conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
+def lock_live_tables(conn: psycopg.Connection[Any], projection: Projection, timeout_ms: int) -> None:
+    """Take every live table's ACCESS EXCLUSIVE lock up front, giving up after `timeout_ms`.
+
+    A reader that reads two of the tables could otherwise hold one while the swap holds the other: a
+    deadlock that PostgreSQL would break by killing the reader's query. With a lock timeout shorter
+    than the deadlock timeout, the swap yields instead (LockNotAvailable) and the caller retries it.
+    """
+    conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{timeout_ms}ms",))
+    existing = [
+        n for n in projection.table_names if n not in missing_tables(conn, projection, projection.schema)
+    ]
+    if existing:
+        names = sql.SQL(", ").join(sql.Identifier(projection.schema, n) for n in existing)
+        conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(names))
+    conn.execute("SELECT set_config('lock_timeout', '0', true)")
+
+
 def swap_in_shadow(conn: psycopg.Connection[Any], projection: Projection) -> None:
     """Inside the caller's transaction: retire the live tables and move the shadow ones in their place."""
     live, shadow, retired = projection.schema, shadow_schema(projection), retired_schema(projection)

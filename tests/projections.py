@@ -9,11 +9,12 @@ from projector import ApplyContext, Projection, Table
 POISONED: set[str] = set()
 
 
-def make_counter(name: str = "test_counter", policy: str = "block") -> Projection:
+def make_counter(name: str = "test_counter", policy: str = "block", schema: str = "ledgerflow") -> Projection:
     """Counts events per stream and records how often each event was applied (must stay 1)."""
     counter = Projection(
         name=name,
         version=1,
+        schema=schema,
         failure_policy=policy,  # type: ignore[arg-type]
         tables=[
             Table(

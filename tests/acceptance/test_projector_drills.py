@@ -1,0 +1,147 @@
+"""Crash drills with real `ledgerflow projector` processes: SIGKILL at random moments, SIGSTOP past the
+lease. Afterwards every event is applied exactly once and the projection equals a rebuild."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from eventstore import EventStore, NewEvent
+from projector import rebuild, state, tables
+from projector.digest import projection_digest
+from tests.projections import counter
+from tests.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.drill
+
+
+def start_worker(database_url: str, *, lease_ttl: float, log: Path) -> subprocess.Popen[bytes]:
+    env = os.environ | {
+        "LEDGERFLOW_DATABASE_URL": database_url,
+        "LEDGERFLOW_PROJECTIONS": "tests.projections:counter",
+        "LEDGERFLOW_PROJECTOR_LEASE_TTL": str(lease_ttl),
+        "LEDGERFLOW_PROJECTOR_HEARTBEAT_INTERVAL": str(lease_ttl / 4),
+        "LEDGERFLOW_PROJECTOR_BATCH_SIZE": "25",
+        "LEDGERFLOW_LOG_FORMAT": "json",
+    }
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", "projector"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def applied_stats(store: EventStore) -> tuple[int, int]:
+    with store.pool.connection() as conn:
+        row = conn.execute("SELECT count(*), coalesce(max(times), 0) FROM ledgerflow.applied").fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def caught_up(store: EventStore) -> bool:
+    with store.pool.connection() as conn:
+        current = state.get_cursor(conn, counter.name)
+        return current is not None and state.lag(conn, current.cursor).behind_head == 0
+
+
+@pytest.fixture
+def appender(store: EventStore) -> Iterator[threading.Event]:
+    """Appends continuously in the background until the event is set."""
+    with store.pool.connection() as conn, conn.transaction():
+        # The tables exist before the first worker runs, so the test can watch them from the start.
+        state.ensure_cursor(conn, counter.name, counter.version)
+        tables.ensure_live_tables(conn, counter)
+    done = threading.Event()
+
+    def run() -> None:
+        i = 0
+        while not done.is_set():
+            store.append(f"drill-{i % 13}", [NewEvent("Add", {"amount": i}) for _ in range(1 + i % 3)])
+            i += 1
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    yield done
+    done.set()
+    thread.join()
+
+
+def assert_exactly_once_and_equal_to_rebuild(store: EventStore) -> None:
+    with store.pool.connection() as conn:
+        total = conn.execute("SELECT count(*) FROM ledgerflow.events").fetchone()
+        live = projection_digest(conn, counter, counter.schema)
+    assert total is not None
+    assert applied_stats(store) == (total[0], 1), "an event was missed or applied twice"
+    assert rebuild(store, counter).digest == live
+
+
+def test_sigkill_at_random_moments(store: EventStore, appender: threading.Event, tmp_path: Path) -> None:
+    rng = random.Random(7)
+    log = tmp_path / "workers.log"
+    kills = 0
+    for _ in range(8):
+        worker = start_worker(store.url, lease_ttl=1.0, log=log)
+        before = applied_stats(store)[0]
+        # Kill it while it is applying: once it has made progress, after a random extra moment.
+        wait_until(
+            lambda b=before: applied_stats(store)[0] > b, timeout=30, what="the worker to apply events"
+        )
+        threading.Event().wait(rng.uniform(0, 0.3))
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        kills += 1
+    appender.set()
+    final = start_worker(store.url, lease_ttl=1.0, log=log)
+    try:
+        wait_until(lambda: caught_up(store), timeout=60, what="catch-up after the kills")
+    finally:
+        final.send_signal(signal.SIGTERM)
+        assert final.wait(timeout=30) == 0
+    assert kills == 8
+    assert_exactly_once_and_equal_to_rebuild(store)
+    # Runs of the killed workers do not stay "running" for ever.
+    with store.pool.connection() as conn:
+        state.mark_abandoned_runs(conn, 0.5)
+        running = [r for r in state.list_runs(conn, counter.name, 100) if r.status == "running"]
+    assert running == []
+
+
+def test_a_worker_paused_past_its_lease_cannot_commit(
+    store: EventStore, appender: threading.Event, tmp_path: Path
+) -> None:
+    log = tmp_path / "workers.log"
+    paused = start_worker(store.url, lease_ttl=1.5, log=log)
+    wait_until(lambda: applied_stats(store)[0] > 50, timeout=30, what="the first worker to apply events")
+    paused.send_signal(signal.SIGSTOP)
+    with store.pool.connection() as conn:
+        epoch_before = state.lease_of(conn, counter.name)
+    taker = start_worker(store.url, lease_ttl=1.5, log=log)
+
+    def taken_over() -> bool:
+        with store.pool.connection() as conn:
+            lease = state.lease_of(conn, counter.name)
+        return lease is not None and epoch_before is not None and lease.epoch > epoch_before.epoch
+
+    wait_until(taken_over, timeout=30, what="the second worker to take the lease")
+    progressed = applied_stats(store)[0]
+    wait_until(lambda: applied_stats(store)[0] > progressed, timeout=30, what="the new owner to apply events")
+    paused.send_signal(signal.SIGCONT)
+    appender.set()
+    wait_until(lambda: caught_up(store), timeout=60, what="catch-up")
+    for worker in (paused, taker):
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+    assert_exactly_once_and_equal_to_rebuild(store)
+    assert b"projection_lease_lost" in log.read_bytes(), "the paused worker should notice it lost the lease"

@@ -1,0 +1,98 @@
+"""Leases between workers: one holder at a time, exactly one takes over a lapsed lease, and a worker
+that lost its lease cannot commit (fencing)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from eventstore import EventStore, NewEvent
+from projector import LeaseLost, ProjectorWorker, WorkerSettings, state
+from projector.runner import LiveRunner
+from tests.projections import make_counter
+
+SETTINGS = WorkerSettings(lease_ttl=30, heartbeat_interval=10, batch_size=5)
+
+
+def expire(store: EventStore, projection: str) -> None:
+    """What a paused worker looks like from outside: its lease lapsed."""
+    with store.pool.connection() as conn:
+        conn.execute(
+            "UPDATE ledgerflow.projection_leases SET expires_at = clock_timestamp() - interval '1 second' "
+            "WHERE projection = %s",
+            (projection,),
+        )
+
+
+def test_one_worker_holds_a_projection_and_exactly_one_takes_over(store: EventStore) -> None:
+    counter = make_counter()
+    first = ProjectorWorker(store, [counter], SETTINGS)
+    first.acquire_free_leases()
+    others = [ProjectorWorker(store, [counter], SETTINGS) for _ in range(4)]
+    for w in others:
+        w.acquire_free_leases()
+    assert [len(w._runners) for w in [first, *others]] == [1, 0, 0, 0, 0]
+
+    expire(store, counter.name)
+    barrier = threading.Barrier(len(others))
+
+    def race(worker: ProjectorWorker) -> None:
+        barrier.wait()
+        worker.acquire_free_leases()
+
+    threads = [threading.Thread(target=race, args=(w,)) for w in others]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [w for w in others if w._runners]
+    assert len(winners) == 1
+    assert winners[0]._runners[counter.name].epoch == 2
+
+
+def test_a_worker_that_lost_its_lease_cannot_commit(store: EventStore) -> None:
+    counter = make_counter()
+    for i in range(10):
+        store.append("s", [NewEvent("Add", {"amount": i})])
+    stale = ProjectorWorker(store, [counter], SETTINGS)
+    stale.acquire_free_leases()
+    stale_runner: LiveRunner = stale._runners[counter.name]
+    stale_runner.step()  # applies the first batch of 5
+
+    expire(store, counter.name)
+    fresh = ProjectorWorker(store, [counter], SETTINGS)
+    fresh.run_until_caught_up()
+
+    store.append("s", [NewEvent("Add", {"amount": 100})])
+    with pytest.raises(LeaseLost):
+        stale_runner.step()
+    with store.pool.connection() as conn:
+        assert conn.execute("SELECT max(times), count(*) FROM ledgerflow.applied").fetchone() == (1, 10)
+    fresh.run_until_caught_up()
+    with store.pool.connection() as conn:
+        assert conn.execute("SELECT max(times), count(*) FROM ledgerflow.applied").fetchone() == (1, 11)
+
+
+def test_release_lets_another_worker_take_over_at_once(store: EventStore) -> None:
+    counter = make_counter()
+    first = ProjectorWorker(store, [counter], SETTINGS)
+    first.acquire_free_leases()
+    first.release_all()
+    second = ProjectorWorker(store, [counter], SETTINGS)
+    second.acquire_free_leases()
+    assert counter.name in second._runners
+    with store.pool.connection() as conn:
+        runs = state.list_runs(conn, counter.name)
+    # The first worker's catch-up run ended as stopped when it let go, not left running.
+    assert [(r.owner, r.status) for r in runs] == [(second.id, "running"), (first.id, "stopped")]
+
+
+def test_heartbeat_notices_a_lost_lease(store: EventStore) -> None:
+    counter = make_counter()
+    worker = ProjectorWorker(store, [counter], SETTINGS)
+    worker.acquire_free_leases()
+    expire(store, counter.name)
+    ProjectorWorker(store, [counter], SETTINGS).acquire_free_leases()
+    worker.heartbeat()
+    assert worker._runners == {}
