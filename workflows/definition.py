@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from eventstore.errors import InvalidInputError, NotFoundError
 
@@ -133,6 +133,9 @@ class NodeSpec:
     code_version: str = "1"  # bump when the function's output changes for the same input
     config: Mapping[str, Any] = field(default_factory=dict, hash=False)
     max_crashes: int = 5  # reclaims after a crash before the node is parked for an operator
+    #: What happens to a node that heartbeats but reports no progress past its deadline: "retry" takes
+    #: it away from its worker and runs it again; "fail" records a failure (the retry policy applies).
+    on_stuck: Literal["retry", "fail"] = "retry"
 
     def __post_init__(self) -> None:
         _check_name("node", self.name)
@@ -210,6 +213,7 @@ class Workflow:
         code_version: str = "1",
         config: Mapping[str, Any] | None = None,
         max_crashes: int = 5,
+        on_stuck: Literal["retry", "fail"] = "retry",
     ) -> Callable[[F], F]:
         """Declare a node with `@wf.node(...)`; the name defaults to the function's. The function is
         returned unchanged, so it can still be called directly in tests."""
@@ -227,6 +231,7 @@ class Workflow:
                     code_version=code_version,
                     config=config if config is not None else {},
                     max_crashes=max_crashes,
+                    on_stuck=on_stuck,
                 )
             )
             return func

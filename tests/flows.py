@@ -1,0 +1,96 @@
+"""Workflows used by the tests (importable by worker subprocesses as `tests.flows:registry`).
+
+Node functions record every real execution in a side table (`calls`), outside the log, so tests can
+tell what ran how often: a memoized step or a completed node must not run again.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psycopg
+
+from workflows import NodeContext, RetryPolicy, Workflow, WorkflowRegistry
+
+registry = WorkflowRegistry()
+
+
+def record_call(ctx: NodeContext, what: str) -> None:
+    """Count a real execution, in its own transaction: it stays even if the node's work is lost."""
+    with psycopg.connect(ctx._engine.store.url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS public.calls (run_id uuid, what text, attempt int, pid int, "
+            "at timestamptz DEFAULT clock_timestamp())"
+        )
+        conn.execute("INSERT INTO public.calls (run_id, what, attempt, pid) VALUES (%s, %s, %s, %s)",
+                     (ctx.run_id, what, ctx.attempt, os.getpid()))
+
+
+linear = Workflow("linear")
+
+
+@linear.node()
+def first(ctx: NodeContext) -> Any:
+    record_call(ctx, "first")
+    return {"n": (ctx.input or {}).get("n", 1)}
+
+
+@linear.node(depends_on=["first"])
+def second(ctx: NodeContext) -> Any:
+    record_call(ctx, "second")
+    return {"n": ctx.outputs["first"]["n"] * 2}
+
+
+@linear.node(depends_on=["second"])
+def third(ctx: NodeContext) -> Any:
+    record_call(ctx, "third")
+    return {"n": ctx.outputs["second"]["n"] + 1}
+
+
+registry.register(linear)
+
+diamond = Workflow("diamond")
+
+
+@diamond.node()
+def source(ctx: NodeContext) -> Any:
+    return [1, 2, 3]
+
+
+@diamond.node(depends_on=["source"])
+def left(ctx: NodeContext) -> Any:
+    return sum(ctx.outputs["source"])
+
+
+@diamond.node(depends_on=["source"])
+def right(ctx: NodeContext) -> Any:
+    return max(ctx.outputs["source"])
+
+
+@diamond.node(depends_on=["left", "right"])
+def join(ctx: NodeContext) -> Any:
+    return ctx.outputs["left"] + ctx.outputs["right"]
+
+
+registry.register(diamond)
+
+#: Failures to inject, per (workflow input "fail" marker): how many attempts of `flaky` fail first.
+flaky_flow = Workflow("flaky")
+
+
+@flaky_flow.node(retry=RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.05))
+def flaky(ctx: NodeContext) -> Any:
+    record_call(ctx, "flaky")
+    if ctx.attempt <= int((ctx.input or {}).get("fail_times", 0)):
+        raise RuntimeError(f"attempt {ctx.attempt} fails on purpose")
+    return "ok"
+
+
+@flaky_flow.node(depends_on=["flaky"])
+def after_flaky(ctx: NodeContext) -> Any:
+    record_call(ctx, "after_flaky")
+    return "done"
+
+
+registry.register(flaky_flow)

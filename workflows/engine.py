@@ -1,0 +1,329 @@
+"""The workflow engine's public API: start, inspect, cancel, retry and refresh runs.
+
+Every state change is an event in the run's stream, appended with optimistic concurrency on the
+stream version; the scheduler's queue changes in the same transaction. A conflicting concurrent change
+makes the loser re-read the run and decide again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+import structlog
+
+from eventstore import (
+    ANY,
+    NO_STREAM,
+    EventStore,
+    IdempotencyConflictError,
+    InvalidInputError,
+    NewEvent,
+    StreamAppend,
+    WrongExpectedVersionError,
+)
+from eventstore._validation import check_tenant
+from eventstore.errors import ConflictError, NotFoundError
+from workflows import events as ev
+from workflows import queue
+from workflows.definition import Workflow, WorkflowRegistry
+from workflows.errors import RunStateError
+from workflows.scheduler import NodeStatus, nodes_to_rerun, retry_from_failed, runnable_nodes
+from workflows.state import RunState, fold
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+_RUN_IDS = uuid.UUID("5b1f0c1e-8d4e-4d59-9a57-6c2f3b1d7e10")  # namespace of idempotent run ids
+_MAX_KEY = 200
+_OCC_ATTEMPTS = 50
+
+
+def fingerprint(value: Any) -> str:
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"workflow input must be plain JSON: {exc}") from None
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Started:
+    run_id: uuid.UUID
+    #: False when an active run for the key, or an earlier start with the idempotency key, was returned.
+    created: bool
+
+
+class Engine:
+    def __init__(self, store: EventStore, registry: WorkflowRegistry) -> None:
+        self.store = store
+        self.registry = registry
+
+    # -- reading --------------------------------------------------------------------------------------
+
+    def load(self, run_id: uuid.UUID, *, tenant: str = "default") -> RunState:
+        """The run's current state, folded from its stream."""
+        events = self.store.read_stream(ev.run_stream(run_id), tenant=tenant, limit=100_000)
+        if not events:
+            raise NotFoundError(
+                f"no run {run_id} (tenant {tenant!r}); list runs with `ledgerflow workflows list`"
+            )
+        return fold(run_id, tenant, events)
+
+    # -- starting -------------------------------------------------------------------------------------
+
+    def start(
+        self,
+        workflow: str,
+        *,
+        input: Any = None,
+        key: str | None = None,
+        idempotency_key: str | None = None,
+        tenant: str = "default",
+    ) -> Started:
+        """Start a run. With `key`, at most one run per key is active: a second start returns the active
+        run. With `idempotency_key`, a repeat returns the first run; other input under it conflicts."""
+        check_tenant(tenant)
+        wf = self.registry.get(workflow)
+        input_fp = fingerprint(input)
+        if key is not None and (
+            not isinstance(key, str) or not 0 < len(key) <= _MAX_KEY or not key.isprintable()
+        ):
+            raise InvalidInputError(f"run key must be 1-{_MAX_KEY} printable characters")
+        if idempotency_key is not None:
+            run_id = uuid.uuid5(_RUN_IDS, f"{tenant}\x00{idempotency_key}")
+            existing = self.store.read_stream(ev.run_stream(run_id), tenant=tenant, limit=1)
+            if existing:
+                return self._same_request(
+                    existing[0].data, run_id, workflow, input_fp, idempotency_key, tenant
+                )
+        else:
+            run_id = uuid.uuid4()
+        for _ in range(_OCC_ATTEMPTS):
+            key_version = None
+            if key is not None:
+                last = self.store.read_stream(
+                    ev.key_stream(workflow, key), tenant=tenant, backward=True, limit=1
+                )
+                if last and last[0].type == ev.KEY_CLAIMED:
+                    return Started(uuid.UUID(last[0].data["run_id"]), created=False)
+                key_version = last[0].stream_version if last else None
+            try:
+                return self._start(wf, run_id, input, input_fp, key, key_version, idempotency_key, tenant)
+            except WrongExpectedVersionError as exc:
+                if exc.stream_id == ev.run_stream(run_id):  # a concurrent idempotent start won
+                    return Started(run_id, created=False)
+                continue  # another start claimed the key first: read it again
+        raise ConflictError(f"could not start {workflow!r} for key {key!r}: too much contention; retry")
+
+    def _start(
+        self,
+        wf: Workflow,
+        run_id: uuid.UUID,
+        input: Any,
+        input_fp: str,
+        key: str | None,
+        key_version: int | None,
+        idempotency_key: str | None,
+        tenant: str,
+    ) -> Started:
+        roots = wf.roots()
+        started = ev.event(
+            ev.RUN_STARTED,
+            run_id,
+            workflow=wf.name,
+            version=wf.version,
+            key=key,
+            input=input,
+            input_fingerprint=input_fp,
+            fingerprints={n: s.fingerprint for n, s in wf.nodes.items()},
+        )
+        appends = [
+            StreamAppend(
+                ev.run_stream(run_id), [started, ev.event(ev.NODES_READY, run_id, nodes=roots)], NO_STREAM
+            )
+        ]
+        if key is not None:
+            appends.append(
+                StreamAppend(
+                    ev.key_stream(wf.name, key),
+                    [ev.event(ev.KEY_CLAIMED, run_id)],
+                    key_version if key_version is not None else NO_STREAM,
+                )
+            )
+        with self.transaction() as conn:
+            result = self.store.append_many(
+                appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn
+            )
+            if not result.duplicate:
+                queue.enqueue(conn, run_id, tenant, wf.name, [wf.nodes[r] for r in roots])
+        if not result.duplicate:
+            log.info("workflow_started", run_id=str(run_id), workflow=wf.name, key=key, tenant=tenant)
+        return Started(run_id, created=not result.duplicate)
+
+    def _same_request(
+        self,
+        started: dict[str, Any],
+        run_id: uuid.UUID,
+        workflow: str,
+        input_fp: str,
+        idempotency_key: str,
+        tenant: str,
+    ) -> Started:
+        if started.get("workflow") != workflow or started.get("input_fingerprint") != input_fp:
+            raise IdempotencyConflictError(tenant, idempotency_key)
+        return Started(run_id, created=False)
+
+    # -- operator actions ------------------------------------------------------------------------------
+
+    def cancel(self, run_id: uuid.UUID, *, tenant: str = "default", actor: str = "operator") -> RunState:
+        """Cancel cooperatively: waiting nodes never start; a running node stops at its next context call."""
+
+        def attempt() -> None:
+            run = self.load(run_id, tenant=tenant)
+            if not run.active:
+                raise RunStateError(f"run {run_id} already {run.status}; nothing to cancel")
+            if run.cancel_requested:
+                return
+            with self.transaction() as conn:
+                running, dropped = queue.cancel_run(conn, run_id)
+                events = [ev.event(ev.RUN_CANCEL_REQUESTED, run_id, actor=actor)]
+                events += [ev.event(ev.NODE_CANCELLED, run_id, node=n) for n in dropped]
+                ended = not running
+                if ended:  # nothing in flight: the run is cancelled now, not at a node's next call
+                    events.append(ev.event(ev.RUN_CANCELLED, run_id))
+                appends = [StreamAppend(ev.run_stream(run_id), events, run.version)]
+                appends += release_key_appends(run) if ended else []
+                self.store.append_many(appends, tenant=tenant, conn=conn)
+            log.info("workflow_cancel_requested", run_id=str(run_id), running=running, actor=actor)
+
+        self._with_occ(attempt)
+        return self.load(run_id, tenant=tenant)
+
+    def retry(self, run_id: uuid.UUID, *, tenant: str = "default", actor: str = "operator") -> RunState:
+        """Run a failed or cancelled run again from its failed nodes; completed nodes are kept, and so are
+        the failed nodes' checkpoints and memoized steps."""
+
+        def attempt() -> None:
+            run = self.load(run_id, tenant=tenant)
+            if run.status not in ("failed", "cancelled") and not any(
+                n.status == NodeStatus.PARKED for n in run.nodes.values()
+            ):
+                raise RunStateError(
+                    f"run {run_id} is {run.status}; only failed, cancelled or parked runs retry"
+                )
+            wf = self.registry.get(run.workflow)
+            reset = retry_from_failed(wf, run.statuses)
+            self._reopen(
+                run, wf, ev.event(ev.RUN_RETRIED, run_id, nodes=sorted(reset), actor=actor), reset, tenant
+            )
+            log.info("workflow_retried", run_id=str(run_id), nodes=sorted(reset), actor=actor)
+
+        self._with_occ(attempt)
+        return self.load(run_id, tenant=tenant)
+
+    def refresh(
+        self, run_id: uuid.UUID, *, input: Any = None, tenant: str = "default", actor: str = "operator"
+    ) -> set[str]:
+        """Re-run a completed run with new input, only the nodes whose fingerprint or input changed and
+        their descendants. Returns the nodes that run again (empty: nothing changed)."""
+        rerun: set[str] = set()
+
+        def attempt() -> None:
+            nonlocal rerun
+            run = self.load(run_id, tenant=tenant)
+            if run.status != "succeeded":
+                raise RunStateError(f"run {run_id} is {run.status}; only completed runs can be refreshed")
+            wf = self.registry.get(run.workflow)
+            new_fps = {n: s.fingerprint for n, s in wf.nodes.items()}
+            input_fp = fingerprint(input)
+            rerun = nodes_to_rerun(wf, run.fingerprints, new_fps, input_fp != run.input_fingerprint)
+            if not rerun:
+                return
+            refreshed = ev.event(
+                ev.RUN_REFRESHED,
+                run_id,
+                input=input,
+                input_fingerprint=input_fp,
+                fingerprints=new_fps,
+                nodes=sorted(rerun),
+                actor=actor,
+            )
+            self._reopen(run, wf, refreshed, rerun, tenant)
+            log.info("workflow_refreshed", run_id=str(run_id), nodes=sorted(rerun), actor=actor)
+
+        self._with_occ(attempt)
+        return rerun
+
+    def _reopen(self, run: RunState, wf: Workflow, cause: NewEvent, reset: set[str], tenant: str) -> None:
+        statuses = run.statuses
+        for name in reset:
+            statuses[name] = NodeStatus.PENDING
+        ready = runnable_nodes(wf, statuses)
+        appends = [
+            StreamAppend(
+                ev.run_stream(run.run_id),
+                [cause, ev.event(ev.NODES_READY, run.run_id, nodes=ready)],
+                run.version,
+            )
+        ]
+        if run.key is not None and not run.active:
+            last = self.store.read_stream(
+                ev.key_stream(run.workflow, run.key), tenant=tenant, backward=True, limit=1
+            )
+            if last and last[0].type == ev.KEY_CLAIMED and last[0].data["run_id"] != str(run.run_id):
+                raise RunStateError(
+                    f"run {last[0].data['run_id']} is active for key {run.key!r}; "
+                    "cancel it or wait for it first"
+                )
+            if not last or last[0].type != ev.KEY_CLAIMED:
+                appends.append(
+                    StreamAppend(
+                        ev.key_stream(run.workflow, run.key),
+                        [ev.event(ev.KEY_CLAIMED, run.run_id)],
+                        last[0].stream_version if last else NO_STREAM,
+                    )
+                )
+        with self.transaction() as conn:
+            self.store.append_many(appends, tenant=tenant, conn=conn)
+            queue.enqueue(
+                conn,
+                run.run_id,
+                tenant,
+                wf.name,
+                [wf.nodes[n] for n in ready],
+                attempts={n: run.node(n).attempt for n in ready},
+                reset_crashes=True,
+            )
+
+    # -- plumbing -------------------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction for appends plus queue changes; subscribers are woken after it commits."""
+        with self.store.pool.connection() as conn, conn.transaction():
+            yield conn
+        self.store.notify_appended()
+
+    @staticmethod
+    def _with_occ(attempt: Callable[[], None]) -> None:
+        for _ in range(_OCC_ATTEMPTS):
+            try:
+                attempt()
+                return
+            except WrongExpectedVersionError:
+                continue  # the run changed under us: read it again and decide again
+        raise ConflictError("the run changed too often to apply the request; retry")
+
+
+def release_key_appends(run: RunState) -> list[StreamAppend]:
+    """The key stream's release, when a run with a key ends."""
+    if run.key is None:
+        return []
+    return [StreamAppend(ev.key_stream(run.workflow, run.key), [ev.event(ev.KEY_RELEASED, run.run_id)], ANY)]

@@ -1,0 +1,39 @@
+"""Signals and errors of workflow execution.
+
+The signals derive from BaseException: node code that catches Exception must not swallow them, or a
+worker that lost its lease would go on working as if it had not.
+"""
+
+from __future__ import annotations
+
+from eventstore.errors import ConflictError, LedgerflowError
+
+# SQLSTATEs raised by ledgerflow.wf_fence (migrations/0003_workflows.sql).
+LEASE_LOST = "LF004"
+RUN_CANCELLED = "LF005"
+
+
+class NodeLeaseLost(BaseException):
+    """This worker's claim on the node is gone (lease lapsed or reclaimed); it must stop at once."""
+
+
+class RunCancelled(BaseException):
+    """The run was cancelled; the node stops at its next context call."""
+
+
+class WorkerStopping(BaseException):
+    """The worker is shutting down; the node stops and is handed to another worker."""
+
+
+class NodeTimeout(LedgerflowError, TimeoutError):
+    code = "node_timeout"
+
+
+class NodeStuckError(LedgerflowError):
+    code = "node_stuck"
+
+
+class RunStateError(ConflictError):
+    """The run is not in a state that allows the request (e.g. retrying a run that succeeded)."""
+
+    code = "run_state_conflict"

@@ -1,0 +1,141 @@
+-- The workflow package's SQL. Every statement it runs is here, named.
+
+-- name: enqueue
+-- Makes nodes runnable (again). Runs in the transaction that appends the event making them runnable.
+-- Attempts continue from the run's history: a node run again after a retry gets a new attempt number.
+INSERT INTO ledgerflow.workflow_queue AS q
+       (run_id, node, tenant, workflow, attempt, max_crashes, progress_deadline, on_stuck, ready_at)
+SELECT %(run_id)s, u.node, %(tenant)s, %(workflow)s, u.attempt, u.max_crashes, u.progress_deadline,
+       u.on_stuck, clock_timestamp() + make_interval(secs => u.delay)
+  FROM unnest(%(nodes)s::text[], %(attempts)s::int[], %(max_crashes)s::int[],
+              %(progress_deadlines)s::float8[], %(on_stuck)s::text[], %(delays)s::float8[])
+       AS u(node, attempt, max_crashes, progress_deadline, on_stuck, delay)
+ON CONFLICT (run_id, node) DO UPDATE
+   SET status = 'ready', ready_at = excluded.ready_at, token = NULL, worker_name = NULL, attempt = excluded.attempt,
+       worker_instance = NULL, lease_expires_at = NULL, cancel_requested = false,
+       crashes = CASE WHEN %(reset_crashes)s THEN 0 ELSE q.crashes END
+
+-- name: claim
+-- Exactly one winner per node: SKIP LOCKED hands each ready row to one claimer, and the token, fresh
+-- from a sequence, fences every later write of this claim.
+WITH picked AS (
+    SELECT run_id, node FROM ledgerflow.workflow_queue
+     WHERE status = 'ready' AND ready_at <= clock_timestamp() AND workflow = ANY (%(workflows)s::text[])
+     ORDER BY ready_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE ledgerflow.workflow_queue q
+   SET status = 'claimed', attempt = q.attempt + 1, token = nextval('ledgerflow.workflow_fencing_tokens'),
+       worker_name = %(worker_name)s, worker_instance = %(instance)s, claimed_at = clock_timestamp(),
+       heartbeat_at = clock_timestamp(), progress_at = clock_timestamp(),
+       lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+  FROM picked
+ WHERE q.run_id = picked.run_id AND q.node = picked.node
+RETURNING q.run_id, q.node, q.tenant, q.workflow, q.attempt, q.token, q.cancel_requested, q.crashes
+
+-- name: fence
+SELECT ledgerflow.wf_fence(%(run_id)s, %(node)s, %(token)s, %(check_cancel)s)
+
+-- name: finish
+DELETE FROM ledgerflow.workflow_queue WHERE run_id = %(run_id)s AND node = %(node)s
+
+-- name: schedule_retry
+UPDATE ledgerflow.workflow_queue
+   SET status = 'ready', ready_at = clock_timestamp() + make_interval(secs => %(delay)s), token = NULL,
+       worker_name = NULL, worker_instance = NULL, lease_expires_at = NULL
+ WHERE run_id = %(run_id)s AND node = %(node)s
+
+-- name: release
+-- Graceful hand-over on shutdown: the node is ready again at once, and it does not count as a crash.
+UPDATE ledgerflow.workflow_queue
+   SET status = 'ready', ready_at = clock_timestamp(), token = NULL, worker_name = NULL,
+       worker_instance = NULL, lease_expires_at = NULL
+ WHERE run_id = %(run_id)s AND node = %(node)s AND token = %(token)s
+RETURNING run_id
+
+-- name: heartbeat
+-- One statement renews every lease of this worker process. Heartbeats stay out of the log.
+UPDATE ledgerflow.workflow_queue
+   SET heartbeat_at = clock_timestamp(), lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+ WHERE status = 'claimed' AND worker_instance = %(instance)s AND token = ANY (%(tokens)s::bigint[])
+   AND lease_expires_at > clock_timestamp()
+RETURNING token
+
+-- name: reclaim
+-- Takes back nodes whose lease lapsed, and nodes still held by an earlier process of this worker name
+-- (a restart: that process is gone, no need to wait for expiry). SKIP LOCKED: with several recoverers,
+-- each row goes to exactly one. A node that crashed too often is parked instead.
+WITH lapsed AS (
+    SELECT run_id, node FROM ledgerflow.workflow_queue
+     WHERE status = 'claimed'
+       AND (lease_expires_at < clock_timestamp()
+            OR (worker_name = %(worker_name)s AND worker_instance <> %(instance)s))
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE ledgerflow.workflow_queue q
+   SET status = CASE WHEN q.crashes + 1 > q.max_crashes THEN 'parked' ELSE 'ready' END,
+       crashes = q.crashes + 1, ready_at = clock_timestamp(), token = NULL, worker_instance = NULL,
+       lease_expires_at = NULL
+  FROM lapsed
+ WHERE q.run_id = lapsed.run_id AND q.node = lapsed.node
+RETURNING q.run_id, q.node, q.tenant, q.attempt, q.crashes, q.status, q.worker_name,
+          CASE WHEN q.worker_name = %(worker_name)s THEN 'worker_restarted' ELSE 'lease_expired' END
+
+-- name: stuck
+-- Nodes whose worker still heartbeats but which have reported nothing for longer than their deadline.
+WITH stuck AS (
+    SELECT run_id, node FROM ledgerflow.workflow_queue
+     WHERE status = 'claimed' AND progress_deadline IS NOT NULL
+       AND progress_at < clock_timestamp() - make_interval(secs => progress_deadline)
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE ledgerflow.workflow_queue q
+   SET status = CASE WHEN q.on_stuck = 'retry' THEN 'ready' ELSE q.status END,
+       ready_at = clock_timestamp(), token = CASE WHEN q.on_stuck = 'retry' THEN NULL ELSE q.token END,
+       worker_instance = CASE WHEN q.on_stuck = 'retry' THEN NULL ELSE q.worker_instance END,
+       crashes = CASE WHEN q.on_stuck = 'retry' THEN q.crashes + 1 ELSE q.crashes END,
+       progress_at = clock_timestamp()
+  FROM stuck
+ WHERE q.run_id = stuck.run_id AND q.node = stuck.node
+RETURNING q.run_id, q.node, q.tenant, q.attempt, q.on_stuck, q.token, q.worker_name,
+          extract(epoch FROM clock_timestamp() - q.claimed_at)::float8
+
+-- name: cancel_run
+-- Pending nodes never start: their rows go. Claimed nodes learn of it at their next fenced write.
+WITH flagged AS (
+    UPDATE ledgerflow.workflow_queue SET cancel_requested = true
+     WHERE run_id = %(run_id)s AND status = 'claimed'
+    RETURNING node
+), dropped AS (
+    DELETE FROM ledgerflow.workflow_queue WHERE run_id = %(run_id)s AND status IN ('ready', 'parked')
+    RETURNING node
+)
+SELECT (SELECT coalesce(array_agg(node), '{}') FROM flagged), (SELECT coalesce(array_agg(node), '{}') FROM dropped)
+
+-- name: delete_run
+DELETE FROM ledgerflow.workflow_queue WHERE run_id = %(run_id)s
+
+-- name: record_recovery
+INSERT INTO ledgerflow.workflow_recoveries
+       (worker, trigger, started_at, duration_ms, found, reclaimed, parked, stuck, failed)
+VALUES (%(worker)s, %(trigger)s, %(started_at)s, %(duration_ms)s, %(found)s, %(reclaimed)s, %(parked)s,
+        %(stuck)s, %(failed)s)
+
+-- name: recent_recoveries
+SELECT id, worker, trigger, started_at, duration_ms, found, reclaimed, parked, stuck, failed
+  FROM ledgerflow.workflow_recoveries ORDER BY id DESC LIMIT %(limit)s
+
+-- name: queue_summary
+-- What recovery would look at: nodes waiting, running, with a lapsed lease (orphans), parked.
+SELECT count(*) FILTER (WHERE status = 'ready'),
+       count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at > clock_timestamp()),
+       count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at <= clock_timestamp()),
+       count(*) FILTER (WHERE status = 'parked')
+  FROM ledgerflow.workflow_queue
+
+-- name: running_nodes_of_run
+SELECT node FROM ledgerflow.workflow_queue WHERE run_id = %(run_id)s AND status = 'claimed'

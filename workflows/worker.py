@@ -1,0 +1,262 @@
+"""Workflow workers: claim runnable nodes, run them in a thread pool, keep their leases alive.
+
+Any number of workers, in any number of processes or hosts, share the queue. A worker's name is stable
+across restarts (hostname by default; give each worker on a host its own `--name`): on start-up it takes
+back, at once, the nodes its previous process held, instead of waiting for their leases to lapse.
+On stop it claims nothing more, lets running nodes reach their next context call, and hands them back
+so another worker resumes them at once.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import psycopg
+import structlog
+
+from eventstore import ANY, DatabaseUnavailableError, LedgerflowError, NewEvent, StreamAppend
+from eventstore.sqlfile import load_queries
+from workflows import events as ev
+from workflows import metrics, queue
+from workflows.context import NodeContext
+from workflows.definition import WorkflowRegistry
+from workflows.engine import Engine
+from workflows.errors import NodeLeaseLost, RunCancelled, WorkerStopping
+from workflows.lifecycle import Lifecycle
+from workflows.queue import Claim
+from workflows.recovery import sweep
+
+log = structlog.get_logger(__name__)
+_LISTEN = load_queries("eventstore")["listen"]
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    concurrency: int = 4
+    lease_ttl: float = 10.0
+    heartbeat_interval: float = 2.0
+    recovery: bool = True
+    recovery_interval: float = 2.0
+    poll_interval: float = 0.5
+    #: On stop, how long running nodes get to reach a context call before their leases are handed back.
+    shutdown_grace: float = 10.0
+
+
+class WorkflowWorker:
+    def __init__(
+        self,
+        engine: Engine,
+        registry: WorkflowRegistry,
+        settings: WorkerSettings | None = None,
+        *,
+        name: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.settings = settings or WorkerSettings()
+        self.name = name or socket.gethostname()
+        self.instance = uuid.uuid4().hex[:12]
+        self.lifecycle = Lifecycle(engine)
+        self.stopping = threading.Event()
+        self._wake = threading.Event()
+        self._running: dict[int, tuple[Claim, NodeContext | None]] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="ledgerflow-node")
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}/{self.instance}"
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Work until `stop()`."""
+        log.info("workflow_worker_started", worker=self.id, workflows=self.registry.names())
+        if self.settings.recovery:
+            self.recover("startup")
+        threads = [
+            threading.Thread(target=self._heartbeat_loop, daemon=True, name="ledgerflow-heartbeat"),
+            threading.Thread(target=self._listen_loop, daemon=True, name="ledgerflow-wf-listener"),
+        ]
+        for t in threads:
+            t.start()
+        try:
+            while not self.stopping.is_set():
+                if not self.claim_and_start():
+                    self._wake.wait(self.settings.poll_interval)
+                    self._wake.clear()
+        finally:
+            self._shutdown()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self._wake.set()
+
+    def claim_and_start(self) -> bool:
+        """Claim as many nodes as there are free slots and start them; True if any was claimed."""
+        free = self.settings.concurrency - len(self._running)
+        if free <= 0 or self.stopping.is_set():
+            return False
+        try:
+            claims = self._claim(free)
+        except (psycopg.Error, LedgerflowError) as exc:
+            log.exception("workflow_claim_failed", error=str(exc))
+            self.stopping.wait(self.settings.poll_interval)
+            return False
+        for claim in claims:
+            with self._lock:
+                self._running[claim.token] = (claim, None)
+            self._pool.submit(self._execute, claim)
+        return bool(claims)
+
+    def _claim(self, limit: int) -> list[Claim]:
+        with self.engine.transaction() as conn:
+            claims = queue.claim(
+                conn,
+                worker_name=self.name,
+                instance=self.instance,
+                workflows=self.registry.names(),
+                limit=limit,
+                ttl=self.settings.lease_ttl,
+            )
+            # Several nodes of one run may be claimed together: one append per run stream.
+            by_tenant: dict[str, dict[str, list[NewEvent]]] = {}
+            for c in claims:
+                by_tenant.setdefault(c.tenant, {}).setdefault(ev.run_stream(c.run_id), []).append(
+                    ev.event(
+                        ev.NODE_CLAIMED,
+                        c.run_id,
+                        node=c.node,
+                        attempt=c.attempt,
+                        token=c.token,
+                        worker=self.id,
+                    )
+                )
+            for tenant, streams in by_tenant.items():
+                self.engine.store.append_many(
+                    [StreamAppend(s, es, ANY) for s, es in streams.items()], tenant=tenant, conn=conn
+                )
+        if claims:
+            metrics.nodes_claimed.add(len(claims))
+        return claims
+
+    # -- running one node ----------------------------------------------------------------------------
+
+    def _execute(self, claim: Claim) -> None:
+        bound = structlog.contextvars.bound_contextvars(
+            run_id=str(claim.run_id), node=claim.node, attempt=claim.attempt, worker=self.id
+        )
+        started = time.monotonic()
+        outcome = "succeeded"
+        with bound:
+            try:
+                wf = self.registry.get(claim.workflow)
+                if claim.cancel_requested:
+                    outcome = "cancelled"
+                    self.lifecycle.cancelled(claim, wf)
+                    return
+                run = self.engine.load(claim.run_id, tenant=claim.tenant)
+                spec = wf.nodes[claim.node]
+                ctx = NodeContext(self.engine, run, claim, spec, worker=self.id, stopping=self.stopping)
+                with self._lock:
+                    self._running[claim.token] = (claim, ctx)
+                try:
+                    output = spec.fn(ctx)
+                    ctx.check()
+                except (NodeLeaseLost, RunCancelled, WorkerStopping):
+                    raise
+                except Exception as exc:
+                    outcome = "retry" if self.lifecycle.failed(claim, wf, exc) else "failed"
+                    if outcome == "retry":
+                        metrics.node_retries.add(1, {"workflow": wf.name, "node": claim.node})
+                    return
+                self.lifecycle.succeeded(claim, wf, output, time.monotonic() - started)
+            except NodeLeaseLost:
+                outcome = "lease_lost"
+                log.warning("workflow_node_lease_lost")
+            except RunCancelled:
+                outcome = "cancelled"
+                self.lifecycle.cancelled(claim, self.registry.get(claim.workflow))
+            except WorkerStopping:
+                outcome = "released"
+                self.lifecycle.release(claim, self.id)
+                log.info("workflow_node_released")
+            except Exception:
+                outcome = "error"
+                log.exception("workflow_node_crashed")  # the lease lapses and recovery takes it back
+            finally:
+                with self._lock:
+                    self._running.pop(claim.token, None)
+                elapsed_ms = (time.monotonic() - started) * 1000
+                metrics.nodes_finished.add(1, {"outcome": outcome})
+                metrics.node_duration.record(elapsed_ms, {"workflow": claim.workflow, "node": claim.node})
+                self._wake.set()  # a slot is free, and the next node of this run may be ready now
+
+    # -- leases and recovery --------------------------------------------------------------------------
+
+    def heartbeat(self) -> None:
+        with self._lock:
+            tokens = list(self._running)
+        if not tokens:
+            return
+        with self.engine.store.pool.connection() as conn:
+            alive = queue.heartbeat(conn, self.instance, tokens, self.settings.lease_ttl)
+        for token in set(tokens) - alive:
+            log.warning("workflow_lease_lost", token=token)
+
+    def recover(self, trigger: str = "periodic") -> None:
+        try:
+            sweep(self.engine, self.registry, worker_name=self.name, instance=self.instance, trigger=trigger)
+        except (psycopg.Error, DatabaseUnavailableError) as exc:
+            log.warning("workflow_recovery_failed", error=str(exc))
+
+    def _heartbeat_loop(self) -> None:
+        next_recovery = time.monotonic() + self.settings.recovery_interval
+        while not self.stopping.wait(self.settings.heartbeat_interval):
+            try:
+                self.heartbeat()
+            except (psycopg.Error, DatabaseUnavailableError) as exc:
+                log.warning("workflow_heartbeat_failed", error=str(exc))
+            if self.settings.recovery and time.monotonic() >= next_recovery:
+                self.recover()
+                next_recovery = time.monotonic() + self.settings.recovery_interval
+                self._wake.set()
+
+    def _listen_loop(self) -> None:
+        """Wakes the claim loop when events are appended (new runs, nodes made ready)."""
+        while not self.stopping.is_set():
+            try:
+                with psycopg.connect(
+                    self.engine.store.url, autocommit=True, application_name="ledgerflow-workflow-listener"
+                ) as conn:
+                    conn.execute(_LISTEN)
+                    while not self.stopping.is_set():
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            self._wake.set()
+            except psycopg.Error as exc:
+                log.warning("workflow_listener_lost", error=str(exc))
+                self.stopping.wait(1.0)
+
+    def _shutdown(self) -> None:
+        """Stop claiming; give running nodes the grace period to reach a context call (which raises
+        WorkerStopping and hands them back); hand back whatever is still running after it."""
+        self.stopping.set()
+        deadline = time.monotonic() + self.settings.shutdown_grace
+        while self._running and time.monotonic() < deadline:
+            self.heartbeat()
+            self._wake.wait(0.05)
+            self._wake.clear()
+        with self._lock:
+            leftover = [claim for claim, _ in self._running.values()]
+        for claim in leftover:
+            try:
+                self.lifecycle.release(claim, self.id)
+            except (psycopg.Error, DatabaseUnavailableError):
+                log.warning("workflow_node_not_released", run_id=str(claim.run_id), node=claim.node)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        log.info("workflow_worker_stopped", worker=self.id, released=len(leftover))
