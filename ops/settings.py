@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Literal
 
 from pydantic import Field
@@ -21,6 +22,24 @@ class Settings(DatabaseSettings):
     #: A run whose owner has not heartbeated for this long is marked abandoned.
     abandoned_after: float = Field(default=30.0, gt=0)
 
+    #: Workflow definitions, as comma-separated `module:attribute` import paths.
+    workflows: str = ""
+    #: A workflow worker's name, stable across restarts (give each worker on a host its own).
+    worker_name: str = Field(default_factory=socket.gethostname)
+    worker_concurrency: int = Field(default=4, ge=1, le=1000)
+    workflow_lease_ttl: float = Field(default=10.0, gt=0)
+    workflow_heartbeat_interval: float = Field(default=2.0, gt=0)
+    recovery: bool = True
+    recovery_interval: float = Field(default=2.0, gt=0)
+
     @property
     def projection_paths(self) -> list[str]:
-        return [p.strip() for p in self.projections.split(",") if p.strip()]
+        return _split(self.projections)
+
+    @property
+    def workflow_paths(self) -> list[str]:
+        return _split(self.workflows)
+
+
+def _split(paths: str) -> list[str]:
+    return [p.strip() for p in paths.split(",") if p.strip()]

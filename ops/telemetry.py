@@ -29,5 +29,5 @@ def configure_logging(level: str = "info", fmt: LogFormat = "auto") -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        # Not cached: the demo lowers the level after start-up, and loggers must follow.
     )

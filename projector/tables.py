@@ -41,6 +41,8 @@ def missing_tables(conn: psycopg.Connection[Any], projection: Projection, schema
 
 def ensure_live_tables(conn: psycopg.Connection[Any], projection: Projection) -> None:
     """Create the live schema and any missing table (inside the caller's transaction)."""
+    # CREATE ... IF NOT EXISTS is not safe against a concurrent creator; this lock makes it so.
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext('ledgerflow.projection.' || %s))", (projection.name,))
     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(projection.schema)))
     missing = set(missing_tables(conn, projection, projection.schema))
     for table in projection.tables:

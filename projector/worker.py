@@ -95,6 +95,14 @@ class ProjectorWorker:
         self.stopping.set()
         self._wake.set()
 
+    def prepare(self) -> None:
+        """Create every projection's cursor and tables now, so readers can query them before the first
+        batch (whichever worker ends up holding the lease)."""
+        for projection in self.projections.values():
+            with self.store.pool.connection() as conn, conn.transaction():
+                state.ensure_cursor(conn, projection.name, projection.version)
+                tables.ensure_live_tables(conn, projection)
+
     def work_once(self) -> bool:
         """Take free leases and apply one batch per held projection. True if there may be more work."""
         try:

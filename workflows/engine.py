@@ -142,6 +142,7 @@ class Engine:
             key=key,
             input=input,
             input_fingerprint=input_fp,
+            nodes=wf.topological_order(),
             fingerprints={n: s.fingerprint for n, s in wf.nodes.items()},
         )
         appends = [

@@ -126,7 +126,7 @@ def _run(ctx: ApplyContext, e: RecordedEvent, assignments: LiteralString, params
 
 @_on(ev.RUN_STARTED)
 def _started(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    nodes = list(d["fingerprints"])
+    nodes = d["nodes"]  # in topological order (the fingerprints object's key order is not kept by jsonb)
     ctx.execute(
         """INSERT INTO {workflow_runs} (run_id, tenant, workflow, key, status, nodes_total, input, created_at,
                                         updated_at)

@@ -139,3 +139,20 @@ SELECT count(*) FILTER (WHERE status = 'ready'),
 
 -- name: running_nodes_of_run
 SELECT node FROM ledgerflow.workflow_queue WHERE run_id = %(run_id)s AND status = 'claimed'
+
+-- name: list_runs
+SELECT run_id, workflow, key, status, current_node, nodes_total, nodes_done, error, cancel_requested,
+       created_at, updated_at, finished_at
+  FROM ledgerflow.workflow_runs
+ WHERE tenant = %(tenant)s
+   AND (%(status)s::text IS NULL OR status = %(status)s::text)
+   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+ ORDER BY created_at DESC
+ LIMIT %(limit)s
+
+-- name: run_nodes
+SELECT node, position, status, attempt, crashes, generation, progress_current, progress_total, progress_message,
+       checkpoints, worker, error, stuck, started_at, finished_at, duration_ms, updated_at
+  FROM ledgerflow.workflow_nodes
+ WHERE run_id = %(run_id)s
+ ORDER BY position

@@ -1,0 +1,306 @@
+"""`ledgerflow worker`, `ledgerflow workflows ...`, `ledgerflow recover` and `ledgerflow demo`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+from types import FrameType
+from typing import Any
+
+import click
+from rich.table import Table
+
+from eventstore import InvalidInputError, open_store
+from ops.cli_common import console, emit_json, settings_of
+from ops.settings import Settings
+from workflows import Engine, WorkerSettings, WorkflowRegistry, WorkflowWorker, queue
+from workflows.loading import load_workflows
+from workflows.recovery import sweep
+from workflows.state import RunState
+
+ICONS = {
+    "succeeded": "[green]✓[/]",
+    "running": "[yellow]▶[/]",
+    "ready": "[cyan]…[/]",
+    "pending": "○",
+    "failed": "[red]✗[/]",
+    "retry_scheduled": "[magenta]↻[/]",
+    "cancelled": "[dim]⊘[/]",
+    "parked": "[red]⏸[/]",
+    "skipped": "-",
+}
+
+
+def registry_of(settings: Settings) -> WorkflowRegistry:
+    return load_workflows(settings.workflow_paths)
+
+
+def worker_settings(settings: Settings) -> WorkerSettings:
+    return WorkerSettings(
+        concurrency=settings.worker_concurrency,
+        lease_ttl=settings.workflow_lease_ttl,
+        heartbeat_interval=settings.workflow_heartbeat_interval,
+        recovery=settings.recovery,
+        recovery_interval=settings.recovery_interval,
+    )
+
+
+@click.command("worker")
+@click.option(
+    "--name", default=None, help="This worker's stable name (default: LEDGERFLOW_WORKER_NAME or hostname)."
+)
+@click.pass_context
+def worker_command(ctx: click.Context, name: str | None) -> None:
+    """Run a workflow worker until SIGTERM or Ctrl-C; start as many as you like."""
+    settings = settings_of(ctx)
+    registry = registry_of(settings)
+    if not registry.names():
+        raise click.UsageError("no workflows to run: set LEDGERFLOW_WORKFLOWS=package.module:registry")
+    with open_store(settings, name="ledgerflow-worker") as store:
+        worker = WorkflowWorker(
+            Engine(store, registry), registry, worker_settings(settings), name=name or settings.worker_name
+        )
+
+        def stop(signum: int, frame: FrameType | None) -> None:
+            worker.stop()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        worker.run()
+
+
+@click.group("workflows")
+def workflows_group() -> None:
+    """Start, list, show, cancel, retry and refresh workflow runs."""
+
+
+def _run_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise InvalidInputError(
+            f"{text!r} is not a run id (a UUID); see `ledgerflow workflows list`"
+        ) from None
+
+
+def _json_arg(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"--input takes JSON: {exc}") from None
+
+
+@workflows_group.command("start")
+@click.argument("workflow")
+@click.option("--input", "input_json", default=None, help="The run's input, JSON.")
+@click.option("--key", default=None, help="At most one active run per key.")
+@click.option("--idempotency-key", default=None)
+@click.option("--tenant", default="default", show_default=True)
+@click.pass_context
+def start(
+    ctx: click.Context,
+    workflow: str,
+    input_json: str | None,
+    key: str | None,
+    idempotency_key: str | None,
+    tenant: str,
+) -> None:
+    settings = settings_of(ctx)
+    with open_store(settings) as store:
+        started = Engine(store, registry_of(settings)).start(
+            workflow, input=_json_arg(input_json), key=key, idempotency_key=idempotency_key, tenant=tenant
+        )
+    what = "started" if started.created else "already active (returned the existing run)"
+    console.print(f"run {started.run_id} {what}", highlight=False)
+
+
+@workflows_group.command("show")
+@click.argument("run_id")
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def show(ctx: click.Context, run_id: str, tenant: str, as_json: bool) -> None:
+    """A run and every node's status and progress, straight from its events."""
+    settings = settings_of(ctx)
+    with open_store(settings) as store:
+        run = Engine(store, registry_of(settings)).load(_run_id(run_id), tenant=tenant)
+    if as_json:
+        emit_json(run_as_dict(run))
+        return
+    console.print(
+        f"run {run.run_id} ({run.workflow}) [bold]{run.status}[/]"
+        f"{' (cancel requested)' if run.cancel_requested and run.active else ''}",
+        highlight=False,
+    )
+    console.print(node_table(run))
+    if run.error:
+        console.print(f"[red]{run.error}[/]")
+
+
+def node_table(run: RunState) -> Table:
+    table = Table("", "node", "status", "attempt", "progress", "message / error")
+    for name, n in run.nodes.items():
+        progress = f"{n.progress[0]}/{n.progress[1]}" if n.progress and n.progress[1] else ""
+        note = n.error or (n.progress[2] if n.progress else "")
+        table.add_row(ICONS.get(n.status, "?"), name, str(n.status), str(n.attempt), progress, note[:70])
+    return table
+
+
+def run_as_dict(run: RunState) -> dict[str, Any]:
+    return {
+        "run_id": str(run.run_id),
+        "workflow": run.workflow,
+        "key": run.key,
+        "status": run.status,
+        "cancel_requested": run.cancel_requested,
+        "error": run.error,
+        "version": run.version,
+        "nodes": {
+            name: {
+                "status": str(n.status),
+                "attempt": n.attempt,
+                "generation": n.generation,
+                "progress": list(n.progress) if n.progress else None,
+                "error": n.error,
+                "checkpoints": len(n.checkpoints),
+                "steps": len(n.steps),
+                "crashes": n.crashes,
+            }
+            for name, n in run.nodes.items()
+        },
+    }
+
+
+@workflows_group.command("list")
+@click.option("--status", default=None, help="running, succeeded, failed or cancelled.")
+@click.option("--workflow", default=None)
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--limit", default=30, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def list_runs(
+    ctx: click.Context, status: str | None, workflow: str | None, tenant: str, limit: int, as_json: bool
+) -> None:
+    """Recent runs, from the workflow_runs projection (kept by `ledgerflow projector` or `serve`)."""
+    from workflows.read import list_runs as read_runs
+
+    with open_store(settings_of(ctx)) as store:
+        runs = read_runs(store, tenant=tenant, status=status, workflow=workflow, limit=limit)
+    if as_json:
+        emit_json(runs)
+        return
+    table = Table("run", "workflow", "key", "status", "nodes", "current", "created")
+    for r in runs:
+        table.add_row(
+            str(r["run_id"]),
+            r["workflow"],
+            r["key"] or "",
+            r["status"],
+            f"{r['nodes_done']}/{r['nodes_total']}",
+            r["current_node"] or "",
+            str(r["created_at"])[:19],
+        )
+    console.print(table)
+
+
+def _action(ctx: click.Context, run_id: str, tenant: str, action: str, **kwargs: Any) -> Any:
+    settings = settings_of(ctx)
+    with open_store(settings) as store:
+        engine = Engine(store, registry_of(settings))
+        return getattr(engine, action)(_run_id(run_id), tenant=tenant, **kwargs)
+
+
+@workflows_group.command("cancel")
+@click.argument("run_id")
+@click.option("--tenant", default="default", show_default=True)
+@click.pass_context
+def cancel(ctx: click.Context, run_id: str, tenant: str) -> None:
+    run = _action(ctx, run_id, tenant, "cancel")
+    console.print(
+        f"run {run_id}: {'cancelled' if not run.active else 'cancel requested; running nodes stop at their next call'}"
+    )
+
+
+@workflows_group.command("retry")
+@click.argument("run_id")
+@click.option("--tenant", default="default", show_default=True)
+@click.pass_context
+def retry(ctx: click.Context, run_id: str, tenant: str) -> None:
+    """Resume a failed run from its failed nodes; completed nodes are kept."""
+    _action(ctx, run_id, tenant, "retry")
+    console.print(f"run {run_id} resumes from its failed nodes")
+
+
+@workflows_group.command("refresh")
+@click.argument("run_id")
+@click.option("--input", "input_json", default=None, help="The new input, JSON.")
+@click.option("--tenant", default="default", show_default=True)
+@click.pass_context
+def refresh(ctx: click.Context, run_id: str, input_json: str | None, tenant: str) -> None:
+    """Re-run a completed run with new input: only what changed, and what depends on it."""
+    rerun = _action(ctx, run_id, tenant, "refresh", input=_json_arg(input_json))
+    console.print(f"re-running {', '.join(sorted(rerun))}" if rerun else "nothing changed; nothing to re-run")
+
+
+@click.command("recover")
+@click.pass_context
+def recover(ctx: click.Context) -> None:
+    """Reclaim orphaned nodes now (workers also do this continuously) and show recent recoveries."""
+    settings = settings_of(ctx)
+    registry = registry_of(settings)
+    with open_store(settings) as store:
+        report = sweep(
+            Engine(store, registry),
+            registry,
+            worker_name=f"cli:{settings.worker_name}",
+            instance=uuid.uuid4().hex[:12],
+            trigger="operator",
+        )
+        with store.pool.connection() as conn:
+            summary = queue.summary(conn)
+            recent = queue.recent_recoveries(conn, 10)
+    console.print(
+        f"reclaimed {report.reclaimed}, parked {report.parked}, stuck {report.stuck} "
+        f"in {report.duration_ms:.1f} ms; queue: {summary.ready} ready, {summary.running} running, "
+        f"{summary.orphaned} orphaned, {summary.parked} parked"
+    )
+    table = Table("id", "when", "worker", "trigger", "found", "reclaimed", "parked", "stuck", "ms")
+    for r in recent:
+        table.add_row(
+            str(r.id),
+            str(r.started_at)[:19],
+            r.worker,
+            r.trigger,
+            str(r.found),
+            str(r.reclaimed),
+            str(r.parked),
+            str(r.stuck),
+            f"{r.duration_ms:.1f}",
+        )
+    console.print(table)
+
+
+@click.command("demo")
+@click.option("--tables", default=38, show_default=True, help="Tables in the sample schema.")
+@click.option("--llm-delay", default=0.15, show_default=True, help="Seconds per simulated LLM call.")
+@click.option(
+    "--crash-at",
+    default=26,
+    show_default=True,
+    help="Kill the worker when column enrichment reaches this item (0: no crash).",
+)
+@click.pass_context
+def demo(ctx: click.Context, tables: int, llm_delay: float, crash_at: int) -> None:
+    """Run the six-node extraction pipeline with live progress; kill its worker mid-node and watch the
+    run resume at the right item."""
+    from ops.demo import run_demo
+
+    run_demo(settings_of(ctx), tables=tables, llm_delay=llm_delay, crash_at=crash_at)
+
+
+def register(cli: click.Group) -> None:
+    for command in (worker_command, workflows_group, recover, demo):
+        cli.add_command(command)

@@ -1,0 +1,193 @@
+"""`ledgerflow demo`: the extraction pipeline on a real worker process, with live per-node progress.
+
+The demo starts a projector (in this process, keeping the run and node tables) and a workflow worker
+(a separate process, so it can really die). When column enrichment reaches the chosen item it kills the
+worker with SIGKILL and starts a new one under the same name, which takes its nodes back at once. The
+run then resumes at the next unfinished item: finished items and their LLM calls are not paid again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.live import Live
+from rich.table import Table
+
+from eventstore import EventStore, open_store
+from ops.cli_common import console
+from ops.settings import Settings
+from ops.telemetry import configure_logging
+from projector import ProjectorWorker, WorkerSettings, load_projections
+from workflows import Engine, workflow_tables
+from workflows import events as ev
+from workflows.demo import registry, sample_schema
+from workflows.read import run_nodes
+
+ICONS = {
+    "succeeded": "[green]✓[/]",
+    "running": "[yellow]▶[/]",
+    "ready": "[cyan]…[/]",
+    "pending": "○",
+    "failed": "[red]✗[/]",
+    "retry_scheduled": "[magenta]↻[/]",
+    "cancelled": "[dim]⊘[/]",
+    "parked": "[red]⏸[/]",
+}
+CRASH_NODE = "column_enrichment"
+
+
+def start_worker(url: str, llm_delay: float, log_path: Path) -> subprocess.Popen[bytes]:
+    env = os.environ | {
+        "LEDGERFLOW_DATABASE_URL": url,
+        "LEDGERFLOW_WORKFLOWS": "workflows.demo:registry",
+        "LEDGERFLOW_DEMO_LLM_DELAY": str(llm_delay),
+        "LEDGERFLOW_LOG_FORMAT": "json",
+    }
+    with log_path.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", "worker", "--name", "demo-worker"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def node_table(nodes: list[dict[str, Any]], title: str) -> Table:
+    table = Table("", "node", "status", "attempt", "progress", "message", title=title, title_justify="left")
+    for n in nodes:
+        progress = f"{n['progress_current']}/{n['progress_total']}" if n["progress_total"] else ""
+        message = n["error"] or n["progress_message"] or ""
+        table.add_row(
+            ICONS.get(n["status"], "?"),
+            n["node"],
+            n["status"],
+            str(n["attempt"] or ""),
+            progress,
+            message[:60],
+        )
+    return table
+
+
+def run_demo(settings: Settings, *, tables: int, llm_delay: float, crash_at: int) -> None:
+    if settings.log_level == "info":
+        # The live table is the demo's output; routine info logs would scroll it away.
+        configure_logging("warning", settings.log_format)
+    log_path = Path(tempfile.gettempdir()) / f"ledgerflow-demo-{os.getpid()}.log"
+    with open_store(settings) as store:
+        console.print(f"database: {store.url.split('?')[0]} · worker log: {log_path}", highlight=False)
+        projector = ProjectorWorker(
+            store,
+            [*load_projections(settings.projection_paths), workflow_tables],
+            WorkerSettings(poll_interval=0.2),
+        )
+        projector.prepare()
+        projecting = threading.Thread(target=projector.run, daemon=True)
+        projecting.start()
+        worker = start_worker(store.url, llm_delay, log_path)
+        try:
+            _drive(
+                store, worker, llm_delay, log_path, tables, crash_at, lambda w: setattr(_state, "worker", w)
+            )
+        finally:
+            current = getattr(_state, "worker", worker)
+            current.send_signal(signal.SIGTERM)
+            current.wait(timeout=30)
+            projector.stop()
+            projecting.join(timeout=30)
+
+
+class _State:
+    worker: subprocess.Popen[bytes]
+
+
+_state = _State()
+
+
+def _drive(
+    store: EventStore,
+    worker: subprocess.Popen[bytes],
+    llm_delay: float,
+    log_path: Path,
+    tables: int,
+    crash_at: int,
+    replace: Callable[[subprocess.Popen[bytes]], None],
+) -> None:
+    engine = Engine(store, registry)
+    started = engine.start(
+        "ontology_extraction", input=sample_schema(tables), key=f"demo-{uuid.uuid4().hex[:8]}"
+    )
+    run_id = started.run_id
+    console.print(f"started run {run_id}; nodes run on worker pid {worker.pid}", highlight=False)
+    began = time.monotonic()
+    crashed_at: int | None = None
+    resumed_at: int | None = None
+    notes: list[str] = []
+    replace(worker)
+    with Live(console=console, refresh_per_second=8, transient=False) as live:
+        while True:
+            run = engine.load(run_id)
+            nodes = run_nodes(store, run_id)
+            live.update(
+                node_table(nodes, f"ontology_extraction · {run.status} · {time.monotonic() - began:.1f}s")
+            )
+            target = run.node(CRASH_NODE)
+            done_items = len(target.checkpoints)
+            if crash_at and crashed_at is None and done_items >= crash_at and target.status == "running":
+                worker.send_signal(signal.SIGKILL)
+                worker.wait()
+                crashed_at = done_items
+                notes.append(
+                    f"killed worker pid {worker.pid} (SIGKILL) in {CRASH_NODE} after item {done_items} "
+                    f"of {tables}"
+                )
+                worker = start_worker(store.url, llm_delay, log_path)
+                replace(worker)
+                notes.append(
+                    f"started a new worker, pid {worker.pid}, under the same name: it takes the "
+                    "node back at once"
+                )
+            if (
+                crashed_at is not None
+                and resumed_at is None
+                and target.attempt > 1
+                and target.status == "running"
+            ):
+                resumed_at = len(target.checkpoints) + 1
+            if not run.active:
+                break
+            time.sleep(0.15)  # screen refresh interval
+        live.update(
+            node_table(
+                run_nodes(store, run_id),
+                f"ontology_extraction · {run.status} · {time.monotonic() - began:.1f}s",
+            )
+        )
+    console.print()
+    for note in notes:
+        console.print(f"• {note}", highlight=False)
+    events = store.read_stream(ev.run_stream(run_id), limit=100_000)
+    steps = sum(e.type == ev.STEP_RECORDED for e in events)
+    reclaims = [e for e in events if e.type == ev.NODE_RECLAIMED]
+    if crashed_at is not None:
+        console.print(
+            f"• {CRASH_NODE} resumed at item {resumed_at or crashed_at + 1} of {tables}, not at 1: "
+            f"{crashed_at} finished items and their LLM calls were not paid again "
+            f"({len(reclaims)} reclaim{'s' if len(reclaims) != 1 else ''} recorded)",
+            highlight=False,
+        )
+    console.print(
+        f"run {run.status} in {time.monotonic() - began:.1f}s · {len(events)} events · "
+        f"{steps} LLM calls recorded, each paid once",
+        highlight=False,
+    )
+    console.print(f"inspect it: ledgerflow workflows show {run_id}", highlight=False)
