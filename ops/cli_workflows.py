@@ -219,9 +219,8 @@ def _action(ctx: click.Context, run_id: str, tenant: str, action: str, **kwargs:
 @click.pass_context
 def cancel(ctx: click.Context, run_id: str, tenant: str) -> None:
     run = _action(ctx, run_id, tenant, "cancel")
-    console.print(
-        f"run {run_id}: {'cancelled' if not run.active else 'cancel requested; running nodes stop at their next call'}"
-    )
+    state = "cancelled" if not run.active else "cancel requested; running nodes stop at their next call"
+    console.print(f"run {run_id}: {state}")
 
 
 @workflows_group.command("retry")

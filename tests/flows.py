@@ -7,6 +7,7 @@ tell what ran how often: a memoized step or a completed node must not run again.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import psycopg
@@ -23,8 +24,10 @@ def record_call(ctx: NodeContext, what: str) -> None:
             "CREATE TABLE IF NOT EXISTS public.calls (run_id uuid, what text, attempt int, pid int, "
             "at timestamptz DEFAULT clock_timestamp())"
         )
-        conn.execute("INSERT INTO public.calls (run_id, what, attempt, pid) VALUES (%s, %s, %s, %s)",
-                     (ctx.run_id, what, ctx.attempt, os.getpid()))
+        conn.execute(
+            "INSERT INTO public.calls (run_id, what, attempt, pid) VALUES (%s, %s, %s, %s)",
+            (ctx.run_id, what, ctx.attempt, os.getpid()),
+        )
 
 
 linear = Workflow("linear")
@@ -94,3 +97,43 @@ def after_flaky(ctx: NodeContext) -> Any:
 
 
 registry.register(flaky_flow)
+
+drill = Workflow("drill")
+
+
+@drill.node()
+def prepare(ctx: NodeContext) -> Any:
+    record_call(ctx, "prepare")
+    return list(range(int((ctx.input or {}).get("items", 10))))
+
+
+@drill.node(depends_on=["prepare"])
+def work_items(ctx: NodeContext) -> Any:
+    def square(i: int) -> int:
+        record_call(ctx, f"item:{i}")
+        time.sleep(0.01)
+        return i * i
+
+    return sum(ctx.map(ctx.outputs["prepare"], square))
+
+
+@drill.node(depends_on=["prepare"])
+def expensive(ctx: NodeContext) -> Any:
+    def call() -> int:
+        record_call(ctx, "step:llm")
+        time.sleep(0.05)
+        return 42
+
+    first = ctx.step("llm", call)
+    ctx.progress(1, 2, "between steps")
+    second = ctx.step("llm-2", lambda: (record_call(ctx, "step:llm-2"), 8)[1])
+    return first + second
+
+
+@drill.node(depends_on=["work_items", "expensive"])
+def combine(ctx: NodeContext) -> Any:
+    record_call(ctx, "combine")
+    return ctx.outputs["work_items"] + ctx.outputs["expensive"]
+
+
+registry.register(drill)

@@ -123,7 +123,18 @@ class NodeContext:
     def checkpoint(self, item: str, output: Any = None) -> None:
         """Record an item's output and its checkpoint together, in one event."""
         dump_json_object({"output": output}, f"checkpoint output of {item!r}")
-        self._write([ev.event(ev.NODE_CHECKPOINT, self.run_id, node=self.node, item=item, output=output)])
+        self._write(
+            [
+                ev.event(
+                    ev.NODE_CHECKPOINT,
+                    self.run_id,
+                    node=self.node,
+                    attempt=self.attempt,
+                    item=item,
+                    output=output,
+                )
+            ]
+        )
         self._state.checkpoints[item] = output
 
     def map(
@@ -160,7 +171,18 @@ class NodeContext:
             return self._state.steps[key]  # type: ignore[no-any-return]
         result = fn()
         dump_json_object({"result": result}, f"result of step {key!r}")
-        self._write([ev.event(ev.STEP_RECORDED, self.run_id, node=self.node, key=key, result=result)])
+        self._write(
+            [
+                ev.event(
+                    ev.STEP_RECORDED,
+                    self.run_id,
+                    node=self.node,
+                    attempt=self.attempt,
+                    key=key,
+                    result=result,
+                )
+            ]
+        )
         self._state.steps[key] = result
         return result
 

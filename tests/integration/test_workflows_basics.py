@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from eventstore import EventStore, IdempotencyConflictError
-from workflows import Engine, WorkerSettings, WorkflowWorker
-from workflows.state import RunState
 from tests.flows import registry
 from tests.waiting import wait_until
+from workflows import Engine, WorkerSettings, WorkflowWorker
+from workflows.state import RunState
 
 
 @pytest.fixture
@@ -22,8 +22,12 @@ def engine(store: EventStore) -> Engine:
 
 @pytest.fixture
 def worker(engine: Engine) -> Iterator[WorkflowWorker]:
-    w = WorkflowWorker(engine, registry, WorkerSettings(concurrency=4, lease_ttl=5, heartbeat_interval=1,
-                                                         poll_interval=0.1, shutdown_grace=2), name="test-worker")
+    w = WorkflowWorker(
+        engine,
+        registry,
+        WorkerSettings(concurrency=4, lease_ttl=5, heartbeat_interval=1, poll_interval=0.1, shutdown_grace=2),
+        name="test-worker",
+    )
     thread = threading.Thread(target=w.run, daemon=True)
     thread.start()
     yield w
@@ -41,8 +45,9 @@ def calls(engine: Engine, run_id: uuid.UUID) -> list[tuple[str, int]]:
         exists = conn.execute("SELECT to_regclass('public.calls')").fetchone()
         if not exists or exists[0] is None:
             return []
-        rows = conn.execute("SELECT what, attempt FROM public.calls WHERE run_id = %s ORDER BY at",
-                            (run_id,)).fetchall()
+        rows = conn.execute(
+            "SELECT what, attempt FROM public.calls WHERE run_id = %s ORDER BY at", (run_id,)
+        ).fetchall()
     return [(r[0], r[1]) for r in rows]
 
 
@@ -69,8 +74,9 @@ def test_failed_attempts_are_retried_with_backoff(engine: Engine, worker: Workfl
     assert run.node("flaky").generation == 3
 
 
-def test_a_node_out_of_attempts_fails_the_run_and_retry_resumes_from_it(engine: Engine,
-                                                                           worker: WorkflowWorker) -> None:
+def test_a_node_out_of_attempts_fails_the_run_and_retry_resumes_from_it(
+    engine: Engine, worker: WorkflowWorker
+) -> None:
     started = engine.start("flaky", input={"fail_times": 3})
     run = wait_until(lambda: finished(engine, started.run_id), timeout=30, what="the run to fail")
     assert run.status == "failed"
