@@ -7,6 +7,7 @@ tell what ran how often: a memoized step or a completed node must not run again.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -137,3 +138,95 @@ def combine(ctx: NodeContext) -> Any:
 
 
 registry.register(drill)
+
+# -- flows steered by the in-process tests -----------------------------------------------------------
+
+#: Events a gated node waits for, by run id (set by the test to let the node finish).
+GATES: dict[str, threading.Event] = {}
+#: Runs whose `resumable` node dies (as if its process were killed) after checkpointing this many items.
+CRASH_AFTER: dict[str, int] = {}
+
+
+class SimulatedCrash(BaseException):
+    """Ends a node's thread without any clean-up, like a killed process: the lease simply lapses."""
+
+
+gated = Workflow("gated")
+
+
+@gated.node()
+def wait_gate(ctx: NodeContext) -> Any:
+    gate = GATES.setdefault(str(ctx.run_id), threading.Event())
+    step = 0
+    while not gate.wait(0.01):
+        step += 1
+        ctx.progress(step, None, "waiting at the gate")  # sees a cancellation at its next write
+    return "through"
+
+
+@gated.node(depends_on=["wait_gate"])
+def after_gate(ctx: NodeContext) -> Any:
+    record_call(ctx, "after_gate")
+    return "after"
+
+
+registry.register(gated)
+
+resumable = Workflow("resumable")
+
+
+@resumable.node()
+def items(ctx: NodeContext) -> Any:
+    paid = ctx.step("setup", lambda: (record_call(ctx, "step:setup"), "ready")[1])
+
+    def handle(i: int) -> int:
+        record_call(ctx, f"item:{i}")
+        return i * 10
+
+    def crash_check(i: int) -> int:
+        result = handle(i)
+        if CRASH_AFTER.get(str(ctx.run_id)) == i and ctx.attempt == 1:
+            ctx.checkpoint(str(i), result)
+            raise SimulatedCrash
+        return result
+
+    return {"setup": paid, "sum": sum(ctx.map(range(1, 11), crash_check))}
+
+
+registry.register(resumable)
+
+stuck_flow = Workflow("stuck")
+
+
+@stuck_flow.node(progress_deadline=0.3, on_stuck="retry")
+def silent_retry(ctx: NodeContext) -> Any:
+    if ctx.attempt == 1:  # the first attempt hangs without reporting progress
+        GATES.setdefault(f"stuck:{ctx.run_id}", threading.Event()).wait(30)
+    return ctx.attempt
+
+
+registry.register(stuck_flow)
+
+stuck_fail_flow = Workflow("stuck_fail")
+
+
+@stuck_fail_flow.node(progress_deadline=0.3, on_stuck="fail", retry=RetryPolicy(max_attempts=1))
+def silent_fail(ctx: NodeContext) -> Any:
+    GATES.setdefault(f"stuck:{ctx.run_id}", threading.Event()).wait(30)
+    return "never recorded"
+
+
+registry.register(stuck_fail_flow)
+
+parent = Workflow("parent")
+
+
+@parent.node(retry=RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.02))
+def spawn(ctx: NodeContext) -> Any:
+    child = ctx.start_workflow("linear", input={"n": 2}, child_key="follow-up")
+    if ctx.attempt == 1:
+        raise RuntimeError("fails after starting its child")
+    return str(child)
+
+
+registry.register(parent)
