@@ -48,11 +48,16 @@ def open_pool(
     url: str, settings: DatabaseSettings, *, name: str = "ledgerflow"
 ) -> psycopg_pool.ConnectionPool:
     """An open pool of autocommit connections; fails with a clear error if the database does not answer."""
+    idle_ms = int(settings.idle_in_transaction_timeout * 1000)
     pool = psycopg_pool.ConnectionPool(
         url,
         min_size=settings.pool_min_size,
         max_size=settings.pool_max_size,
-        kwargs={"autocommit": True, "application_name": name},
+        kwargs={
+            "autocommit": True,
+            "application_name": name,
+            "options": f"-c idle_in_transaction_session_timeout={idle_ms}",
+        },
         name=name,
         open=False,
     )

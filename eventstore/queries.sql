@@ -93,3 +93,7 @@ SELECT pg_notify('ledgerflow_events', '')
 
 -- name: listen
 LISTEN ledgerflow_events
+
+-- name: snapshot_xmax
+-- The next transaction id to be handed out: every transaction committed so far has a smaller one.
+SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint

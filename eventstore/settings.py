@@ -19,6 +19,9 @@ class DatabaseSettings(BaseSettings):
     pool_max_size: PositiveInt = 10
     #: Seconds to wait for a first connection before saying the database is unavailable.
     connect_timeout: float = Field(default=10.0, gt=0)
+    #: The server ends a transaction left idle this long (seconds): a frozen process (SIGSTOP, a debugger)
+    #: must not hold locks, or the log's safe horizon, for ever. Workers lower it to their lease length.
+    idle_in_transaction_timeout: float = Field(default=60.0, gt=0)
     #: The largest serialised data + metadata of one event.
     max_event_bytes: PositiveInt = 1024 * 1024
     #: The most events one append may carry (bulk imports have no such limit).

@@ -376,6 +376,14 @@ class EventStore:
             holders=tuple(HorizonHolder(*row) for row in found),
         )
 
+    def committed_so_far(self) -> Cursor:
+        """A cursor that every event committed before this call lies below: a reader whose cursor reaches
+        it has seen all of them (used to wait for a reader to catch up with "now")."""
+        with translate_errors(), self.pool.connection() as conn:
+            row = conn.execute(Q["snapshot_xmax"]).fetchone()
+        assert row is not None
+        return Cursor(int(row[0]), 0)
+
     def events_beyond_horizon(self) -> bool:
         """True when committed events wait for an older transaction to finish before they can be read."""
         with translate_errors(), self.pool.connection() as conn:

@@ -47,7 +47,11 @@ def _worker_settings(ctx: click.Context) -> WorkerSettings:
 def projector_command(ctx: click.Context) -> None:
     """Run a projector worker until SIGTERM or Ctrl-C; start as many as you like."""
     projections = _projections(ctx)
-    with open_store(settings_of(ctx), name="ledgerflow-projector") as store:
+    settings = settings_of(ctx)
+    timeout = min(settings.idle_in_transaction_timeout, settings.projector_lease_ttl)
+    with open_store(
+        settings.model_copy(update={"idle_in_transaction_timeout": timeout}), name="ledgerflow-projector"
+    ) as store:
         worker = ProjectorWorker(store, projections, _worker_settings(ctx))
 
         def stop(signum: int, frame: FrameType | None) -> None:

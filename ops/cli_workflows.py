@@ -57,7 +57,11 @@ def worker_command(ctx: click.Context, name: str | None) -> None:
     registry = registry_of(settings)
     if not registry.names():
         raise click.UsageError("no workflows to run: set LEDGERFLOW_WORKFLOWS=package.module:registry")
-    with open_store(settings, name="ledgerflow-worker") as store:
+    # A frozen worker's open transaction would keep its rows locked past its lease: end it by then.
+    timeout = min(settings.idle_in_transaction_timeout, settings.workflow_lease_ttl)
+    with open_store(
+        settings.model_copy(update={"idle_in_transaction_timeout": timeout}), name="ledgerflow-worker"
+    ) as store:
         worker = WorkflowWorker(
             Engine(store, registry), registry, worker_settings(settings), name=name or settings.worker_name
         )

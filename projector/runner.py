@@ -87,6 +87,11 @@ class LiveRunner:
     def cursor(self) -> Cursor:
         return self._db_cursor
 
+    @property
+    def read_cursor(self) -> Cursor:
+        """How far this runner has read (and applied, or found nothing to apply)."""
+        return self._read_cursor
+
     def step(self) -> StepResult:
         """Apply at most one batch. Raises LeaseLost when the lease is gone."""
         name = self.projection.name

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -119,15 +120,20 @@ class ProjectorWorker:
             return False
 
     def run_until_caught_up(self, timeout: float = 60.0) -> None:
-        """Work until every projection this worker can hold is caught up or blocked (tests, CLI)."""
-        import time
-
+        """Work until every projection has applied every event committed before this call (or is
+        blocked by a failure). For tests and one-shot CLI use."""
+        target = self.store.committed_so_far()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.acquire_free_leases()
-            results = [runner.step() for runner in list(self._runners.values())]
-            if len(self._runners) == len(self.projections) and all(r.caught_up or r.blocked for r in results):
+            results = {name: runner.step() for name, runner in list(self._runners.items())}
+            if len(results) == len(self.projections) and all(
+                r.blocked or (r.caught_up and self._runners[name].read_cursor >= target)
+                for name, r in results.items()
+            ):
                 return
+            if not any(r.applied for r in results.values()):
+                time.sleep(0.005)  # waiting for the horizon to pass "now": poll, don't spin
         raise TimeoutError(f"projections not caught up within {timeout}s")
 
     def _step(self, name: str) -> bool:

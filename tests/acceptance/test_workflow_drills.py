@@ -83,7 +83,8 @@ def assert_nothing_paid_twice(store: EventStore, engine: Engine, run_ids: list[u
         for what, attempt in calls[run_id]:
             done_in = recorded.get(what)
             assert done_in is None or attempt <= done_in, (
-                f"run {run_id}: {what} ran again in attempt {attempt} after being recorded in attempt {done_in}"
+                f"run {run_id}: {what} ran again in attempt {attempt}, "
+                f"after being recorded in attempt {done_in}"
             )
         assert run.node("combine").output == sum(i * i for i in range(10)) + 50
 
