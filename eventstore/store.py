@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,8 +16,9 @@ import psycopg_pool
 import structlog
 
 from eventstore import _validation as check
+from eventstore import telemetry
 from eventstore.db import translate_errors
-from eventstore.errors import InvalidInputError
+from eventstore.errors import ConflictError, InvalidInputError
 from eventstore.events import (
     START,
     AppendedEvent,
@@ -175,17 +177,34 @@ class EventStore:
         IdempotencyConflictError. Pass `conn` to append inside the caller's transaction.
         """
         params = self._append_params(appends, idempotency_key, tenant)
-        if conn is not None:
-            with translate_errors():
-                rows = conn.execute(Q["append"], params).fetchall()
-        else:
-            with translate_errors(), self.pool.connection() as own:
-                rows = own.execute(Q["append"], params).fetchall()
-            self.notify_appended()
-        return AppendResult(
+        began = time.perf_counter()
+        with telemetry.tracer.start_as_current_span(
+            "ledgerflow.append",
+            attributes={
+                "ledgerflow.tenant": tenant,
+                "ledgerflow.streams": len(appends),
+                "ledgerflow.events": len(params["event_ids"]),
+            },
+        ):
+            try:
+                if conn is not None:
+                    with translate_errors():
+                        rows = conn.execute(Q["append"], params).fetchall()
+                else:
+                    with translate_errors(), self.pool.connection() as own:
+                        rows = own.execute(Q["append"], params).fetchall()
+                    self.notify_appended()
+            except ConflictError as exc:
+                telemetry.append_conflicts.add(1, {"reason": exc.code})
+                raise
+        result = AppendResult(
             events=tuple(AppendedEvent(r[0], r[1], r[2], r[3]) for r in rows),
             duplicate=bool(rows and rows[0][4]),
         )
+        telemetry.append_latency.record((time.perf_counter() - began) * 1000, {"tenant": tenant})
+        if not result.duplicate:
+            telemetry.events_appended.add(len(result.events), {"tenant": tenant})
+        return result
 
     def notify_appended(self) -> None:
         """Wake subscribers. Called after an append commits; callers that append inside their own

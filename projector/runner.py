@@ -14,12 +14,17 @@ from typing import Any
 import psycopg
 import structlog
 import tenacity
+from opentelemetry import metrics, trace
 
 from eventstore import Cursor, DatabaseUnavailableError, EventStore, RecordedEvent
 from projector import state
 from projector.projection import ApplyContext, Projection
 
 log = structlog.get_logger(__name__)
+_tracer = trace.get_tracer("ledgerflow.projector")
+_events_projected = metrics.get_meter("ledgerflow.projector").create_counter(
+    "ledgerflow.events.projected", description="Events applied to projections"
+)
 
 
 class LeaseLost(BaseException):
@@ -146,8 +151,12 @@ class LiveRunner:
         extra: Callable[[psycopg.Connection[Any]], None] | None = None,
     ) -> None:
         name = self.projection.name
+        span = _tracer.start_as_current_span(
+            "ledgerflow.projection.batch",
+            attributes={"ledgerflow.projection": name, "ledgerflow.events": len(events)},
+        )
         try:
-            with self.store.pool.connection() as conn, conn.transaction():
+            with span, self.store.pool.connection() as conn, conn.transaction():
                 if not state.hold_lease(conn, name, self.owner, self.epoch, self.lease_ttl):
                     raise LeaseLost(
                         f"lease of {name!r} (epoch {self.epoch}) is no longer held by {self.owner}"
@@ -172,6 +181,7 @@ class LiveRunner:
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailableError(f"projection {name!r}: batch not committed: {exc}") from exc
         self._db_cursor = self._read_cursor = new_cursor
+        _events_projected.add(len(events), {"projection": name})
         self._check_replay_done()
 
     def _with_retries(self, attempt: Callable[[], None]) -> None:

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import structlog
+from opentelemetry import trace
 
 from eventstore import ANY, NewEvent, StreamAppend
 from workflows import events as ev
-from workflows import queue
+from workflows import metrics, queue
 from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeStuckError
@@ -22,6 +23,7 @@ from workflows.lifecycle import Lifecycle
 from workflows.queue import Claim
 
 log = structlog.get_logger(__name__)
+_tracer = trace.get_tracer("ledgerflow.workflows")
 _BATCH = 1000
 
 
@@ -40,6 +42,24 @@ def sweep(
 ) -> RecoveryReport:
     """Reclaim lapsed and restarted-worker nodes, and act on stuck ones. Exactly one recoverer takes each
     node (the queue hands rows out with SKIP LOCKED inside the transaction that records the reclaim)."""
+    with _tracer.start_as_current_span(
+        "ledgerflow.recovery", attributes={"ledgerflow.trigger": trigger}
+    ) as span:
+        report = _sweep(engine, registry, worker_name=worker_name, instance=instance, trigger=trigger)
+        span.set_attributes(
+            {
+                "ledgerflow.found": report.found,
+                "ledgerflow.reclaimed": report.reclaimed,
+                "ledgerflow.parked": report.parked,
+                "ledgerflow.stuck": report.stuck,
+            }
+        )
+    return report
+
+
+def _sweep(
+    engine: Engine, registry: WorkflowRegistry, *, worker_name: str, instance: str, trigger: str
+) -> RecoveryReport:
     began, started_at = time.monotonic(), datetime.now(UTC)
     reclaimed = parked = stuck_count = failed = found = 0
     while True:
@@ -103,8 +123,6 @@ def sweep(
                 failed=report.failed,
             )
         log.info("workflow_recovery", trigger=trigger, **report.__dict__)
-    from workflows import metrics
-
     metrics.record_recovery(report, trigger)
     return report
 

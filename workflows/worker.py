@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import psycopg
 import structlog
+from opentelemetry import trace
 
 from eventstore import ANY, DatabaseUnavailableError, LedgerflowError, NewEvent, StreamAppend
 from eventstore.sqlfile import load_queries
@@ -32,6 +33,7 @@ from workflows.queue import Claim
 from workflows.recovery import sweep
 
 log = structlog.get_logger(__name__)
+_tracer = trace.get_tracer("ledgerflow.workflows")
 _LISTEN = load_queries("eventstore")["listen"]
 
 
@@ -153,7 +155,16 @@ class WorkflowWorker:
         )
         started = time.monotonic()
         outcome = "succeeded"
-        with bound:
+        span = _tracer.start_as_current_span(
+            "ledgerflow.node",
+            attributes={
+                "ledgerflow.run_id": str(claim.run_id),
+                "ledgerflow.node": claim.node,
+                "ledgerflow.workflow": claim.workflow,
+                "ledgerflow.attempt": claim.attempt,
+            },
+        )
+        with bound, span as current:
             try:
                 wf = self.registry.get(claim.workflow)
                 if claim.cancel_requested:
@@ -193,6 +204,7 @@ class WorkflowWorker:
                 with self._lock:
                     self._running.pop(claim.token, None)
                 elapsed_ms = (time.monotonic() - started) * 1000
+                current.set_attribute("ledgerflow.outcome", outcome)
                 metrics.nodes_finished.add(1, {"outcome": outcome})
                 metrics.node_duration.record(elapsed_ms, {"workflow": claim.workflow, "node": claim.node})
                 self._wake.set()  # a slot is free, and the next node of this run may be ready now
