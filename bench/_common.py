@@ -88,7 +88,9 @@ _IDENTITY = """
 SELECT s.seqtypid::regtype::text, s.seqstart, s.seqincrement, s.seqcache, s.seqcycle
   FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence(%(t)s, 'position')::regclass
 """
-_STORAGE = "SELECT coalesce(reloptions, '{}')::text, relpersistence::text FROM pg_class WHERE oid = %(t)s::regclass"
+_STORAGE = """
+SELECT coalesce(reloptions, '{}')::text, relpersistence::text FROM pg_class WHERE oid = %(t)s::regclass
+"""
 _INSERT_TRIGGERS = """
 SELECT count(*) FROM pg_trigger
  WHERE tgrelid = %(t)s::regclass AND NOT tgisinternal AND (tgtype::int & 4) <> 0

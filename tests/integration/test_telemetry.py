@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,7 +26,7 @@ _installed = False
 
 
 @pytest.fixture
-def telemetry() -> Iterator[tuple[InMemorySpanExporter, InMemoryMetricReader]]:
+def telemetry() -> tuple[InMemorySpanExporter, InMemoryMetricReader]:
     """In-memory exporters on the global providers (which can be set once per process)."""
     global _installed
     if not _installed:
@@ -37,7 +36,7 @@ def telemetry() -> Iterator[tuple[InMemorySpanExporter, InMemoryMetricReader]]:
         metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
         _installed = True
     _SPANS.clear()
-    yield _SPANS, _READER
+    return _SPANS, _READER
 
 
 def metric_points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
