@@ -1,15 +1,29 @@
-"""Logging configuration, done once by the entry points: JSON lines when the output is not a terminal,
-readable lines when it is. Library code only asks `structlog.get_logger(__name__)`."""
+"""Logging, traces and metrics, configured once by the entry points.
+
+Logs: structlog, JSON lines when the output is not a terminal, readable lines when it is; context (run,
+node, projection ids) is bound with contextvars. Traces and metrics: OpenTelemetry, exported through
+OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, otherwise metrics are kept for the Prometheus-style
+`/metrics` endpoint of the API and traces can go to the console (`LEDGERFLOW_TRACES=console`).
+Library code only asks for loggers, tracers and meters.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Literal
 
 import structlog
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 LogFormat = Literal["auto", "json", "console"]
+_telemetry_configured = False
 
 
 def configure_logging(level: str = "info", fmt: LogFormat = "auto") -> None:
@@ -31,3 +45,29 @@ def configure_logging(level: str = "info", fmt: LogFormat = "auto") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         # Not cached: the demo lowers the level after start-up, and loggers must follow.
     )
+
+
+def configure_telemetry(service: str = "ledgerflow") -> None:
+    """Install the OpenTelemetry SDK providers once per process (servers and workers call this)."""
+    global _telemetry_configured
+    if _telemetry_configured:
+        return
+    _telemetry_configured = True
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
+    tracer_provider = TracerProvider(resource=resource)
+    readers: list[MetricReader] = []
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    else:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+        # Registers with prometheus_client's default registry, which the API serves at /metrics.
+        readers.append(PrometheusMetricReader())
+        if os.environ.get("LEDGERFLOW_TRACES") == "console":
+            tracer_provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    trace.set_tracer_provider(tracer_provider)
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
