@@ -220,6 +220,52 @@ def horizon(ctx: click.Context) -> None:
     )
 
 
+@cli.command()
+@click.option("--api", "api_role", is_flag=True, help="Run the HTTP API and console.")
+@click.option("--projector", "projector_role", is_flag=True, help="Run projector workers.")
+@click.option("--worker", "worker_role", is_flag=True, help="Run a workflow worker.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True)
+@click.pass_context
+def serve(
+    ctx: click.Context, api_role: bool, projector_role: bool, worker_role: bool, host: str, port: int
+) -> None:
+    """Run the API, console, projector and workflow workers in one process (all of them unless some
+    roles are named). Stops gracefully on SIGTERM."""
+    from ops.serve import serve as run_serve
+
+    everything = not (api_role or projector_role or worker_role)
+    run_serve(
+        settings_of(ctx),
+        api=everything or api_role,
+        projector=everything or projector_role,
+        worker=everything or worker_role,
+        host=host,
+        port=port,
+    )
+
+
+@cli.command()
+@click.pass_context
+def doctor(ctx: click.Context) -> None:
+    """Check the database, migrations, leases, the safe horizon and stuck work; say what to do."""
+    from ops.doctor import diagnose
+    from projector import load_projections
+    from workflows import workflow_tables
+
+    settings = settings_of(ctx)
+    with open_store(settings, migrate=False) as store:
+        projections = [*load_projections(settings.projection_paths), workflow_tables]
+        findings = diagnose(store, projections, abandoned_after=settings.abandoned_after)
+    marks = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+    table = Table("", "check", "finding", "what to do")
+    for f in findings:
+        table.add_row(marks[f.level], f.check, f.detail, f.advice)
+    console.print(table)
+    if any(f.level == "fail" for f in findings):
+        ctx.exit(1)
+
+
 @cli.command("events-demo")
 @click.option("--events", "count", default=2000, show_default=True, help="How many sample events to append.")
 @click.option("--writers", default=4, show_default=True, help="Concurrent appending threads.")
