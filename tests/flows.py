@@ -230,3 +230,13 @@ def spawn(ctx: NodeContext) -> Any:
 
 
 registry.register(parent)
+
+bad_output = Workflow("bad_output")
+
+
+@bad_output.node(retry=RetryPolicy(max_attempts=1))
+def unrecordable(ctx: NodeContext) -> Any:
+    return {"not json": object()}
+
+
+registry.register(bad_output)

@@ -25,6 +25,7 @@ from eventstore import (
     IdempotencyConflictError,
     InvalidInputError,
     NewEvent,
+    RecordedEvent,
     StreamAppend,
     WrongExpectedVersionError,
 )
@@ -43,6 +44,7 @@ T = TypeVar("T")
 _RUN_IDS = uuid.UUID("5b1f0c1e-8d4e-4d59-9a57-6c2f3b1d7e10")  # namespace of idempotent run ids
 _MAX_KEY = 200
 _OCC_ATTEMPTS = 50
+_PAGE = 5000
 
 
 def fingerprint(value: Any) -> str:
@@ -69,7 +71,14 @@ class Engine:
 
     def load(self, run_id: uuid.UUID, *, tenant: str = "default") -> RunState:
         """The run's current state, folded from its stream."""
-        events = self.store.read_stream(ev.run_stream(run_id), tenant=tenant, limit=100_000)
+        events: list[RecordedEvent] = []
+        while True:  # page through long runs
+            page = self.store.read_stream(
+                ev.run_stream(run_id), tenant=tenant, from_version=len(events) + 1, limit=_PAGE
+            )
+            events.extend(page)
+            if len(page) < _PAGE:
+                break
         if not events:
             raise NotFoundError(
                 f"no run {run_id} (tenant {tenant!r}); list runs with `ledgerflow workflows list`"

@@ -21,6 +21,7 @@ import structlog
 from opentelemetry import trace
 
 from eventstore import ANY, DatabaseUnavailableError, LedgerflowError, NewEvent, StreamAppend
+from eventstore._validation import dump_json_object
 from eventstore.sqlfile import load_queries
 from workflows import events as ev
 from workflows import metrics, queue
@@ -179,6 +180,8 @@ class WorkflowWorker:
                 try:
                     output = spec.fn(ctx)
                     ctx.check()
+                    # An output that cannot be recorded is the node's failure, not the worker's crash.
+                    dump_json_object({"output": output}, f"output of node {claim.node!r}")
                 except (NodeLeaseLost, RunCancelled, WorkerStopping):
                     raise
                 except Exception as exc:

@@ -272,3 +272,14 @@ def test_a_reclaimed_claim_cannot_write(engine: Engine) -> None:
     with pytest.raises(NodeLeaseLost):
         stale_worker.lifecycle.succeeded(claim, registry.get("linear"), {"n": 1}, 0.1)
     assert engine.load(run_id).version == version
+
+
+def test_an_output_that_cannot_be_recorded_fails_the_node_instead_of_crash_looping(
+    engine: Engine, workers: Workers
+) -> None:
+    workers.start()
+    run_id = engine.start("bad_output").run_id
+    run = wait_until(lambda: ended(engine, run_id), timeout=30, what="the run to fail")
+    assert run.status == "failed"
+    assert "not valid JSON" in (run.node("unrecordable").error or "")
+    assert run.node("unrecordable").crashes == 0
