@@ -17,7 +17,6 @@ import psycopg_pool
 import structlog
 
 from eventstore.errors import (
-    ConfigurationError,
     DatabaseUnavailableError,
     DuplicateEventIdError,
     IdempotencyConflictError,
@@ -130,11 +129,3 @@ def translate_errors() -> Iterator[None]:
         raise translate(exc) from exc
     except psycopg_pool.PoolTimeout as exc:
         raise DatabaseUnavailableError(f"no database connection became free in time: {exc}") from exc
-
-
-def require_url(url: str | None) -> str:
-    if not url:
-        raise ConfigurationError(
-            "no database URL; set LEDGERFLOW_DATABASE_URL or leave it unset for the embedded one"
-        )
-    return url

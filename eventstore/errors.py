@@ -44,10 +44,6 @@ class EventTooLargeError(InvalidInputError):
     code = "event_too_large"
 
 
-class UnknownEventTypeError(InvalidInputError):
-    code = "unknown_event_type"
-
-
 class EventDecodeError(LedgerflowError):
     """A stored event no longer matches the model declared for its type."""
 

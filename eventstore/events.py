@@ -29,12 +29,6 @@ NO_STREAM = ExpectedState.NO_STREAM
 STREAM_EXISTS = ExpectedState.STREAM_EXISTS
 
 
-def describe_expected(expected: ExpectedVersion) -> str:
-    if isinstance(expected, ExpectedState):
-        return expected.name.lower().replace("_", " ")
-    return f"version {expected}"
-
-
 @dataclass(frozen=True, slots=True)
 class NewEvent:
     """An event to append. `event_id` defaults to a fresh UUID; it is unique across the log."""

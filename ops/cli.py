@@ -27,7 +27,7 @@ from eventstore import (
 from eventstore.db import resolve_database_url
 from eventstore.events import ExpectedVersion
 from eventstore.migrate import migrate as apply_migrations
-from ops import cli_projections, cli_workflows
+from ops import cli_projections, cli_tokens, cli_workflows
 from ops.cli_common import console, settings_of
 from ops.settings import Settings
 from ops.telemetry import configure_logging
@@ -309,6 +309,7 @@ def events_demo(ctx: click.Context, count: int, writers: int) -> None:
 
 cli_projections.register(cli)
 cli_workflows.register(cli)
+cli_tokens.register(cli)
 
 
 def main() -> None:

@@ -67,27 +67,27 @@ def diagnose(
     else:
         found.append(Finding("safe horizon", "ok", f"{horizon.waiting_events} events waiting"))
 
-    for h in projection_health(store, projections, abandoned_after=abandoned_after):
-        if h.state == "blocked":
+    for p in projection_health(store, projections, abandoned_after=abandoned_after):
+        if p.state == "blocked":
             found.append(
                 Finding(
-                    f"projection {h.name}",
+                    f"projection {p.name}",
                     "fail",
-                    f"blocked by {h.open_failures} failure(s)",
+                    f"blocked by {p.open_failures} failure(s)",
                     "see `ledgerflow failures list`, then retry or skip",
                 )
             )
-        elif h.state in ("stopped", "new") and h.lag_events:
+        elif p.state in ("stopped", "new") and p.lag_events:
             found.append(
                 Finding(
-                    f"projection {h.name}",
+                    f"projection {p.name}",
                     "warn",
-                    f"no worker holds it; {h.lag_events} events behind",
+                    f"no worker holds it; {p.lag_events} events behind",
                     "start `ledgerflow projector` (or `ledgerflow serve`)",
                 )
             )
         else:
-            found.append(Finding(f"projection {h.name}", "ok", f"{h.state}, {h.lag_events} events behind"))
+            found.append(Finding(f"projection {p.name}", "ok", f"{p.state}, {p.lag_events} events behind"))
 
     with store.pool.connection() as conn:
         summary = queue.summary(conn)

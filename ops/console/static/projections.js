@@ -1,0 +1,102 @@
+// #/projections[/<name>]: every projection's health and the safe horizon; for the chosen projection its
+// runs history, open failures (retry / skip) and a replay form. Refreshed every 2 s while shown.
+import { get, h, listOf, poll, post, seconds, showNotice, when } from "./api.js";
+
+export function render(root, selected) {
+  const table = h("table", { id: "projections-table", "data-testid": "projections-table" });
+  const horizon = h("div", { id: "horizon", "data-testid": "horizon" });
+  root.append(h("section", {}, h("h2", {}, "Projections"), table), h("section", {}, h("h3", {}, "Safe horizon"), horizon));
+  const detail = selected ? details(selected) : null;
+  if (detail) root.append(detail.el);
+
+  const stop = poll(async () => {
+    const data = await get("/projections");
+    const rows = listOf(data, "projections");
+    table.replaceChildren(head(), ...rows.map((p) => row(p, p.name === selected)));
+    horizon.replaceChildren(horizonView(data && data.horizon));
+    if (detail) await detail.load();
+  }, 2000);
+  return stop;
+}
+
+const head = () => h("tr", {},
+  ["projection", "state", "cursor", "lag (events)", "lag (s)", "owner", "open failures", "last run", ""].map((t) => h("th", {}, t)));
+
+function row(p, chosen) {
+  const name = encodeURIComponent(p.name);
+  return h("tr", { "data-testid": "projection-row", "data-name": p.name, "data-state": p.state, class: chosen ? "chosen" : "" },
+    h("td", {}, h("a", { href: `#/projections/${name}` }, p.name)),
+    h("td", {}, h("span", { class: `status s-${p.state}` }, p.state)),
+    h("td", { class: "mono" }, p.cursor),
+    h("td", {}, p.lag_events_head != null ? `${p.lag_events} (${p.lag_events_head} to head)` : p.lag_events),
+    h("td", {}, seconds(p.lag_seconds)),
+    h("td", {}, p.owner || "–"),
+    h("td", { "data-testid": "open-failures" }, p.open_failures),
+    h("td", {}, p.last_run || "–"),
+    h("td", { class: "actions" },
+      h("button", { "data-testid": `rebuild-${p.name}`, onclick: () => request(p.name, "rebuild") }, "Rebuild"),
+      h("button", { "data-testid": `verify-${p.name}`, onclick: () => request(p.name, "verify") }, "Verify")));
+}
+
+async function request(name, action, body = {}) {
+  let answer;
+  try { answer = (await post(`/projections/${encodeURIComponent(name)}/${action}`, body)) || {}; } catch { return; }
+  const target = `#/projections/${encodeURIComponent(name)}`;
+  if (location.hash !== target) { // show its details first (navigating clears the banner)
+    await new Promise((done) => { window.addEventListener("hashchange", done, { once: true }); location.hash = target; });
+  }
+  showNotice(`${action} of ${name} requested${answer.run_id ? ` (run ${answer.run_id})` : ""}; follow it in the runs history`);
+}
+
+function horizonView(hz) {
+  if (!hz) return h("p", { class: "muted" }, "not reported");
+  const holders = hz.holders || [];
+  return h("div", {},
+    h("p", {}, `age ${seconds(hz.age_seconds)}`, hz.waiting_events != null ? ` · ${hz.waiting_events} events waiting` : "",
+      holders.length ? "" : " · nothing holds it back"),
+    holders.length ? h("table", { id: "horizon-holders" },
+      h("tr", {}, ["pid", "application", "age"].map((t) => h("th", {}, t))),
+      holders.map((x) => h("tr", {}, h("td", {}, x.pid), h("td", {}, x.application || "–"), h("td", {}, seconds(x.age_seconds))))) : "");
+}
+
+function details(name) {
+  const runs = h("table", { id: "projection-runs", "data-testid": "projection-runs" });
+  const failures = h("table", { id: "projection-failures", "data-testid": "projection-failures" });
+  const after = h("input", { id: "replay-after", placeholder: "<transaction_id>:<position>", class: "mono" });
+  const replay = h("form", { id: "replay-form", class: "row" }, h("label", { for: "replay-after" }, "Replay after cursor"), after,
+    h("button", { id: "replay-submit", type: "submit" }, "Replay"));
+  replay.addEventListener("submit", (event) => {
+    event.preventDefault();
+    request(name, "replay", after.value.trim() ? { after: after.value.trim() } : {});
+  });
+  const el = h("section", { id: "projection-detail", "data-name": name },
+    h("h3", {}, name), replay, h("h4", {}, "Runs"), runs, h("h4", {}, "Open failures"), failures);
+
+  async function load() {
+    const [r, f] = await Promise.all([
+      get(`/projections/${encodeURIComponent(name)}/runs`),
+      get(`/failures?projection=${encodeURIComponent(name)}`),
+    ]);
+    const runRows = listOf(r, "runs");
+    runs.replaceChildren(h("tr", {}, ["id", "kind", "status", "trigger", "events", "started", "ended", "owner", "error"].map((t) => h("th", {}, t))),
+      ...runRows.map((x) => h("tr", { "data-testid": "projection-run", "data-kind": x.kind, "data-status": x.status },
+        h("td", {}, x.id), h("td", {}, x.kind), h("td", {}, h("span", { class: `status s-${x.status}` }, x.status)),
+        h("td", {}, x.trigger || ""), h("td", {}, x.events_processed ?? ""), h("td", {}, when(x.started_at)),
+        h("td", {}, when(x.ended_at)), h("td", {}, x.owner || ""), h("td", { class: "error-text" }, x.error || ""))));
+    const failRows = listOf(f, "failures");
+    failures.replaceChildren(h("tr", {}, ["id", "position", "stream", "type", "attempts", "error", ""].map((t) => h("th", {}, t))),
+      ...failRows.map((x) => h("tr", { "data-testid": "failure-row", "data-id": x.id },
+        h("td", {}, x.id), h("td", {}, x.event_position), h("td", {}, x.stream_id), h("td", {}, x.event_type),
+        h("td", {}, x.attempts), h("td", { class: "error-text" }, `${x.error_class || ""}: ${x.error_message || ""}`),
+        h("td", { class: "actions" },
+          h("button", { "data-testid": `failure-retry-${x.id}`, onclick: () => resolve(x.id, "retry") }, "Retry"),
+          h("button", { "data-testid": `failure-skip-${x.id}`, onclick: () => resolve(x.id, "skip") }, "Skip")))));
+    if (!failRows.length) failures.append(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "none")));
+  }
+  return { el, load };
+}
+
+async function resolve(id, action) {
+  try { await post(`/failures/${id}/${action}`); } catch { return; }
+  showNotice(`${action} of failure ${id} requested; the projector carries it out on its next step`);
+}
