@@ -283,3 +283,41 @@ def test_an_output_that_cannot_be_recorded_fails_the_node_instead_of_crash_loopi
     assert run.status == "failed"
     assert "not valid JSON" in (run.node("unrecordable").error or "")
     assert run.node("unrecordable").crashes == 0
+
+
+def test_a_restarted_worker_takes_its_own_nodes_back_at_once(engine: Engine) -> None:
+    run_id = engine.start("linear").run_id
+    before = WorkflowWorker(engine, registry, WorkerSettings(lease_ttl=3600), name="host-a")
+    assert len(before._claim(1)) == 1  # then the process "dies": its lease would last an hour
+    after = WorkflowWorker(engine, registry, WorkerSettings(lease_ttl=3600), name="host-a")
+    report = sweep(engine, registry, worker_name=after.name, instance=after.instance, trigger="startup")
+    assert report.reclaimed == 1
+    reclaimed = [e for e in engine.store.read_stream(ev.run_stream(run_id)) if e.type == ev.NODE_RECLAIMED]
+    assert [e.data["reason"] for e in reclaimed] == ["worker_restarted"]
+    # Another worker's live lease is left alone.
+    other = WorkflowWorker(engine, registry, WorkerSettings(lease_ttl=3600), name="host-b")
+    assert len(other._claim(1)) == 1
+    assert sweep(engine, registry, worker_name="host-c", instance="c1").reclaimed == 0
+    with engine.store.pool.connection() as conn:
+        (latest,) = queue.recent_recoveries(conn, 1)
+    assert (latest.trigger, latest.reclaimed) == ("startup", 1)
+
+
+def test_a_stopping_worker_hands_its_node_over_at_once(engine: Engine, workers: Workers) -> None:
+    first = workers.start("first")
+    run_id = engine.start("gated").run_id
+    wait_until(lambda: engine.load(run_id).node("wait_gate").status == "running", what="the node to start")
+    first.stop()
+    wait_until(
+        lambda: any(e.type == ev.NODE_RELEASED for e in engine.store.read_stream(ev.run_stream(run_id))),
+        what="the node to be handed back",
+    )
+    workers.start("second")
+    wait_until(
+        lambda: (engine.load(run_id).node("wait_gate").worker or "").startswith("second/"),
+        what="the second worker to take the node",
+    )
+    GATES[str(run_id)].set()
+    run = wait_until(lambda: ended(engine, run_id), what="the run to finish")
+    assert run.status == "succeeded"
+    assert run.node("wait_gate").crashes == 0  # a hand-over is not a crash
