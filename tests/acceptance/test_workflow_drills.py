@@ -15,6 +15,7 @@ import sys
 import threading
 import uuid
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,24 @@ def calls_by_run(store: EventStore) -> dict[uuid.UUID, list[tuple[str, int]]]:
         ).fetchall():
             found[run_id].append((what, attempt))
     return found
+
+
+def db_now(store: EventStore) -> datetime:
+    with store.pool.connection() as conn:
+        row = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def holds_nodes(store: EventStore, worker_name: str, since: datetime) -> bool:
+    """True once a worker of this name claimed a node after `since` (not a dead predecessor's claim)."""
+    with store.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM ledgerflow.workflow_queue "
+            "WHERE status = 'claimed' AND worker_name = %s AND claimed_at > %s",
+            (worker_name, since),
+        ).fetchone()
+    return row is not None and row[0] > 0
 
 
 def all_done(engine: Engine, run_ids: list[uuid.UUID]) -> bool:
@@ -106,16 +125,24 @@ def test_sigkill_workers_at_random_moments(store: EventStore, tmp_path: Path) ->
     log = tmp_path / "workers.log"
     rng = random.Random(11)
     kills = 0
-    worker = start_worker(store.url, "drill-a", log)
-    while not all_done(engine, run_ids) and kills < 12:
-        threading.Event().wait(rng.uniform(0.2, 0.8))
-        worker.send_signal(signal.SIGKILL)
-        worker.wait()
-        kills += 1
-        # Half the time the same name comes back (takes its nodes back at once); else another worker
-        # must wait for the leases to lapse.
-        worker = start_worker(store.url, "drill-a" if kills % 2 else f"drill-{kills}", log)
+    name, since = "drill-a", db_now(store)
+    worker = start_worker(store.url, name, log)
     try:
+        while not all_done(engine, run_ids) and kills < 12:
+            # Kill it while it works: once it holds a node, after a random extra moment.
+            wait_until(
+                lambda n=name, t=since: holds_nodes(store, n, t) or all_done(engine, run_ids),
+                timeout=60,
+                what="the worker to claim a node",
+            )
+            threading.Event().wait(rng.uniform(0, 0.3))
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+            kills += 1
+            # Half the time the same name comes back (takes its nodes back at once); else another worker
+            # must wait for the leases to lapse.
+            name, since = ("drill-a" if kills % 2 else f"drill-{kills}"), db_now(store)
+            worker = start_worker(store.url, name, log)
         wait_until(lambda: all_done(engine, run_ids), timeout=120, what="every run to finish")
     finally:
         worker.send_signal(signal.SIGTERM)
