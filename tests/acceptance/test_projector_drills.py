@@ -94,13 +94,15 @@ def test_sigkill_at_random_moments(store: EventStore, appender: threading.Event,
     for _ in range(8):
         worker = start_worker(store.url, lease_ttl=1.0, log=log)
         before = applied_stats(store)[0]
-        # Kill it while it is applying: once it has made progress, after a random extra moment.
-        wait_until(
-            lambda b=before: applied_stats(store)[0] > b, timeout=30, what="the worker to apply events"
-        )
-        threading.Event().wait(rng.uniform(0, 0.3))
-        worker.send_signal(signal.SIGKILL)
-        worker.wait()
+        try:
+            # Kill it while it is applying: once it has made progress, after a random extra moment.
+            wait_until(
+                lambda b=before: applied_stats(store)[0] > b, timeout=60, what="the worker to apply events"
+            )
+            threading.Event().wait(rng.uniform(0, 0.3))
+        finally:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
         kills += 1
     appender.set()
     final = start_worker(store.url, lease_ttl=1.0, log=log)
