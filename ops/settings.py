@@ -18,7 +18,7 @@ class Settings(DatabaseSettings):
     #: Projector leases: how long one lasts without renewal, and how often it is renewed.
     projector_lease_ttl: float = Field(default=10.0, gt=0)
     projector_heartbeat_interval: float = Field(default=3.0, gt=0)
-    projector_batch_size: int = Field(default=500, ge=1, le=100_000)
+    projector_batch_size: int = Field(default=1000, ge=1, le=100_000)
     #: A run whose owner has not heartbeated for this long is marked abandoned.
     abandoned_after: float = Field(default=30.0, gt=0)
 

@@ -66,7 +66,7 @@ class LiveRunner:
         lease_ttl: float = 10.0,
         batch_size: int = 500,
         retry: RetrySettings | None = None,
-        catch_up_run: int | None = None,
+        catch_up_run: tuple[int, Cursor] | None = None,
     ) -> None:
         self.store = store
         self.projection = projection
@@ -75,9 +75,21 @@ class LiveRunner:
         self.lease_ttl = lease_ttl
         self.batch_size = batch_size
         self.retry = retry or RetrySettings()
-        self._catch_up_run = catch_up_run
+        # (run id, target): the catch-up run ends once the runner has read past the target.
+        self._catch_up_run: int | None = catch_up_run[0] if catch_up_run else None
+        self._catch_up_target: Cursor | None = catch_up_run[1] if catch_up_run else None
         self._replay: tuple[int, Cursor | None] | None = None
+        self._failures: list[state.Failure] | None = None
         self._reload()
+
+    def _open_failures(self) -> list[state.Failure]:
+        """The projection's open failures. Only the lease holder records failures, so while there are none
+        there is nothing to re-read; while there are some, every step re-reads them to notice an
+        operator's retry or skip."""
+        if self._failures is None or self._failures:
+            with self.store.pool.connection() as conn:
+                self._failures = state.open_failures(conn, self.projection.name)
+        return self._failures
 
     def _reload(self) -> None:
         with self.store.pool.connection() as conn:
@@ -100,8 +112,7 @@ class LiveRunner:
     def step(self) -> StepResult:
         """Apply at most one batch. Raises LeaseLost when the lease is gone."""
         name = self.projection.name
-        with self.store.pool.connection() as conn:
-            failures = state.open_failures(conn, name)
+        failures = self._open_failures()
         for failure in failures:
             if failure.policy == "park" and failure.status in ("retry_requested", "skip_requested"):
                 self._resolve_parked(failure)
@@ -110,6 +121,7 @@ class LiveRunner:
                 with self.store.pool.connection() as conn:
                     state.close_failure(conn, failure.id, "skipped")
                 self._skipped.add(failure.event_position)
+                self._failures = None
                 log.info("projection_failure_skipped", projection=name, failure_id=failure.id)
         if any(f.policy == "block" and f.status == "open" for f in failures):
             return StepResult(applied=0, caught_up=False, blocked=True)
@@ -174,6 +186,7 @@ class LiveRunner:
                 for e in events:
                     if e.position in retrying:
                         state.close_failure(conn, retrying.pop(e.position), "resolved")
+                        self._failures = None
                 for run_id in self._runs_to_advance():
                     state.run_progress(conn, run_id, new_cursor, len(events))
                 if extra is not None:
@@ -219,6 +232,7 @@ class LiveRunner:
         return StepResult(applied=applied, caught_up=False)
 
     def _fail(self, event: RecordedEvent, error: BaseException) -> StepResult:
+        self._failures = None
         name, policy = self.projection.name, self.projection.failure_policy
         attempts = self.retry.attempts
         if policy == "block":
@@ -252,6 +266,7 @@ class LiveRunner:
     def _resolve_parked(self, failure: state.Failure) -> None:
         """Carry out an operator's retry or skip of a parked stream: apply the failed event (unless
         skipped) and the stream's later events that were parked behind it, in one transaction."""
+        self._failures = None
         skip = failure.status == "skip_requested"
         from_version = failure.stream_version + (1 if skip else 0)
         with self.store.pool.connection() as conn:
@@ -292,7 +307,13 @@ class LiveRunner:
         return runs
 
     def _finish_catch_up_if(self, caught_up: bool) -> None:
-        if caught_up and self._catch_up_run is not None:
+        target = self._catch_up_target
+        if (
+            caught_up
+            and self._catch_up_run is not None
+            and target is not None
+            and self._read_cursor >= target
+        ):
             with self.store.pool.connection() as conn:
                 state.finish_run(conn, self._catch_up_run, "completed")
             log.info("projection_caught_up", projection=self.projection.name, run_id=self._catch_up_run)

@@ -30,6 +30,8 @@ from projector.runner import LeaseLost, LiveRunner, RetrySettings
 
 log = structlog.get_logger(__name__)
 _EVENTSTORE_Q = load_queries("eventstore")
+_HORIZON_RECHECK_MIN = 0.005
+_HORIZON_RECHECK_MAX = 0.05
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class WorkerSettings:
     heartbeat_interval: float = 3.0
     #: A run whose heartbeat is older than this is marked abandoned.
     abandoned_after: float = 30.0
-    batch_size: int = 500
+    batch_size: int = 1000
     poll_interval: float = 1.0
     retry: RetrySettings = field(default_factory=RetrySettings)
 
@@ -79,12 +81,20 @@ class ProjectorWorker:
         listener = threading.Thread(target=self._listen_loop, name="projector-listener", daemon=True)
         listener.start()
         log.info("projector_worker_started", worker=self.id, projections=sorted(self.projections))
+        horizon_wait = _HORIZON_RECHECK_MIN
         try:
             while not self.stopping.is_set():
-                busy = self.work_once()
-                if not busy:
+                if self.work_once():
+                    horizon_wait = _HORIZON_RECHECK_MIN
+                    continue
+                if self._waiting_on_horizon():
+                    # Committed events wait behind an older transaction, which may never notify when it
+                    # ends: look again soon rather than after a whole poll interval.
+                    self._wake.wait(horizon_wait)
+                    horizon_wait = min(horizon_wait * 2, _HORIZON_RECHECK_MAX)
+                else:
                     self._wake.wait(self.settings.poll_interval)
-                    self._wake.clear()
+                self._wake.clear()
         finally:
             self.stopping.set()
             self._wake.set()
@@ -95,6 +105,12 @@ class ProjectorWorker:
     def stop(self) -> None:
         self.stopping.set()
         self._wake.set()
+
+    def _waiting_on_horizon(self) -> bool:
+        try:
+            return self.store.events_beyond_horizon()
+        except DatabaseUnavailableError:
+            return False
 
     def prepare(self) -> None:
         """Create every projection's cursor and tables now, so readers can query them before the first
@@ -124,7 +140,11 @@ class ProjectorWorker:
         blocked by a failure). For tests and one-shot CLI use."""
         target = self.store.committed_so_far()
         deadline = time.monotonic() + timeout
+        next_heartbeat = time.monotonic() + self.settings.heartbeat_interval
         while time.monotonic() < deadline:
+            if time.monotonic() >= next_heartbeat:  # no heartbeat thread here: renew the leases inline
+                self.heartbeat()
+                next_heartbeat = time.monotonic() + self.settings.heartbeat_interval
             self.acquire_free_leases()
             results = {name: runner.step() for name, runner in list(self._runners.items())}
             if len(results) == len(self.projections) and all(
@@ -176,6 +196,8 @@ class ProjectorWorker:
                 trigger="version_change",
                 batch_size=self.settings.batch_size,
             )
+        # The catch-up run ends once everything committed before it began has been applied.
+        target = self.store.committed_so_far()
         with self.store.pool.connection() as conn:
             run_id = state.start_run(
                 conn,
@@ -185,6 +207,7 @@ class ProjectorWorker:
                 actor=self.id,
                 owner=self.id,
                 start=_cursor_of(conn, name),
+                target=target,
             )
         runner = LiveRunner(
             self.store,
@@ -194,7 +217,7 @@ class ProjectorWorker:
             lease_ttl=self.settings.lease_ttl,
             batch_size=self.settings.batch_size,
             retry=self.settings.retry,
-            catch_up_run=run_id,
+            catch_up_run=(run_id, target),
         )
         with self._lock:
             self._runners[name] = runner

@@ -24,11 +24,10 @@ from typing import Any, TypeVar
 from eventstore import ANY, NewEvent
 from eventstore._validation import dump_json_object
 from workflows import events as ev
-from workflows import queue
 from workflows.definition import NodeSpec
 from workflows.engine import Engine
 from workflows.errors import NodeTimeout, RunCancelled, WorkerStopping
-from workflows.lifecycle import fenced
+from workflows.lifecycle import fence
 from workflows.queue import Claim
 from workflows.state import NodeState, RunState
 
@@ -83,7 +82,7 @@ class NodeContext:
         self.check()
         claim = self._claim
         with self._engine.transaction() as conn:
-            fenced(lambda: queue.fence(conn, claim.run_id, claim.node, claim.token))
+            fence(conn, claim)
             self._engine.store.append(
                 ev.run_stream(claim.run_id), events, expected_version=ANY, tenant=claim.tenant, conn=conn
             )
@@ -221,7 +220,7 @@ class NodeContext:
         """Raise RunCancelled now if the run was cancelled (for nodes with long stretches between writes)."""
         claim = self._claim
         with self._engine.transaction() as conn:
-            fenced(lambda: queue.fence(conn, claim.run_id, claim.node, claim.token))
+            fence(conn, claim)
 
 
 __all__ = ["NodeContext", "RunCancelled"]

@@ -30,10 +30,11 @@ log = structlog.get_logger(__name__)
 _ATTEMPTS = 50
 
 
-def fenced(action: Callable[[], Any]) -> Any:
-    """Run `action`, turning the fencing function's refusals into the matching signals."""
+def fence(conn: Any, claim: Claim, *, check_cancel: bool = True) -> None:
+    """In `conn`'s transaction: fail with NodeLeaseLost unless `claim` still holds its node (and, with
+    `check_cancel`, with RunCancelled if its run is being cancelled)."""
     try:
-        return action()
+        queue.fence(conn, claim.run_id, claim.node, claim.token, check_cancel=check_cancel)
     except psycopg.Error as exc:
         if exc.sqlstate == LEASE_LOST:
             raise NodeLeaseLost(str(exc.diag.message_detail)) from None
@@ -65,15 +66,7 @@ class Lifecycle:
                 appends += release_key_appends(run)
             try:
                 with self.engine.transaction() as conn:
-                    fenced(
-                        lambda c=conn: queue.fence(
-                            c,
-                            claim.run_id,
-                            claim.node,
-                            claim.token,  # type: ignore[misc]
-                            check_cancel=check_cancel,
-                        )
-                    )
+                    fence(conn, claim, check_cancel=check_cancel)
                     self.store.append_many(appends, tenant=claim.tenant, conn=conn)
                     queue_changes(conn)
                 return run
