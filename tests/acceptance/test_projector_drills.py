@@ -111,6 +111,10 @@ def test_sigkill_at_random_moments(store: EventStore, appender: threading.Event,
     finally:
         final.send_signal(signal.SIGTERM)
         assert final.wait(timeout=30) == 0
+    with store.pool.connection() as conn:
+        lease = state.lease_of(conn, counter.name)
+    assert lease is not None
+    assert not lease.alive, "on SIGTERM the worker releases its lease at once"
     assert kills == 8
     assert_exactly_once_and_equal_to_rebuild(store)
     # Runs of the killed workers do not stay "running" for ever.
