@@ -187,7 +187,7 @@ def _drive(
         )
     console.print(
         f"run {run.status} in {time.monotonic() - began:.1f}s · {len(events)} events · "
-        f"{steps} LLM calls recorded, each paid once",
+        f"{steps} LLM results recorded; a recorded call is never made again",
         highlight=False,
     )
     console.print(f"inspect it: ledgerflow workflows show {run_id}", highlight=False)

@@ -315,11 +315,13 @@ class Engine:
     # -- plumbing -------------------------------------------------------------------------------------
 
     @contextmanager
-    def transaction(self) -> Iterator[psycopg.Connection[Any]]:
-        """A transaction for appends plus queue changes; subscribers are woken after it commits."""
+    def transaction(self, notify: Callable[[], bool] | None = None) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction for appends plus queue changes; subscribers are woken after it commits (unless
+        `notify` says there is nothing to wake them for)."""
         with self.store.pool.connection() as conn, conn.transaction():
             yield conn
-        self.store.notify_appended()
+        if notify is None or notify():
+            self.store.notify_appended()
 
     @staticmethod
     def _with_occ(attempt: Callable[[], None]) -> None:

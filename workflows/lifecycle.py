@@ -22,12 +22,25 @@ from workflows import queue
 from workflows.definition import Workflow
 from workflows.engine import Engine, release_key_appends
 from workflows.errors import LEASE_LOST, RUN_CANCELLED, NodeLeaseLost, RunCancelled
-from workflows.queue import Claim
+from workflows.queue import Claim, Claimant
 from workflows.scheduler import NodeStatus, run_outcome, runnable_nodes
 from workflows.state import RunState
 
 log = structlog.get_logger(__name__)
 _ATTEMPTS = 50
+#: Queue changes made in a transition's transaction; they may return events to append with it.
+QueueChanges = Callable[[Any], list[NewEvent] | None]
+
+
+def claimed_event(claim: Claim, worker_id: str) -> NewEvent:
+    return ev.event(
+        ev.NODE_CLAIMED,
+        claim.run_id,
+        node=claim.node,
+        attempt=claim.attempt,
+        token=claim.token,
+        worker=worker_id,
+    )
 
 
 def fence(conn: Any, claim: Claim, *, check_cancel: bool = True) -> None:
@@ -51,12 +64,12 @@ class Lifecycle:
     def _commit(
         self,
         claim: Claim,
-        decide: Callable[[RunState], tuple[list[NewEvent], Callable[[Any], None]]],
+        decide: Callable[[RunState], tuple[list[NewEvent], QueueChanges]],
         *,
         check_cancel: bool = False,
     ) -> RunState:
         """Read the run, decide, and commit events plus queue changes under the claim's fence, retrying the
-        whole decision on a version conflict."""
+        whole decision on a version conflict. Queue changes may return events of their own (a claim's)."""
         for _ in range(_ATTEMPTS):
             run = self.engine.load(claim.run_id, tenant=claim.tenant)
             events, queue_changes = decide(run)
@@ -67,8 +80,10 @@ class Lifecycle:
             try:
                 with self.engine.transaction() as conn:
                     fence(conn, claim, check_cancel=check_cancel)
+                    more = queue_changes(conn) or []
+                    if more:
+                        appends[0] = StreamAppend(appends[0].stream_id, [*events, *more], run.version)
                     self.store.append_many(appends, tenant=claim.tenant, conn=conn)
-                    queue_changes(conn)
                 return run
             except WrongExpectedVersionError:
                 continue
@@ -76,8 +91,14 @@ class Lifecycle:
             f"run {claim.run_id}: too many concurrent changes while ending node {claim.node!r}"
         )
 
-    def succeeded(self, claim: Claim, wf: Workflow, output: Any, duration: float) -> None:
-        def decide(run: RunState) -> tuple[list[NewEvent], Callable[[Any], None]]:
+    def succeeded(
+        self, claim: Claim, wf: Workflow, output: Any, duration: float, *, claim_next: Claimant | None = None
+    ) -> Claim | None:
+        """Record the node's success and queue what became runnable. With `claim_next`, also claim one of
+        those nodes for the caller in the same transaction and return its claim."""
+        successor: Claim | None = None
+
+        def decide(run: RunState) -> tuple[list[NewEvent], QueueChanges]:
             statuses = run.statuses
             statuses[claim.node] = NodeStatus.SUCCEEDED
             events = [
@@ -98,7 +119,8 @@ class Lifecycle:
                 events.append(ev.event(ev.NODES_READY, claim.run_id, nodes=ready))
             events += self._run_end(run, wf, statuses)
 
-            def changes(conn: Any) -> None:
+            def changes(conn: Any) -> list[NewEvent]:
+                nonlocal successor
                 queue.finish(conn, claim.run_id, claim.node)
                 queue.enqueue(
                     conn,
@@ -108,10 +130,18 @@ class Lifecycle:
                     [wf.nodes[n] for n in ready],
                     attempts={n: run.node(n).attempt for n in ready},
                 )
+                successor = None
+                if claim_next is None or not ready:
+                    return []
+                successor = queue.claim_node(conn, claim.run_id, ready[0], claim_next)
+                if successor is None:
+                    return []
+                return [claimed_event(successor, claim_next.worker_id)]
 
             return events, changes
 
         self._commit(claim, decide)
+        return successor
 
     def failed(
         self, claim: Claim, wf: Workflow, error: BaseException, *, rng: random.Random | None = None
@@ -122,7 +152,7 @@ class Lifecycle:
         message = f"{type(error).__name__}: {error}"[:2000]
         retrying = False
 
-        def decide(run: RunState) -> tuple[list[NewEvent], Callable[[Any], None]]:
+        def decide(run: RunState) -> tuple[list[NewEvent], QueueChanges]:
             nonlocal retrying
             failures = run.node(claim.node).failures + 1
             retrying = spec.retry.is_retryable(error) and failures < spec.retry.max_attempts
@@ -165,7 +195,7 @@ class Lifecycle:
         return retrying
 
     def cancelled(self, claim: Claim, wf: Workflow) -> None:
-        def decide(run: RunState) -> tuple[list[NewEvent], Callable[[Any], None]]:
+        def decide(run: RunState) -> tuple[list[NewEvent], QueueChanges]:
             statuses = run.statuses
             statuses[claim.node] = NodeStatus.CANCELLED
             events = [ev.event(ev.NODE_CANCELLED, claim.run_id, node=claim.node)]

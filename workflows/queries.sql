@@ -34,6 +34,17 @@ UPDATE ledgerflow.workflow_queue q
  WHERE q.run_id = picked.run_id AND q.node = picked.node
 RETURNING q.run_id, q.node, q.tenant, q.workflow, q.attempt, q.token, q.cancel_requested, q.crashes
 
+-- name: claim_node
+-- The successor hand-off: the worker that finishes a node claims one newly ready node of the same run in
+-- the same transaction, so it runs next without a claim round trip or a wake-up.
+UPDATE ledgerflow.workflow_queue q
+   SET status = 'claimed', attempt = q.attempt + 1, token = nextval('ledgerflow.workflow_fencing_tokens'),
+       worker_name = %(worker_name)s, worker_instance = %(instance)s, claimed_at = clock_timestamp(),
+       heartbeat_at = clock_timestamp(), progress_at = clock_timestamp(),
+       lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+ WHERE q.run_id = %(run_id)s AND q.node = %(node)s AND q.status = 'ready' AND q.ready_at <= clock_timestamp()
+RETURNING q.run_id, q.node, q.tenant, q.workflow, q.attempt, q.token, q.cancel_requested, q.crashes
+
 -- name: fence
 SELECT ledgerflow.wf_fence(%(run_id)s, %(node)s, %(token)s, %(check_cancel)s)
 

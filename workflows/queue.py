@@ -105,6 +105,30 @@ def claim(
     return [Claim(*r) for r in rows]
 
 
+@dataclass(frozen=True)
+class Claimant:
+    """Who claims: a worker's name and process instance, its id for events, and its lease length."""
+
+    worker_name: str
+    instance: str
+    worker_id: str
+    ttl: float
+
+
+def claim_node(conn: Conn, run_id: uuid.UUID, node: str, claimant: Claimant) -> Claim | None:
+    row = conn.execute(
+        Q["claim_node"],
+        {
+            "run_id": run_id,
+            "node": node,
+            "worker_name": claimant.worker_name,
+            "instance": claimant.instance,
+            "ttl": claimant.ttl,
+        },
+    ).fetchone()
+    return None if row is None else Claim(*row)
+
+
 def fence(conn: Conn, run_id: uuid.UUID, node: str, token: int, *, check_cancel: bool = True) -> None:
     conn.execute(Q["fence"], {"run_id": run_id, "node": node, "token": token, "check_cancel": check_cancel})
 

@@ -29,8 +29,8 @@ from workflows.context import NodeContext
 from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeLeaseLost, RunCancelled, WorkerStopping
-from workflows.lifecycle import Lifecycle
-from workflows.queue import Claim
+from workflows.lifecycle import Lifecycle, claimed_event
+from workflows.queue import Claim, Claimant
 from workflows.recovery import sweep
 
 log = structlog.get_logger(__name__)
@@ -70,6 +70,7 @@ class WorkflowWorker:
         self._running: dict[int, tuple[Claim, NodeContext | None]] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="ledgerflow-node")
+        self._claimant = Claimant(self.name, self.instance, self.id, self.settings.lease_ttl)
 
     @property
     def id(self) -> str:
@@ -118,7 +119,9 @@ class WorkflowWorker:
         return bool(claims)
 
     def _claim(self, limit: int) -> list[Claim]:
-        with self.engine.transaction() as conn:
+        # No wake-up when nothing was claimed: this worker's own listener would take it and claim
+        # again at once, spinning on empty claims.
+        with self.engine.transaction(notify=lambda: bool(claims)) as conn:
             claims = queue.claim(
                 conn,
                 worker_name=self.name,
@@ -131,14 +134,7 @@ class WorkflowWorker:
             by_tenant: dict[str, dict[str, list[NewEvent]]] = {}
             for c in claims:
                 by_tenant.setdefault(c.tenant, {}).setdefault(ev.run_stream(c.run_id), []).append(
-                    ev.event(
-                        ev.NODE_CLAIMED,
-                        c.run_id,
-                        node=c.node,
-                        attempt=c.attempt,
-                        token=c.token,
-                        worker=self.id,
-                    )
+                    claimed_event(c, self.id)
                 )
             for tenant, streams in by_tenant.items():
                 self.engine.store.append_many(
@@ -151,6 +147,13 @@ class WorkflowWorker:
     # -- running one node ----------------------------------------------------------------------------
 
     def _execute(self, claim: Claim) -> None:
+        """Run the claimed node, then, as long as finishing one hands this worker its successor, that one."""
+        next_claim: Claim | None = claim
+        while next_claim is not None:
+            next_claim = self._execute_one(next_claim)
+
+    def _execute_one(self, claim: Claim) -> Claim | None:
+        successor: Claim | None = None
         bound = structlog.contextvars.bound_contextvars(
             run_id=str(claim.run_id), node=claim.node, attempt=claim.attempt, worker=self.id
         )
@@ -171,7 +174,7 @@ class WorkflowWorker:
                 if claim.cancel_requested:
                     outcome = "cancelled"
                     self.lifecycle.cancelled(claim, wf)
-                    return
+                    return None
                 run = self.engine.load(claim.run_id, tenant=claim.tenant)
                 spec = wf.nodes[claim.node]
                 ctx = NodeContext(self.engine, run, claim, spec, worker=self.id, stopping=self.stopping)
@@ -188,8 +191,18 @@ class WorkflowWorker:
                     outcome = "retry" if self.lifecycle.failed(claim, wf, exc) else "failed"
                     if outcome == "retry":
                         metrics.node_retries.add(1, {"workflow": wf.name, "node": claim.node})
-                    return
-                self.lifecycle.succeeded(claim, wf, output, time.monotonic() - started)
+                    return None
+                successor = self.lifecycle.succeeded(
+                    claim,
+                    wf,
+                    output,
+                    time.monotonic() - started,
+                    claim_next=None if self.stopping.is_set() else self._claimant,
+                )
+                if successor is not None:
+                    with self._lock:  # heartbeats cover it from now on
+                        self._running[successor.token] = (successor, None)
+                    metrics.nodes_claimed.add(1)
             except NodeLeaseLost:
                 outcome = "lease_lost"
                 log.warning("workflow_node_lease_lost")
@@ -210,7 +223,9 @@ class WorkflowWorker:
                 current.set_attribute("ledgerflow.outcome", outcome)
                 metrics.nodes_finished.add(1, {"outcome": outcome})
                 metrics.node_duration.record(elapsed_ms, {"workflow": claim.workflow, "node": claim.node})
-                self._wake.set()  # a slot is free, and the next node of this run may be ready now
+                if successor is None:
+                    self._wake.set()  # a slot is free, and other nodes may be ready now
+        return successor
 
     # -- leases and recovery --------------------------------------------------------------------------
 
@@ -221,7 +236,10 @@ class WorkflowWorker:
             return
         with self.engine.store.pool.connection() as conn:
             alive = queue.heartbeat(conn, self.instance, tokens, self.settings.lease_ttl)
-        for token in set(tokens) - alive:
+        with self._lock:
+            still_running = set(self._running)
+        # A node that finished meanwhile has no queue row to renew: only running ones count as lost.
+        for token in (set(tokens) - alive) & still_running:
             log.warning("workflow_lease_lost", token=token)
 
     def recover(self, trigger: str = "periodic") -> None:
