@@ -99,9 +99,6 @@ export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 export const statusBadge = (status) =>
   h("span", { class: `status s-${status}`, "data-status": status }, `${ICONS[status] || "?"} ${status}`);
 
-// Lists come either bare or wrapped ({"runs": [...]}); accept both.
-export const listOf = (data, key) => (Array.isArray(data) ? data : (data && data[key]) || []);
-
 export function when(iso) {
   if (!iso) return "";
   const d = new Date(iso);
@@ -110,15 +107,22 @@ export function when(iso) {
 
 export const seconds = (s) => (s == null ? "" : `${Number(s).toFixed(1)} s`);
 
-// Calls fn now and then every `ms` until it returns false or stop() is called; one call at a time. After an
-// error (already in the banner) it tries again, five times slower.
+// Calls fn now and then every `ms` until it returns false or stop() is called; one call at a time, none while
+// the tab is hidden. After an error (already in the banner) it tries again five times slower, unless the API
+// refused the request (4xx): asking again would not change the answer.
 export function poll(fn, ms) {
   let timer = null;
   let stopped = false;
+  let first = true;
   const tick = async () => {
     let again = true;
     let delay = ms;
-    try { again = (await fn()) !== false; } catch { delay = ms * 5; }
+    if (document.hidden && !first) { timer = setTimeout(tick, ms); return; }
+    first = false;
+    try { again = (await fn()) !== false; } catch (err) {
+      again = !(err.status >= 400 && err.status < 500);
+      delay = ms * 5;
+    }
     if (!stopped && again) timer = setTimeout(tick, delay);
   };
   tick();

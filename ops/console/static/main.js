@@ -1,5 +1,5 @@
 // The entry point: token form, hash routing (#/runs, #/runs/<id>, #/projections[/<name>], #/recovery).
-import { clearBanner, getToken, setToken } from "./api.js";
+import { clearBanner, getToken, setToken, showNotice } from "./api.js";
 import * as projections from "./projections.js";
 import * as recovery from "./recovery.js";
 import * as run from "./run.js";
@@ -18,15 +18,20 @@ function route() {
   if (cleanup) cleanup();
   cleanup = null;
   clearBanner();
-  const hash = location.hash || "#/runs";
+  const hash = location.hash;
   const found = ROUTES.find(([pattern]) => pattern.test(hash));
-  if (!found) { location.hash = "#/runs"; return; }
+  if (!found) { location.replace("#/runs"); return; } // routes again on the hashchange
   const [pattern, page, nav] = found;
   const param = hash.match(pattern)[1];
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === nav);
   const root = document.getElementById("page");
   root.replaceChildren();
   root.dataset.route = nav;
+  if (!getToken()) {
+    showNotice("Paste an API token above (create one with `ledgerflow tokens create --scope admin`).");
+    document.getElementById("token-input").focus();
+    return;
+  }
   cleanup = page.render(root, param ? decodeURIComponent(param) : undefined) || null;
 }
 

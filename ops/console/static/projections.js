@@ -1,6 +1,6 @@
 // #/projections[/<name>]: every projection's health and the safe horizon; for the chosen projection its
 // runs history, open failures (retry / skip) and a replay form. Refreshed every 2 s while shown.
-import { get, h, listOf, poll, post, seconds, showNotice, when } from "./api.js";
+import { get, h, poll, post, seconds, showNotice, when } from "./api.js";
 
 export function render(root, selected) {
   const table = h("table", { id: "projections-table", "data-testid": "projections-table" });
@@ -11,9 +11,9 @@ export function render(root, selected) {
 
   const stop = poll(async () => {
     const data = await get("/projections");
-    const rows = listOf(data, "projections");
+    const rows = data.projections;
     table.replaceChildren(head(), ...rows.map((p) => row(p, p.name === selected)));
-    horizon.replaceChildren(horizonView(data && data.horizon));
+    horizon.replaceChildren(horizonView(data.horizon));
     if (detail) await detail.load();
   }, 2000);
   return stop;
@@ -28,7 +28,7 @@ function row(p, chosen) {
     h("td", {}, h("a", { href: `#/projections/${name}` }, p.name)),
     h("td", {}, h("span", { class: `status s-${p.state}` }, p.state)),
     h("td", { class: "mono" }, p.cursor),
-    h("td", {}, p.lag_events_head != null ? `${p.lag_events} (${p.lag_events_head} to head)` : p.lag_events),
+    h("td", {}, `${p.lag_events} (${p.lag_events_head} to head)`),
     h("td", {}, seconds(p.lag_seconds)),
     h("td", {}, p.owner || "–"),
     h("td", { "data-testid": "open-failures" }, p.open_failures),
@@ -40,7 +40,7 @@ function row(p, chosen) {
 
 async function request(name, action, body = {}) {
   let answer;
-  try { answer = (await post(`/projections/${encodeURIComponent(name)}/${action}`, body)) || {}; } catch { return; }
+  try { answer = await post(`/projections/${encodeURIComponent(name)}/${action}`, body); } catch { return; }
   const target = `#/projections/${encodeURIComponent(name)}`;
   if (location.hash !== target) { // show its details first (navigating clears the banner)
     await new Promise((done) => { window.addEventListener("hashchange", done, { once: true }); location.hash = target; });
@@ -49,41 +49,44 @@ async function request(name, action, body = {}) {
 }
 
 function horizonView(hz) {
-  if (!hz) return h("p", { class: "muted" }, "not reported");
-  const holders = hz.holders || [];
+  const holders = hz.holders;
   return h("div", {},
-    h("p", {}, `age ${seconds(hz.age_seconds)}`, hz.waiting_events != null ? ` · ${hz.waiting_events} events waiting` : "",
+    h("p", {}, `age ${seconds(hz.age_seconds)} · ${hz.waiting_events} events waiting`,
       holders.length ? "" : " · nothing holds it back"),
     holders.length ? h("table", { id: "horizon-holders" },
-      h("tr", {}, ["pid", "application", "age"].map((t) => h("th", {}, t))),
-      holders.map((x) => h("tr", {}, h("td", {}, x.pid), h("td", {}, x.application || "–"), h("td", {}, seconds(x.age_seconds))))) : "");
+      h("tr", {}, ["pid", "application", "state", "age"].map((t) => h("th", {}, t))),
+      holders.map((x) => h("tr", {}, h("td", {}, x.pid), h("td", {}, x.application || "–"), h("td", {}, x.state || ""),
+        h("td", {}, seconds(x.age_seconds))))) : "");
 }
 
 function details(name) {
   const runs = h("table", { id: "projection-runs", "data-testid": "projection-runs" });
   const failures = h("table", { id: "projection-failures", "data-testid": "projection-failures" });
-  const after = h("input", { id: "replay-after", placeholder: "<transaction_id>:<position>", class: "mono" });
+  const after = h("input", { id: "replay-after", placeholder: "<transaction_id>:<position>", class: "mono", required: true,
+    pattern: "[0-9]+:[0-9]+", title: "a cursor: <transaction_id>:<position>" });
   const replay = h("form", { id: "replay-form", class: "row" }, h("label", { for: "replay-after" }, "Replay after cursor"), after,
     h("button", { id: "replay-submit", type: "submit" }, "Replay"));
   replay.addEventListener("submit", (event) => {
     event.preventDefault();
-    request(name, "replay", after.value.trim() ? { after: after.value.trim() } : {});
+    request(name, "replay", { after: after.value.trim() });
   });
   const el = h("section", { id: "projection-detail", "data-name": name },
     h("h3", {}, name), replay, h("h4", {}, "Runs"), runs, h("h4", {}, "Open failures"), failures);
 
   async function load() {
-    const [r, f] = await Promise.all([
-      get(`/projections/${encodeURIComponent(name)}/runs`),
-      get(`/failures?projection=${encodeURIComponent(name)}`),
-    ]);
-    const runRows = listOf(r, "runs");
-    runs.replaceChildren(h("tr", {}, ["id", "kind", "status", "trigger", "events", "started", "ended", "owner", "error"].map((t) => h("th", {}, t))),
+    const runRows = (await get(`/projections/${encodeURIComponent(name)}/runs`)).runs;
+    runs.replaceChildren(h("tr", {}, ["id", "kind", "status", "trigger", "actor", "events", "rate/s", "started", "ended", "error"]
+      .map((t) => h("th", {}, t))),
       ...runRows.map((x) => h("tr", { "data-testid": "projection-run", "data-kind": x.kind, "data-status": x.status },
         h("td", {}, x.id), h("td", {}, x.kind), h("td", {}, h("span", { class: `status s-${x.status}` }, x.status)),
-        h("td", {}, x.trigger || ""), h("td", {}, x.events_processed ?? ""), h("td", {}, when(x.started_at)),
-        h("td", {}, when(x.ended_at)), h("td", {}, x.owner || ""), h("td", { class: "error-text" }, x.error || ""))));
-    const failRows = listOf(f, "failures");
+        h("td", {}, x.trigger), h("td", {}, x.actor), h("td", {}, x.events_processed), h("td", {}, Math.round(x.rate)),
+        h("td", {}, when(x.started_at)), h("td", {}, when(x.ended_at)), h("td", { class: "error-text" }, x.error || ""))));
+    // Failures name any tenant's streams, so they need the admin scope; without it the rest still refreshes.
+    const failRows = await get(`/failures?projection=${encodeURIComponent(name)}`).then((f) => f.failures, (err) => err);
+    if (!Array.isArray(failRows)) {
+      failures.replaceChildren(h("tr", {}, h("td", { class: "muted" }, `not shown: ${failRows.message}`)));
+      return;
+    }
     failures.replaceChildren(h("tr", {}, ["id", "position", "stream", "type", "attempts", "error", ""].map((t) => h("th", {}, t))),
       ...failRows.map((x) => h("tr", { "data-testid": "failure-row", "data-id": x.id },
         h("td", {}, x.id), h("td", {}, x.event_position), h("td", {}, x.stream_id), h("td", {}, x.event_type),

@@ -1,14 +1,14 @@
 // #/runs/<id>: one run's DAG as inline SVG, laid out in layers by topological depth, polled every second
 // while the run is active (and only then); Cancel, Retry and Refresh as the run's status allows.
-import { get, h, ICONS, poll, post, showError, TERMINAL, when } from "./api.js";
+import { get, h, ICONS, poll, post, showError, showNotice, TERMINAL, when } from "./api.js";
 
-const W = 210, H = 72, GAP_X = 64, GAP_Y = 20, PAD = 12;
+const W = 220, H = 76, GAP_X = 48, GAP_Y = 18, PAD = 12;
 const LABELS = { running: "Running", succeeded: "Succeeded", failed: "Failed", cancelled: "Cancelled" };
 
 export function render(root, runId) {
   const status = h("p", { id: "run-status", "data-testid": "run-status" }, "loading…");
   const svgBox = h("div", { id: "dag-box", class: "dag-box" });
-  const refreshInput = h("textarea", { id: "refresh-input", rows: 2, placeholder: "new input (JSON); empty: same input" });
+  const refreshInput = h("textarea", { id: "refresh-input", rows: 2, placeholder: "the input to run with (JSON)" });
   const buttons = {
     cancel: h("button", { id: "run-cancel", class: "danger", hidden: true, onclick: () => act("cancel") }, "Cancel"),
     retry: h("button", { id: "run-retry", hidden: true, onclick: () => act("retry") }, "Retry"),
@@ -26,7 +26,12 @@ export function render(root, runId) {
 
   async function load() {
     if (stopped) return false;
-    run = normalize(await get(`/runs/${encodeURIComponent(runId)}`));
+    try {
+      run = normalize(await get(`/runs/${encodeURIComponent(runId)}`));
+    } catch (err) {
+      if (!run) status.textContent = "The run could not be loaded.";
+      throw err;
+    }
     if (stopped) return false;
     draw();
     return !TERMINAL.has(run.status);
@@ -39,13 +44,17 @@ export function render(root, runId) {
 
   async function act(action) {
     const body = {};
-    if (action === "refresh" && refreshInput.value.trim()) {
-      try { body.input = JSON.parse(refreshInput.value); } catch (exc) {
+    if (action === "refresh") {
+      try { body.input = refreshInput.value.trim() ? JSON.parse(refreshInput.value) : null; } catch (exc) {
         showError({ code: "invalid_input", message: `the input is not JSON: ${exc.message}` });
         return;
       }
     }
-    try { await post(`/runs/${encodeURIComponent(runId)}/${action}`, body); } catch { return; }
+    let answer;
+    try { answer = await post(`/runs/${encodeURIComponent(runId)}/${action}`, body); } catch { return; }
+    if (action === "refresh") {
+      showNotice(answer.rerun.length ? `re-running ${answer.rerun.join(", ")}` : "nothing changed; nothing to re-run");
+    }
     follow();
   }
 
@@ -57,10 +66,12 @@ export function render(root, runId) {
     meta.textContent = [run.workflow, run.key && `key ${run.key}`, run.started_at && `started ${when(run.started_at)}`,
       run.finished_at && `finished ${when(run.finished_at)}`].filter(Boolean).join(" · ");
     const active = !TERMINAL.has(run.status);
+    status.dataset.polling = String(active); // load() returns the same, which ends or continues the polling
     buttons.cancel.hidden = !active;
     buttons.cancel.disabled = Boolean(run.cancel_requested);
     buttons.retry.hidden = !(run.status === "failed" || run.status === "cancelled");
     refreshBox.hidden = buttons.refresh.hidden = run.status !== "succeeded";
+    if (!refreshBox.hidden && !refreshInput.value) refreshInput.value = JSON.stringify(run.input);
     error.hidden = !run.error;
     error.textContent = run.error || "";
     svgBox.replaceChildren(dag(run.nodes));
@@ -70,35 +81,11 @@ export function render(root, runId) {
   return () => { stopped = true; if (stop) stop(); };
 }
 
-// The run's nodes as a list of {name, status, attempt, progress: {current, total, message}, error, deps},
-// whether the API gives nodes as a list or a mapping, and the edges on the nodes (depends_on) or in `dag`.
-export function normalize(data) {
-  const run = { ...(data.run || data) };
-  let nodes = run.nodes || [];
-  if (!Array.isArray(nodes)) nodes = Object.entries(nodes).map(([name, n]) => ({ name, ...n }));
-  const deps = new Map(nodes.map((n) => [n.name, n.depends_on]));
-  const dag = data.dag || run.dag;
-  const specs = Array.isArray(dag) ? dag : dag && Array.isArray(dag.nodes) ? dag.nodes : null;
-  if (specs) for (const s of specs) deps.set(s.name, s.depends_on || s.deps || []);
-  else if (dag && Array.isArray(dag.edges)) {
-    for (const e of dag.edges) {
-      const [from, to] = Array.isArray(e) ? e : [e.from ?? e.source, e.to ?? e.target];
-      deps.set(to, [...(deps.get(to) || []), from]);
-      if (!deps.has(from)) deps.set(from, []);
-    }
-  } else if (dag && typeof dag === "object") for (const [name, d] of Object.entries(dag)) deps.set(name, d);
-  const byName = new Map(nodes.map((n) => [n.name, n]));
-  for (const name of deps.keys()) if (!byName.has(name)) byName.set(name, { name, status: "pending" });
-  run.nodes = [...byName.values()].map((n) => ({
-    ...n, status: n.status || "pending", progress: progressOf(n.progress), deps: (deps.get(n.name) || []).filter((d) => byName.has(d)),
-  }));
-  return run;
-}
-
-function progressOf(p) {
-  if (!p) return null;
-  if (Array.isArray(p)) return { current: p[0], total: p[1], message: p[2] || "" };
-  return { current: p.current, total: p.total, message: p.message || "" };
+// The run as the API gives it (nodes in DAG order, each with its depends_on), each node with `deps` limited to
+// the run's own nodes (an edge to a node since removed from the definition has nothing to point at).
+export function normalize(run) {
+  const names = new Set(run.nodes.map((n) => n.name));
+  return { ...run, nodes: run.nodes.map((n) => ({ ...n, deps: (n.depends_on || []).filter((d) => names.has(d)) })) };
 }
 
 // -- layout and drawing ------------------------------------------------------------------------------
@@ -157,18 +144,19 @@ export function dag(nodes) {
 function box(n, { x, y }) {
   const p = n.progress;
   const frac = p && p.total ? Math.min(1, p.current / p.total) : n.status === "succeeded" ? 1 : 0;
-  const note = n.error || (p && p.message) || "";
   const count = p ? (p.total ? `${p.current}/${p.total}` : `${p.current}`) : "";
+  const note = n.error || (p && p.message !== count ? p.message : "");
+  const room = Math.floor((W - 24 - count.length * 7) / 6.2); // characters of 11px text left beside the count
   return svg("g", { class: `node s-${n.status}`, transform: `translate(${x},${y})`,
     "data-testid": `node-${n.name}`, "data-node": n.name, "data-status": n.status },
     svg("title", {}, [n.name, n.status, note].filter(Boolean).join("\n")),
     svg("rect", { class: "node-box", width: W, height: H, rx: 6 }),
     svg("text", { class: "icon", x: 10, y: 21, "data-testid": "node-icon" }, ICONS[n.status] || "?"),
-    svg("text", { class: "name", x: 30, y: 21 }, clip(n.name, 20)),
+    svg("text", { class: "name", x: 30, y: 21 }, clip(n.name, 23)),
     svg("text", { class: "attempt", x: W - 10, y: 21, "text-anchor": "end" }, n.attempt ? `#${n.attempt}` : ""),
     svg("rect", { class: "bar", x: 10, y: 31, width: W - 20, height: 7, rx: 3 }),
     svg("rect", { class: "bar-fill", x: 10, y: 31, width: (W - 20) * frac, height: 7, rx: 3, "data-testid": "node-bar" }),
-    svg("text", { class: "count", x: W - 10, y: 55, "text-anchor": "end", "data-testid": "node-count" }, count),
-    svg("text", { class: n.error ? "note error" : "note", x: 10, y: 55 }, clip(note, count ? 24 : 30)),
-    svg("text", { class: "status-text", x: 10, y: 67 }, n.status));
+    svg("text", { class: n.error ? "note error" : "note", x: 10, y: 54 }, clip(note, room)),
+    svg("text", { class: "count", x: W - 10, y: 54, "text-anchor": "end", "data-testid": "node-count" }, count),
+    svg("text", { class: "status-text", x: 10, y: 69 }, n.status.replace("_", " ")));
 }

@@ -1,5 +1,5 @@
 // #/runs: recent runs (from the run table projection) and a form to start one.
-import { get, h, listOf, poll, post, query, showError, statusBadge, TERMINAL, when } from "./api.js";
+import { get, h, poll, post, query, showError, statusBadge, when } from "./api.js";
 
 export function render(root) {
   const filter = h("form", { id: "runs-filter", class: "row" },
@@ -10,26 +10,26 @@ export function render(root) {
     h("button", { type: "submit" }, "Filter"));
   const table = h("table", { id: "runs-table", "data-testid": "runs-table" });
   const start = startForm();
-  root.append(h("section", {}, h("h2", {}, "Start a run"), start),
-    h("section", {}, h("h2", {}, "Runs"), filter, table));
+  root.append(h("section", {}, h("h2", {}, "Runs"), filter, table),
+    h("section", {}, h("h2", {}, "Start a run"), start));
 
   let stop = null;
   const refresh = () => {
     if (stop) stop();
-    // The list trails the log by the projector's lag: keep it fresh while anything in it is active.
+    // The list comes from the run table, which trails the log by the projector's lag, and runs started
+    // elsewhere appear in it: keep it fresh while it is shown.
     stop = poll(async () => {
       const f = new FormData(filter);
       const data = await get(`/runs${query({ status: f.get("status"), workflow: f.get("workflow"), limit: f.get("limit") })}`);
-      const rows = listOf(data, "runs");
+      const rows = data.runs;
       table.replaceChildren(head(), ...rows.map(row));
       table.dataset.count = rows.length;
-      return rows.some((r) => !TERMINAL.has(r.status));
     }, 2000);
   };
   filter.addEventListener("submit", (event) => { event.preventDefault(); refresh(); });
 
   get("/workflows").then((data) => {
-    const names = listOf(data, "workflows").map((w) => (typeof w === "string" ? w : w.name));
+    const names = data.workflows.map((w) => w.name);
     const opts = (first) => [h("option", { value: "" }, first), ...names.map((n) => h("option", { value: n }, n))];
     filter.workflow.replaceChildren(...opts("any workflow"));
     start.workflow.replaceChildren(...opts("choose a workflow"));
@@ -69,6 +69,6 @@ const row = (r) => h("tr", { "data-testid": "run-row", "data-run-id": r.run_id, 
   h("td", {}, h("a", { href: `#/runs/${r.run_id}`, class: "mono" }, String(r.run_id).slice(0, 8))),
   h("td", {}, r.workflow),
   h("td", {}, r.key || ""),
-  h("td", {}, `${r.nodes_done ?? "?"}/${r.nodes_total ?? "?"}`),
+  h("td", {}, `${r.nodes_done}/${r.nodes_total}`),
   h("td", {}, r.current_node || ""),
-  h("td", {}, when(r.created_at || r.started_at)));
+  h("td", {}, when(r.created_at)));

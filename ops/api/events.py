@@ -1,0 +1,282 @@
+"""Appending to and reading the event log: `/api/v1/streams/...` and `/api/v1/events`.
+
+Every read and write is scoped to the token's tenant. Requests are checked completely (stream id,
+event types, JSON, expected version, idempotency key) before the store is called; the store checks again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query, Response
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from eventstore import ANY, NO_STREAM, STREAM_EXISTS, Cursor, InvalidInputError, NewEvent, RecordedEvent
+from eventstore._validation import EVENT_TYPE_PATTERN, IDEMPOTENCY_KEY_PATTERN, check_stream_id
+from eventstore.errors import NotFoundError
+from eventstore.events import ExpectedVersion
+from ops.api.deps import Appender, Reader, ServicesDep
+from ops.api.errors import CONFLICT, NOT_FOUND
+from workflows import events as wf_events
+
+router = APIRouter(tags=["events"])
+
+MAX_PAGE = 1000
+_MAX_BIGINT = 2**63 - 1
+_TYPE_PATTERN = EVENT_TYPE_PATTERN.pattern
+_CURSOR_PATTERN = r"^[0-9]{1,20}:[0-9]{1,20}$"
+
+
+class EventIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = Field(pattern=_TYPE_PATTERN, max_length=200, examples=["OrderPlaced"])
+    data: dict[str, Any]
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    event_id: uuid.UUID | None = Field(
+        default=None, description="Unique across the log; generated if absent."
+    )
+    correlation_id: uuid.UUID | None = None
+    causation_id: uuid.UUID | None = None
+
+    def to_new_event(self) -> NewEvent:
+        return NewEvent(
+            type=self.type,
+            data=self.data,
+            metadata=self.metadata,
+            event_id=self.event_id or uuid.uuid4(),
+            correlation_id=self.correlation_id,
+            causation_id=self.causation_id,
+        )
+
+
+class AppendRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    events: list[EventIn] = Field(min_length=1, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _event_ids_unique(self) -> AppendRequest:
+        ids = [e.event_id for e in self.events if e.event_id is not None]
+        if len(ids) != len(set(ids)):
+            raise ValueError("two events of the append share an event_id")
+        return self
+
+
+class AppendedOut(BaseModel):
+    stream_id: str
+    stream_version: int
+    position: int
+    cursor: str
+
+
+class AppendResponse(BaseModel):
+    events: list[AppendedOut]
+    duplicate: bool = Field(
+        description="True when an Idempotency-Key repeat returned the first append's result."
+    )
+
+
+class EventOut(BaseModel):
+    position: int
+    cursor: str = Field(description="Where this event lies in the global log's resume order.")
+    stream_id: str
+    stream_version: int
+    event_id: uuid.UUID
+    type: str
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+    correlation_id: uuid.UUID | None
+    causation_id: uuid.UUID | None
+    recorded_at: datetime
+
+    @classmethod
+    def of(cls, e: RecordedEvent) -> EventOut:
+        return cls(
+            position=e.position,
+            cursor=str(e.cursor),
+            stream_id=e.stream_id,
+            stream_version=e.stream_version,
+            event_id=e.event_id,
+            type=e.type,
+            data=e.data,
+            metadata=e.metadata,
+            correlation_id=e.correlation_id,
+            causation_id=e.causation_id,
+            recorded_at=e.recorded_at,
+        )
+
+
+class StreamPage(BaseModel):
+    events: list[EventOut]
+
+
+class LogPage(BaseModel):
+    events: list[EventOut]
+    cursor: str = Field(description="Resume from here (`after=`); it may lie beyond the last event.")
+    caught_up: bool
+
+
+def parse_if_match(value: str | None) -> ExpectedVersion:
+    """If-Match: an exact version (`3`, or the ETag form `"3"`), `no-stream`, `exists`, or `*` for any."""
+    if value is None:
+        return ANY
+    text = value.strip()
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        text = text[1:-1]
+    named: dict[str, ExpectedVersion] = {"*": ANY, "no-stream": NO_STREAM, "exists": STREAM_EXISTS}
+    if text in named:
+        return named[text]
+    if text.isascii() and text.isdigit() and len(text) <= 18 and int(text) >= 1:
+        return int(text)
+    raise InvalidInputError(
+        f"If-Match {value!r} is invalid: use a stream version (1 or more), 'no-stream', 'exists' or '*'"
+    )
+
+
+# Workflow runs keep their state in these streams and event types; the engine alone writes them.
+# An event forged through the API could break the run's workers (which serve every tenant) or block
+# the run table projection for everyone.
+# (See workflows.events: `wf-<run id>` run streams, `wfkey-<workflow>:<key>` key streams, `wf.*` types.)
+_RESERVED_CATEGORIES = frozenset({wf_events.RUN_CATEGORY, "wfkey"})
+_RESERVED_TYPE_PREFIX = "wf."
+
+
+def _refuse_reserved(stream_id: str, events: list[EventIn]) -> None:
+    category = stream_id.split("-", 1)[0]
+    if category in _RESERVED_CATEGORIES:
+        raise InvalidInputError(
+            f"streams of category {category!r} belong to workflow runs and are written by the engine "
+            "alone; start and steer runs through /api/v1/workflows and /api/v1/runs"
+        )
+    for e in events:
+        if e.type.startswith(_RESERVED_TYPE_PREFIX):
+            raise InvalidInputError(
+                f"event type {e.type!r} is reserved for the workflow engine ({_RESERVED_TYPE_PREFIX}*)"
+            )
+
+
+EventType = Annotated[str, StringConstraints(pattern=_TYPE_PATTERN, max_length=200)]
+Category = Annotated[str, StringConstraints(min_length=1, max_length=400)]
+StreamId = Annotated[str, Path(description="The stream, e.g. `order-42`; slashes are allowed.")]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        pattern=IDEMPOTENCY_KEY_PATTERN.pattern,
+        description="A repeat with the same content returns the first result and writes nothing.",
+    ),
+]
+
+
+@router.post(
+    "/streams/{stream_id:path}/events",
+    status_code=201,
+    response_model=AppendResponse,
+    responses={
+        200: {"model": AppendResponse, "description": "An idempotent repeat."},
+        **CONFLICT,
+        **NOT_FOUND,  # a stream id the route cannot carry (a line break)
+    },
+)
+def append_events(
+    stream_id: StreamId,
+    body: AppendRequest,
+    principal: Appender,
+    services: ServicesDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+    if_match: Annotated[
+        str | None,
+        Header(
+            alias="If-Match",
+            max_length=40,
+            description="The expected stream version: a number, `no-stream`, `exists`, or `*` (any).",
+        ),
+    ] = None,
+) -> AppendResponse:
+    """Append events to one stream atomically, with optimistic concurrency and idempotency."""
+    stream_id = check_stream_id(stream_id)
+    expected = parse_if_match(if_match)
+    _refuse_reserved(stream_id, body.events)
+    events = [e.to_new_event() for e in body.events]
+    result = services.store.append(
+        stream_id,
+        events,
+        expected_version=expected,
+        idempotency_key=idempotency_key,
+        tenant=principal.tenant,
+    )
+    if result.duplicate:
+        response.status_code = 200
+    last = max(e.stream_version for e in result.events)
+    response.headers["ETag"] = f'"{last}"'
+    return AppendResponse(
+        events=[
+            AppendedOut(
+                stream_id=e.stream_id,
+                stream_version=e.stream_version,
+                position=e.position,
+                cursor=str(Cursor(e.transaction_id, e.position)),
+            )
+            for e in result.events
+        ],
+        duplicate=result.duplicate,
+    )
+
+
+@router.get("/streams/{stream_id:path}", response_model=StreamPage, responses=NOT_FOUND)
+def read_stream(
+    stream_id: StreamId,
+    principal: Reader,
+    services: ServicesDep,
+    from_version: Annotated[int | None, Query(ge=1, le=_MAX_BIGINT)] = None,
+    backward: bool = False,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+) -> StreamPage:
+    """A stream's events from `from_version` (inclusive), oldest first or, with `backward`, newest first."""
+    stream_id = check_stream_id(stream_id)
+    events = services.store.read_stream(
+        stream_id, tenant=principal.tenant, from_version=from_version, backward=backward, limit=limit
+    )
+    if not events and services.store.stream_version(stream_id, tenant=principal.tenant) is None:
+        raise NotFoundError(f"no stream {stream_id!r} in this tenant")
+    return StreamPage(events=[EventOut.of(e) for e in events])
+
+
+def _cursor(text: str | None) -> Cursor:
+    if text is None:
+        return Cursor()
+    cursor = Cursor.parse(text)
+    if cursor.transaction_id > _MAX_BIGINT or cursor.position > _MAX_BIGINT:
+        raise InvalidInputError(f"cursor {text!r} is out of range")
+    return cursor
+
+
+@router.get("/events", response_model=LogPage)
+def read_log(
+    principal: Reader,
+    services: ServicesDep,
+    after: Annotated[
+        str | None,
+        Query(pattern=_CURSOR_PATTERN, description="A cursor from an earlier page; default: start."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    type: Annotated[list[EventType], Query(max_length=50, description="Only these event types.")] = [],  # noqa: B006
+    category: Annotated[
+        list[Category],
+        Query(max_length=50, description="Only streams of these categories (`order` of `order-42`)."),
+    ] = [],  # noqa: B006
+) -> LogPage:
+    """The tenant's events in the global log's resume order, gap-free: resume from `cursor`."""
+    for name in category:
+        if not name.isprintable():
+            raise InvalidInputError(f"category {name!r} contains control characters")
+    page = services.store.read_all(
+        _cursor(after), limit=limit, tenant=principal.tenant, types=type or None, categories=category or None
+    )
+    return LogPage(
+        events=[EventOut.of(e) for e in page.events], cursor=str(page.cursor), caught_up=page.caught_up
+    )

@@ -1,0 +1,119 @@
+"""Liveness and readiness probes: `/api/healthz` and `/api/readyz` (no token needed).
+
+healthz: the process runs and the database answers `SELECT 1`. readyz: every migration is applied (then
+200, else 503); it also reports whether projectors and workflow workers are seen at work, which an
+operator wants to know but which does not make this API unready (it serves without them).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import structlog
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from eventstore import LedgerflowError
+from eventstore.db import translate_errors
+from ops.api import probes
+from ops.api.deps import ApiSettingsDep, ServicesDep
+from projector.health import projection_health
+
+log = structlog.get_logger(__name__)
+router = APIRouter(tags=["health"])
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok", "unavailable"]
+    reason: str | None = None
+
+
+class MigrationOut(BaseModel):
+    version: int
+    name: str
+
+
+class MigrationsOut(BaseModel):
+    applied: list[int]
+    pending: list[MigrationOut]
+
+
+class ProjectorsOut(BaseModel):
+    active: bool = Field(description="Some projection has a live lease owner.")
+    projections_with_live_owner: list[str]
+
+
+class WorkersOut(BaseModel):
+    active: bool = Field(description="Some workflow worker holds a node lease or swept for orphans lately.")
+    live: int
+
+
+class ReadyOut(BaseModel):
+    status: Literal["ready", "not_ready", "unavailable"]
+    reason: str | None = None
+    migrations: MigrationsOut | None = None
+    projectors: ProjectorsOut | None = None
+    workers: WorkersOut | None = None
+
+
+def _json(model: BaseModel, status: int) -> JSONResponse:
+    return JSONResponse(model.model_dump(mode="json"), status_code=status)
+
+
+@router.get(
+    "/healthz",
+    response_model=HealthOut,
+    responses={503: {"model": HealthOut, "description": "The database does not answer."}},
+)
+def healthz(services: ServicesDep, settings: ApiSettingsDep) -> JSONResponse:
+    """200 when the API runs and the database answers; 503 otherwise."""
+    try:
+        probes.ping(services.store, settings.probe_timeout)
+    except LedgerflowError as exc:
+        log.warning("api_health_failed", error=str(exc))
+        return _json(HealthOut(status="unavailable", reason=str(exc)), 503)
+    return _json(HealthOut(status="ok"), 200)
+
+
+@router.get(
+    "/readyz",
+    response_model=ReadyOut,
+    responses={503: {"model": ReadyOut, "description": "Migrations are pending, or the database is down."}},
+)
+def readyz(services: ServicesDep, settings: ApiSettingsDep) -> JSONResponse:
+    """200 when every migration is applied; reports projector and workflow worker activity."""
+    timeout = settings.probe_timeout
+    try:
+        migrations = probes.migration_status(services.store, timeout)
+        if migrations.pending:  # the tables the activity probes read may not exist yet
+            body = ReadyOut(
+                status="not_ready",
+                reason=f"{len(migrations.pending)} migration(s) pending; run the migrations",
+                migrations=_migrations_out(migrations),
+            )
+            return _json(body, 503)
+        with translate_errors():
+            health = projection_health(services.store, services.projections)
+        # A worker sweeps on start-up; twice the abandonment window counts as "lately".
+        workers = probes.live_workflow_workers(
+            services.store, recent_seconds=2 * services.settings.abandoned_after, timeout=timeout
+        )
+    except LedgerflowError as exc:
+        log.warning("api_readiness_failed", error=str(exc))
+        return _json(ReadyOut(status="unavailable", reason=str(exc)), 503)
+    owned = [h.name for h in health if h.owner is not None]
+    body = ReadyOut(
+        status="ready",
+        migrations=_migrations_out(migrations),
+        projectors=ProjectorsOut(active=bool(owned), projections_with_live_owner=owned),
+        workers=WorkersOut(active=bool(workers), live=len(workers)),
+    )
+    return _json(body, 200)
+
+
+def _migrations_out(status: probes.MigrationStatus) -> MigrationsOut:
+    return MigrationsOut(
+        applied=status.applied,
+        pending=[MigrationOut(version=m.version, name=m.name) for m in status.pending],
+    )

@@ -1,0 +1,201 @@
+"""Workflow runs: list, detail, cancel, retry, refresh (`/api/v1/runs`).
+
+The list comes from the run table (kept by the projector, so it trails by the projector's lag); the
+detail is folded from the run's own events, so it is exact. Runs of other tenants are not found.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from eventstore.db import translate_errors
+from ops.api.deps import Operator, Reader, ServicesDep
+from ops.api.errors import CONFLICT, NOT_FOUND
+from ops.services import Services
+from projector.tables import missing_tables
+from workflows import RunState, workflow_tables
+from workflows.read import list_runs as read_runs
+from workflows.state import NodeState
+
+router = APIRouter(tags=["runs"])
+
+RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
+
+
+class RunSummaryOut(BaseModel):
+    run_id: uuid.UUID
+    workflow: str
+    key: str | None
+    status: str
+    current_node: str | None
+    nodes_total: int
+    nodes_done: int
+    error: str | None
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+class RunList(BaseModel):
+    runs: list[RunSummaryOut]
+
+
+class ProgressOut(BaseModel):
+    current: int
+    total: int | None
+    message: str
+
+
+class NodeOut(BaseModel):
+    name: str
+    status: str
+    attempt: int
+    progress: ProgressOut | None
+    error: str | None
+    generation: int | None
+    checkpoints: int = Field(description="Items checkpointed by the current attempt's work so far.")
+    steps: int = Field(description="Memoized steps recorded.")
+    crashes: int
+    worker: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    depends_on: list[str]
+
+
+class EdgeOut(BaseModel):
+    source: str = Field(description="The dependency.")
+    target: str = Field(description="The node that waits for it.")
+
+
+class RunDetailOut(BaseModel):
+    run_id: uuid.UUID
+    workflow: str
+    key: str | None
+    status: str
+    cancel_requested: bool
+    error: str | None
+    input: Any
+    version: int = Field(description="The run stream's version: changes with every event of the run.")
+    started_at: datetime | None
+    finished_at: datetime | None
+    definition_known: bool = Field(description="Whether this server has the workflow's definition (edges).")
+    nodes: list[NodeOut] = Field(description="In topological order when the definition is known.")
+    edges: list[EdgeOut]
+
+
+class RefreshRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input: Any = Field(default=None, description="The new input: any JSON value (absent: null).")
+
+
+class RefreshOut(BaseModel):
+    run_id: uuid.UUID
+    rerun: list[str] = Field(description="The nodes that run again; empty when nothing changed.")
+
+
+def _node_out(n: NodeState, depends_on: list[str]) -> NodeOut:
+    progress = None
+    if n.progress is not None:
+        progress = ProgressOut(current=n.progress[0], total=n.progress[1], message=n.progress[2])
+    return NodeOut(
+        name=n.name,
+        status=str(n.status),
+        attempt=n.attempt,
+        progress=progress,
+        error=n.error,
+        generation=n.generation,
+        checkpoints=len(n.checkpoints),
+        steps=len(n.steps),
+        crashes=n.crashes,
+        worker=n.worker,
+        started_at=n.started_at,
+        finished_at=n.finished_at,
+        depends_on=depends_on,
+    )
+
+
+def run_detail(run: RunState, services: Services) -> RunDetailOut:
+    """The run with every node, in DAG order, and the DAG's edges when the definition is known."""
+    known = run.workflow in services.registry.names()
+    deps: dict[str, list[str]] = {}
+    order = list(run.nodes)
+    if known:
+        wf = services.registry.get(run.workflow)
+        deps = {name: list(spec.depends_on) for name, spec in wf.nodes.items()}
+        order = [n for n in wf.topological_order() if n in run.nodes]
+        order += [n for n in run.nodes if n not in order]  # nodes since removed from the definition
+    return RunDetailOut(
+        run_id=run.run_id,
+        workflow=run.workflow,
+        key=run.key,
+        status=run.status,
+        cancel_requested=run.cancel_requested,
+        error=run.error,
+        input=run.input,
+        version=run.version,
+        started_at=run.started_at,
+        finished_at=run.finished_at,
+        definition_known=known,
+        nodes=[_node_out(run.nodes[n], deps.get(n, [])) for n in order],
+        edges=[EdgeOut(source=d, target=n) for n in order for d in deps.get(n, [])],
+    )
+
+
+@router.get("/runs", response_model=RunList)
+def list_runs(
+    principal: Reader,
+    services: ServicesDep,
+    status: RunStatus | None = None,
+    workflow: Annotated[str | None, Query(max_length=63)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> RunList:
+    """The tenant's recent runs, newest first (from the run table, which trails the log slightly)."""
+    store = services.store
+    with translate_errors(), store.pool.connection() as conn:
+        # Before a projector first runs, the table does not exist yet: no run has been projected.
+        if missing_tables(conn, workflow_tables, workflow_tables.schema):
+            return RunList(runs=[])
+    with translate_errors():
+        rows = read_runs(store, tenant=principal.tenant, status=status, workflow=workflow, limit=limit)
+    return RunList(runs=[RunSummaryOut(**r) for r in rows])
+
+
+@router.get("/runs/{run_id}", response_model=RunDetailOut, responses=NOT_FOUND)
+def get_run(run_id: uuid.UUID, principal: Reader, services: ServicesDep) -> RunDetailOut:
+    """One run, exact: folded from its events, with every node and the DAG's edges."""
+    return run_detail(services.engine.load(run_id, tenant=principal.tenant), services)
+
+
+@router.post("/runs/{run_id}/cancel", response_model=RunDetailOut, responses={**NOT_FOUND, **CONFLICT})
+def cancel_run(run_id: uuid.UUID, principal: Operator, services: ServicesDep) -> RunDetailOut:
+    """Cancel: waiting nodes never start; a running node stops at its next call to its context."""
+    run = services.engine.cancel(run_id, tenant=principal.tenant, actor=f"api:{principal.token_id}")
+    return run_detail(run, services)
+
+
+@router.post("/runs/{run_id}/retry", response_model=RunDetailOut, responses={**NOT_FOUND, **CONFLICT})
+def retry_run(run_id: uuid.UUID, principal: Operator, services: ServicesDep) -> RunDetailOut:
+    """Run a failed, cancelled or parked run again from its failed nodes; completed work is kept."""
+    run = services.engine.retry(run_id, tenant=principal.tenant, actor=f"api:{principal.token_id}")
+    return run_detail(run, services)
+
+
+@router.post("/runs/{run_id}/refresh", response_model=RefreshOut, responses={**NOT_FOUND, **CONFLICT})
+def refresh_run(
+    run_id: uuid.UUID, principal: Operator, services: ServicesDep, body: RefreshRequest | None = None
+) -> RefreshOut:
+    """Re-run a completed run with new input: only the nodes whose input or code changed, and below."""
+    rerun = services.engine.refresh(
+        run_id,
+        input=body.input if body is not None else None,
+        tenant=principal.tenant,
+        actor=f"api:{principal.token_id}",
+    )
+    return RefreshOut(run_id=run_id, rerun=sorted(rerun))

@@ -1,0 +1,116 @@
+"""Workflow definitions and starting runs: `/api/v1/workflows`."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from eventstore._validation import IDEMPOTENCY_KEY_PATTERN
+from ops.api.deps import Reader, ServicesDep, Starter
+from ops.api.errors import CONFLICT, NOT_FOUND
+from workflows import Workflow
+from workflows.definition import NodeSpec
+
+router = APIRouter(tags=["workflows"])
+
+
+class NodeDefinitionOut(BaseModel):
+    name: str
+    depends_on: list[str]
+    max_attempts: int
+    timeout: float | None
+    progress_deadline: float | None
+    code_version: str
+
+
+class WorkflowOut(BaseModel):
+    name: str
+    version: str
+    nodes: list[NodeDefinitionOut] = Field(
+        description="In topological order: every node after its dependencies."
+    )
+    roots: list[str]
+
+
+class WorkflowList(BaseModel):
+    workflows: list[WorkflowOut]
+
+
+def node_definition(spec: NodeSpec) -> NodeDefinitionOut:
+    return NodeDefinitionOut(
+        name=spec.name,
+        depends_on=list(spec.depends_on),
+        max_attempts=spec.retry.max_attempts,
+        timeout=spec.timeout,
+        progress_deadline=spec.progress_deadline,
+        code_version=spec.code_version,
+    )
+
+
+def workflow_out(wf: Workflow) -> WorkflowOut:
+    return WorkflowOut(
+        name=wf.name,
+        version=wf.version,
+        nodes=[node_definition(wf.nodes[n]) for n in wf.topological_order()],
+        roots=wf.roots(),
+    )
+
+
+@router.get("/workflows", response_model=WorkflowList)
+def list_workflows(principal: Reader, services: ServicesDep) -> WorkflowList:
+    """The workflows this server knows, each with its DAG."""
+    registry = services.registry
+    return WorkflowList(workflows=[workflow_out(registry.get(name)) for name in registry.names()])
+
+
+class StartRunRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input: Any = Field(default=None, description="The run's input: any JSON value.")
+    key: str | None = Field(
+        default=None, min_length=1, max_length=200, description="At most one active run per key."
+    )
+
+
+class StartedOut(BaseModel):
+    run_id: uuid.UUID
+    created: bool = Field(
+        description="False when an existing run was returned (same key or Idempotency-Key)."
+    )
+
+
+@router.post(
+    "/workflows/{workflow}/runs",
+    status_code=201,
+    response_model=StartedOut,
+    responses={
+        200: {"model": StartedOut, "description": "An existing run was returned."},
+        **NOT_FOUND,
+        **CONFLICT,
+    },
+)
+def start_run(
+    workflow: Annotated[str, Path(max_length=63)],
+    body: StartRunRequest,
+    principal: Starter,
+    services: ServicesDep,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            pattern=IDEMPOTENCY_KEY_PATTERN.pattern,
+            description="A repeat returns the first run; other input under the same key conflicts.",
+        ),
+    ] = None,
+) -> StartedOut:
+    """Start a run of `workflow` for the token's tenant."""
+    started = services.engine.start(
+        workflow, input=body.input, key=body.key, idempotency_key=idempotency_key, tenant=principal.tenant
+    )
+    if not started.created:
+        response.status_code = 200
+    return StartedOut(run_id=started.run_id, created=started.created)
