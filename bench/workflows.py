@@ -478,10 +478,10 @@ def lf_idle_transactions(engine: Engine) -> float:
     original = engine.transaction
 
     @contextmanager
-    def counting() -> Iterator[psycopg.Connection[Any]]:
+    def counting(**options: Any) -> Iterator[psycopg.Connection[Any]]:
         nonlocal count
         count += 1
-        with original() as conn:
+        with original(**options) as conn:
             yield conn
 
     time.sleep(0.5)  # let the last runs' commits and wake-ups settle

@@ -96,7 +96,14 @@ def _run_api(services: Services, host: str, port: int) -> None:
         console=f"http://{host}:{port}/console/",
         openapi=f"http://{host}:{port}/api/openapi.json",
     )
-    # uvicorn installs its own SIGTERM/SIGINT handlers and returns after a graceful shutdown.
+    # uvicorn installs its own SIGTERM/SIGINT handlers, shuts down gracefully, then restores the previous
+    # handlers and raises the signal again. The previous ones are these, which only note it, so that the
+    # workers' shutdown (handing nodes back, releasing leases) still runs afterwards.
+    def note(signum: int, frame: FrameType | None) -> None:
+        log.info("serve_stopping", signal=signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, note)
+    signal.signal(signal.SIGINT, note)
     uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)).run()
 
 
