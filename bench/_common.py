@@ -176,6 +176,51 @@ def make_payloads(count: int, seed: int) -> list[Payload]:
     return out
 
 
+# -- CPU accounting ---------------------------------------------------------------------------------
+
+
+class ServerCpu:
+    """CPU seconds used so far by the server processes serving one database, read from /proc.
+
+    Wall-clock ratios on a shared 2-core machine swing with whatever else runs; CPU spent per event
+    (client process + its server backends) barely does, and it is what bounds throughput when client
+    and server share the cores. Works only when PostgreSQL runs on this machine and its processes are
+    visible in /proc; otherwise `available` is False and only wall-clock results are reported.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._conn = psycopg.connect(url, autocommit=True, application_name="bench-cpu-probe")
+        self._dbname = self._conn.info.dbname
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self.available = self.seconds() is not None
+
+    def seconds(self) -> float | None:
+        rows = self._conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (self._dbname,)
+        ).fetchall()
+        ticks = 0
+        for (pid,) in rows:
+            try:
+                with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                    # Fields after the ")" that closes the command name: utime and stime are 12th and 13th.
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                return None
+            ticks += int(fields[11]) + int(fields[12])
+        return ticks / self._tick
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def load_average() -> str:
+    try:
+        one, five, _ = os.getloadavg()
+    except OSError:
+        return "unknown"
+    return f"{one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} CPUs"
+
+
 # -- statistics and printing --------------------------------------------------------------------------
 
 

@@ -22,7 +22,6 @@ ratio ledgerflow/raw measures. Absolute numbers on a shared machine drift; the r
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -48,12 +47,14 @@ if __package__ in (None, ""):
 
 from bench._common import (
     Payload,
+    ServerCpu,
     create_twin_table,
     default_admin_url,
     dump_json,
     fmt_rate,
     fmt_ratio,
     fresh_database,
+    load_average,
     make_payloads,
     median,
     print_table,
@@ -75,20 +76,19 @@ _RAW_COLUMNS = (
 RAW_INSERT_ONE = (
     f"INSERT INTO {RAW_SCHEMA}.events ({_RAW_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
-# (c): one multi-row INSERT ... VALUES (...), (...) per append: one statement, one round trip, one
-# transaction. Of the plain-SQL ways to write 100 rows it was the fastest when measured here (medians of
-# 6 x 4000 events: VALUES 21.0k ev/s, executemany in a transaction 19.1k, unnest of arrays 18.7k); the
+# (c): one INSERT ... SELECT FROM unnest(arrays) per append: one statement, one round trip, one
+# transaction. The arrays go in binary (%b): psycopg then sends them without quoting every element, which
+# JSON text (full of '"') otherwise needs, one regex substitution per element in Python. Of the plain-SQL
+# ways to write 100 rows this was the fastest when measured here (events/s, medians of 9 x 4000 events:
+# unnest of binary arrays 10.7k, executemany in a transaction 7.6k, multi-row VALUES 7.1k, unnest of
+# text arrays 5.8k; VALUES also loses psycopg's query cache, which stops at 50 parameters). The
 # baseline must be the fastest plain SQL, or the ratio flatters ledgerflow.
-_PARAMS_PER_ROW = 9
-_MAX_PARAMS = 65_535  # the protocol's limit on parameters per statement
-
-
-@functools.cache
-def raw_insert_values(rows: int) -> str:
-    row = "(" + ", ".join(["%s"] * _PARAMS_PER_ROW) + ")"
-    return f"INSERT INTO {RAW_SCHEMA}.events ({_RAW_COLUMNS}) VALUES " + ", ".join([row] * rows)
-
-
+RAW_INSERT_MANY = f"""
+INSERT INTO {RAW_SCHEMA}.events ({_RAW_COLUMNS})
+SELECT %(tenant)s, %(stream_id)s, u.v, u.e, u.t, u.d::jsonb, u.m::jsonb, NULL, NULL
+  FROM unnest(%(versions)b::bigint[], %(event_ids)b::uuid[], %(types)b::text[], %(data)b::text[],
+              %(metadata)b::text[]) AS u(v, e, t, d, m)
+"""
 # (d): COPY, the fastest way into PostgreSQL, with the same columns ledgerflow's import copies.
 RAW_COPY = f"COPY {RAW_SCHEMA}.events ({_RAW_COLUMNS}) FROM STDIN"
 
@@ -123,17 +123,31 @@ class RawSession:
             p = payloads[0]
             self.conn.execute(
                 RAW_INSERT_ONE,
-                (TENANT, stream_id, base + 1, uuid.uuid4(), p.type, dump_json(p.data), dump_json(p.metadata),
-                 None, None),
+                (
+                    TENANT,
+                    stream_id,
+                    base + 1,
+                    uuid.uuid4(),
+                    p.type,
+                    dump_json(p.data),
+                    dump_json(p.metadata),
+                    None,
+                    None,
+                ),
             )
             return
-        if len(payloads) * _PARAMS_PER_ROW > _MAX_PARAMS:
-            raise ValueError(f"{len(payloads)} rows exceed the parameter limit of one INSERT")
-        params: list[Any] = []
-        for i, p in enumerate(payloads):
-            params += (TENANT, stream_id, base + 1 + i, uuid.uuid4(), p.type, dump_json(p.data),
-                       dump_json(p.metadata), None, None)
-        self.conn.execute(raw_insert_values(len(payloads)), params)
+        self.conn.execute(
+            RAW_INSERT_MANY,
+            {
+                "tenant": TENANT,
+                "stream_id": stream_id,
+                "versions": list(range(base + 1, base + 1 + len(payloads))),
+                "event_ids": [uuid.uuid4() for _ in payloads],
+                "types": [p.type for p in payloads],
+                "data": [dump_json(p.data) for p in payloads],
+                "metadata": [dump_json(p.metadata) for p in payloads],
+            },
+        )
 
 
 class RawSystem:
@@ -157,8 +171,17 @@ class RawSystem:
                 version = versions.get(stream_id, 0) + 1
                 versions[stream_id] = version
                 copy.write_row(
-                    (TENANT, stream_id, version, uuid.uuid4(), p.type, dump_json(p.data),
-                     dump_json(p.metadata), None, None)
+                    (
+                        TENANT,
+                        stream_id,
+                        version,
+                        uuid.uuid4(),
+                        p.type,
+                        dump_json(p.data),
+                        dump_json(p.metadata),
+                        None,
+                        None,
+                    )
                 )
 
     def close(self) -> None:
@@ -286,8 +309,9 @@ class EventsourcingSystem:
             version = versions.get(stream_id, 0) + 1
             versions[stream_id] = version
             events.append(
-                self.stored_event(originator_id=stream_id, originator_version=version, topic=p.type,
-                                  state=_es_state(p))
+                self.stored_event(
+                    originator_id=stream_id, originator_version=version, topic=p.type, state=_es_state(p)
+                )
             )
         for start in range(0, len(events), ES_BULK_CHUNK):
             self.recorder.insert_events(events[start : start + ES_BULK_CHUNK])
@@ -312,7 +336,9 @@ class Settings:
     @property
     def payloads_needed(self) -> int:
         return max(
-            self.appends, self.threads * self.appends_per_thread, self.batches * self.batch_size,
+            self.appends,
+            self.threads * self.appends_per_thread,
+            self.batches * self.batch_size,
             self.import_events,
         )
 
@@ -375,16 +401,21 @@ def bulk(system: System, prefix: str, payloads: Sequence[Payload], s: Settings) 
 @dataclass(frozen=True)
 class Workload:
     key: str
-    title: str
+    #: A str.format template over Settings' fields, so the printed label says what was measured.
+    template: str
+    #: The issue's target for ledgerflow/raw.
     target: float
     measure: Callable[[System, str, Sequence[Payload], Settings], tuple[int, float]]
 
+    def title(self, s: Settings) -> str:
+        return f"({self.key}) " + self.template.format(**vars(s))
+
 
 WORKLOADS = (
-    Workload("a", "(a) 1 event/append, 1 conn", 0.85, sequential),
-    Workload("b", "(b) 1 event/append, 8 conns", 0.80, concurrent),
-    Workload("c", "(c) 100 events/append", 0.70, batched),
-    Workload("d", "(d) bulk import 100k", 0.60, bulk),
+    Workload("a", "1 event/append, 1 conn", 0.85, sequential),
+    Workload("b", "1 event/append, {threads} conns", 0.80, concurrent),
+    Workload("c", "{batch_size} events/append", 0.70, batched),
+    Workload("d", "bulk import {import_events:,}", 0.60, bulk),
 )
 
 
@@ -392,8 +423,13 @@ def warm_up(system: System, payloads: Sequence[Payload], s: Settings) -> None:
     """Run every path a little before timing: opens and warms every connection, lets psycopg prepare the
     repeated statements (after 5 executions) and PostgreSQL cache the plpgsql function's plans."""
     small = Settings(
-        appends=50, threads=s.threads, appends_per_thread=20, batches=5, batch_size=min(100, s.batch_size),
-        import_events=500, streams=5,
+        appends=50,
+        threads=s.threads,
+        appends_per_thread=20,
+        batches=5,
+        batch_size=min(100, s.batch_size),
+        import_events=500,
+        streams=5,
     )
     concurrent(system, "warm-b", payloads, small)
     sequential(system, "warm-a", payloads, small)
@@ -412,6 +448,10 @@ class Results:
     ratios: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     #: workload key -> system name -> what went wrong (first failure)
     failures: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: workload key -> system name -> (client, server) CPU microseconds per event, one per run
+    cpu: dict[str, dict[str, list[tuple[float, float | None]]]] = field(default_factory=dict)
+    #: workload key -> system name -> raw's CPU per event over the system's, one per run
+    cpu_ratios: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
 
 def open_systems(url: str, threads: int, with_es: bool) -> list[System]:
@@ -432,6 +472,7 @@ def one_run(admin_url: str, run: int, s: Settings, with_es: bool, results: Resul
                 "bench_raw.events is not an exact twin of ledgerflow.events:\n" + "\n".join(differences)
             )
         systems = open_systems(url, s.threads, with_es)
+        server_cpu = ServerCpu(url)
         try:
             for system in systems:
                 warm_up(system, payloads, s)
@@ -440,7 +481,11 @@ def one_run(admin_url: str, run: int, s: Settings, with_es: bool, results: Resul
                 # other tenants of the machine) does not always fall on the same system.
                 shift = (run + w_index) % len(systems)
                 run_rates: dict[str, float] = {}
+                run_cpu: dict[str, float] = {}
                 for system in systems[shift:] + systems[:shift]:
+                    # CPU of this whole process (the system's own threads included: pool, notifier) and
+                    # of every backend of the run's database; the systems not being measured sit idle.
+                    client_before, server_before = time.process_time(), server_cpu.seconds()
                     try:
                         events, seconds = w.measure(system, f"{w.key}{run}", payloads, s)
                     except Exception as exc:
@@ -448,13 +493,28 @@ def one_run(admin_url: str, run: int, s: Settings, with_es: bool, results: Resul
                             system.name, f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
                         )
                         continue
+                    client_us = (time.process_time() - client_before) / events * 1e6
+                    server_after = server_cpu.seconds()
+                    server_us = (
+                        None
+                        if server_before is None or server_after is None
+                        else (server_after - server_before) / events * 1e6
+                    )
+                    results.cpu.setdefault(w.key, {}).setdefault(system.name, []).append(
+                        (client_us, server_us)
+                    )
+                    run_cpu[system.name] = client_us + (server_us or 0.0)
                     run_rates[system.name] = events / seconds
                     results.rates.setdefault(w.key, {}).setdefault(system.name, []).append(events / seconds)
                 raw = run_rates.get("raw")
                 for name, rate in run_rates.items():
                     if raw and name != "raw":
                         results.ratios.setdefault(w.key, {}).setdefault(name, []).append(rate / raw)
+                        results.cpu_ratios.setdefault(w.key, {}).setdefault(name, []).append(
+                            run_cpu["raw"] / run_cpu[name]
+                        )
         finally:
+            server_cpu.close()
             for system in systems:
                 system.close()
 
@@ -471,7 +531,7 @@ def report(results: Results, names: Sequence[str], s: Settings) -> None:
         rates = results.rates.get(w.key, {})
         ratios = results.ratios.get(w.key, {})
         failures = results.failures.get(w.key, {})
-        row = [w.title]
+        row = [w.title(s)]
         for n in names:
             row.append(fmt_rate(median(rates[n])) if n in rates else "FAILED" if n in failures else "-")
         for n in others:
@@ -489,7 +549,9 @@ def report(results: Results, names: Sequence[str], s: Settings) -> None:
         for n in others:
             got = results.ratios.get(w.key, {}).get(n, [])
             if got:
-                print(f"  {w.title:30} {n:14} " + " ".join(f"{r:.2f}" for r in got))
+                print(f"  {w.title(s):32} {n:14} " + " ".join(f"{r:.2f}" for r in got))
+
+    report_cpu(results, names, s)
 
     a, b = results.rates.get("a", {}), results.rates.get("b", {})
     scaling = [f"{n} x{median(b[n]) / median(a[n]):.2f}" for n in names if n in a and n in b]
@@ -506,12 +568,47 @@ def report(results: Results, names: Sequence[str], s: Settings) -> None:
             print(f"\n({key}) {n} failed: {message}")
 
 
+def report_cpu(results: Results, names: Sequence[str], s: Settings) -> None:
+    """CPU microseconds per event: a second view that holds up when other work competes for the cores."""
+    have_server = all(
+        server is not None for per in results.cpu.values() for runs in per.values() for _, server in runs
+    )
+    print(
+        "\nCPU per event, microseconds (median over runs): client process + PostgreSQL backends"
+        + ("" if have_server else " (server CPU unavailable: PostgreSQL is not local)")
+    )
+    headers = ["workload", *names, *(f"raw/{n} CPU" for n in names if n != "raw")]
+    rows: list[list[str]] = []
+    for w in WORKLOADS:
+        per = results.cpu.get(w.key, {})
+        row = [w.title(s)]
+        for n in names:
+            runs = per.get(n)
+            if not runs:
+                row.append("-")
+                continue
+            client = median([c for c, _ in runs])
+            server = median([sv for _, sv in runs if sv is not None]) if have_server else None
+            row.append(f"{client:.0f}" + ("" if server is None else f" + {server:.0f}"))
+        for n in names:
+            if n == "raw":
+                continue
+            # Per run, like the wall-clock ratios: raw's CPU per event over the system's.
+            ratios = results.cpu_ratios.get(w.key, {}).get(n)
+            row.append(f"{median(ratios):.2f}" if ratios else "-")
+        rows.append(row)
+    print_table(headers, rows)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=5, help="runs, each on a fresh database (default 5)")
-    parser.add_argument("--url", default=default_admin_url(),
-                        help="server to use; a database is created and dropped per run (default: "
-                             "$LEDGERFLOW_BENCH_URL or the local server)")
+    parser.add_argument(
+        "--url",
+        default=default_admin_url(),
+        help="server to use; a database is created and dropped per run (default: "
+        "$LEDGERFLOW_BENCH_URL or the local server)",
+    )
     parser.add_argument("--appends", type=int, default=2000, help="(a) sequential single-event appends")
     parser.add_argument("--threads", type=int, default=8, help="(b) concurrent connections")
     parser.add_argument("--appends-per-thread", type=int, default=400, help="(b) appends per connection")
@@ -522,8 +619,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-eventsourcing", action="store_true", help="skip the eventsourcing peer")
     args = parser.parse_args(argv)
     s = Settings(
-        appends=args.appends, threads=args.threads, appends_per_thread=args.appends_per_thread,
-        batches=args.batches, batch_size=args.batch_size, import_events=args.import_events,
+        appends=args.appends,
+        threads=args.threads,
+        appends_per_thread=args.appends_per_thread,
+        batches=args.batches,
+        batch_size=args.batch_size,
+        import_events=args.import_events,
         streams=args.streams,
     )
     quiet_logs()
@@ -533,21 +634,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     es_problem = "skipped (--no-eventsourcing)" if args.no_eventsourcing else eventsourcing_status()
     names = ["raw", "ledgerflow"] + ([] if es_problem else ["eventsourcing"])
     with psycopg.connect(args.url) as conn:
-        row = conn.execute("SELECT current_setting('server_version'), current_setting('synchronous_commit'), "
-                           "current_setting('fsync')").fetchone()
-    print(f"PostgreSQL {row[0] if row else '?'} (synchronous_commit={row[1] if row else '?'}, "
-          f"fsync={row[2] if row else '?'}), {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-          f"psycopg {psycopg.__version__}")
+        row = conn.execute(
+            "SELECT current_setting('server_version'), current_setting('synchronous_commit'), "
+            "current_setting('fsync')"
+        ).fetchone()
+    print(
+        f"PostgreSQL {row[0] if row else '?'} (synchronous_commit={row[1] if row else '?'}, "
+        f"fsync={row[2] if row else '?'}), {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+        f"psycopg {psycopg.__version__}"
+    )
     if es_problem:
         print(f"eventsourcing: {es_problem}")
     else:
-        print(f"eventsourcing {importlib.metadata.version('eventsourcing')}: PostgresApplicationRecorder, "
-              f"schema {ES_SCHEMA}, text originator ids")
-    print(f"{args.runs} runs, each on a fresh database; bench_raw.events checked to be an exact twin of "
-          "ledgerflow.events (columns, defaults, identity, constraints, indexes, no INSERT triggers)")
-    print(f"(a) {s.appends} appends | (b) {s.threads} x {s.appends_per_thread} appends | "
-          f"(c) {s.batches} x {s.batch_size} events | (d) {s.import_events} events; "
-          "payload ~150 B data + ~50 B metadata\n")
+        print(
+            f"eventsourcing {importlib.metadata.version('eventsourcing')}: PostgresApplicationRecorder, "
+            f"schema {ES_SCHEMA}, text originator ids; its table is narrower than ledgerflow's (4 columns "
+            "+ notification_id, 2 indexes, no jsonb; metadata travels inside its state bytes); "
+            f"(d) is {ES_BULK_CHUNK:,}-event insert_events calls (one call with 100k hangs, see bulk())"
+        )
+    print(
+        f"{args.runs} runs, each on a fresh database; bench_raw.events checked to be an exact twin of "
+        "ledgerflow.events (columns, defaults, identity, constraints, indexes, no INSERT triggers)"
+    )
+    print(f"load average at start: {load_average()}")
+    print(
+        f"(a) {s.appends} appends | (b) {s.threads} x {s.appends_per_thread} appends | "
+        f"(c) {s.batches} x {s.batch_size} events | (d) {s.import_events} events; "
+        "payload ~150 B data + ~50 B metadata\n"
+    )
 
     results = Results()
     started = time.perf_counter()
@@ -555,7 +669,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         one_run(args.url, run, s, not es_problem, results)
         print(f"run {run + 1}/{args.runs} done in {time.perf_counter() - t0:.1f}s", flush=True)
-    print(f"\nTotal {time.perf_counter() - started:.0f}s\n")
+    print(f"\nTotal {time.perf_counter() - started:.0f}s; load average at end: {load_average()}")
+    print("(a load above the CPU count means other work competed: expect wider per-run ranges)\n")
     report(results, names, s)
     return 0
 

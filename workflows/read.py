@@ -29,7 +29,9 @@ def _rows(store: EventStore, query: LiteralString, params: dict[str, Any]) -> li
 def list_runs(
     store: EventStore, *, tenant: str, status: str | None = None, workflow: str | None = None, limit: int = 50
 ) -> list[dict[str, Any]]:
-    return _rows(store, Q["list_runs"], {"tenant": tenant, "status": status, "workflow": workflow, "limit": limit})
+    return _rows(
+        store, Q["list_runs"], {"tenant": tenant, "status": status, "workflow": workflow, "limit": limit}
+    )
 
 
 def run_nodes(store: EventStore, run_id: uuid.UUID) -> list[dict[str, Any]]:
