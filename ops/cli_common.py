@@ -12,6 +12,19 @@ from ops.settings import Settings
 
 console = Console()
 
+#: How node and run states are shown in terminal tables.
+ICONS = {
+    "succeeded": "[green]✓[/]",
+    "running": "[yellow]▶[/]",
+    "ready": "[cyan]…[/]",
+    "pending": "○",
+    "failed": "[red]✗[/]",
+    "retry_scheduled": "[magenta]↻[/]",
+    "cancelled": "[dim]⊘[/]",
+    "parked": "[red]⏸[/]",
+    "skipped": "-",
+}
+
 
 def settings_of(ctx: click.Context) -> Settings:
     settings = ctx.find_root().obj

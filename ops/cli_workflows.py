@@ -12,24 +12,12 @@ import click
 from rich.table import Table
 
 from eventstore import InvalidInputError, open_store
-from ops.cli_common import console, emit_json, settings_of
+from ops.cli_common import ICONS, console, emit_json, settings_of
 from ops.settings import Settings
 from workflows import Engine, WorkerSettings, WorkflowRegistry, WorkflowWorker, queue
 from workflows.loading import load_workflows
 from workflows.recovery import sweep
 from workflows.state import RunState
-
-ICONS = {
-    "succeeded": "[green]✓[/]",
-    "running": "[yellow]▶[/]",
-    "ready": "[cyan]…[/]",
-    "pending": "○",
-    "failed": "[red]✗[/]",
-    "retry_scheduled": "[magenta]↻[/]",
-    "cancelled": "[dim]⊘[/]",
-    "parked": "[red]⏸[/]",
-    "skipped": "-",
-}
 
 
 def registry_of(settings: Settings) -> WorkflowRegistry:

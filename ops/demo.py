@@ -24,7 +24,7 @@ from rich.live import Live
 from rich.table import Table
 
 from eventstore import EventStore, open_store
-from ops.cli_common import console
+from ops.cli_common import ICONS, console
 from ops.settings import Settings
 from ops.telemetry import configure_logging
 from projector import ProjectorWorker, WorkerSettings, load_projections
@@ -33,16 +33,6 @@ from workflows import events as ev
 from workflows.demo import registry, sample_schema
 from workflows.read import run_nodes
 
-ICONS = {
-    "succeeded": "[green]✓[/]",
-    "running": "[yellow]▶[/]",
-    "ready": "[cyan]…[/]",
-    "pending": "○",
-    "failed": "[red]✗[/]",
-    "retry_scheduled": "[magenta]↻[/]",
-    "cancelled": "[dim]⊘[/]",
-    "parked": "[red]⏸[/]",
-}
 CRASH_NODE = "column_enrichment"
 
 

@@ -96,6 +96,7 @@ def _run_api(services: Services, host: str, port: int) -> None:
         console=f"http://{host}:{port}/console/",
         openapi=f"http://{host}:{port}/api/openapi.json",
     )
+
     # uvicorn installs its own SIGTERM/SIGINT handlers, shuts down gracefully, then restores the previous
     # handlers and raises the signal again. The previous ones are these, which only note it, so that the
     # workers' shutdown (handing nodes back, releasing leases) still runs afterwards.

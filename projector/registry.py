@@ -6,11 +6,11 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable
 
 from eventstore import InvalidInputError
 from eventstore.errors import ConfigurationError, NotFoundError
+from eventstore.importing import import_object
 from projector.catalogue import stream_catalogue
 from projector.projection import Projection
 
@@ -20,15 +20,7 @@ BUILT_IN: tuple[Projection, ...] = (stream_catalogue,)
 def load_projections(paths: Iterable[str] = (), *, built_in: bool = True) -> list[Projection]:
     found: dict[str, Projection] = {p.name: p for p in BUILT_IN} if built_in else {}
     for path in paths:
-        module_name, _, attribute = path.strip().partition(":")
-        if not module_name or not attribute:
-            raise ConfigurationError(
-                f"{path!r} is not an import path; write it as 'package.module:attribute'"
-            )
-        try:
-            value = getattr(importlib.import_module(module_name), attribute)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigurationError(f"cannot load projections from {path!r}: {exc}") from exc
+        value = import_object(path, "projections")
         for projection in value if isinstance(value, list | tuple) else [value]:
             if not isinstance(projection, Projection):
                 raise ConfigurationError(f"{path!r} holds a {type(projection).__name__}, not a Projection")

@@ -6,25 +6,17 @@ attribute a WorkflowRegistry, a Workflow, or a list of Workflows.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable
 
 from eventstore.errors import ConfigurationError
+from eventstore.importing import import_object
 from workflows.definition import Workflow, WorkflowRegistry
 
 
 def load_workflows(paths: Iterable[str]) -> WorkflowRegistry:
     registry = WorkflowRegistry()
     for path in paths:
-        module_name, _, attribute = path.strip().partition(":")
-        if not module_name or not attribute:
-            raise ConfigurationError(
-                f"{path!r} is not an import path; write it as 'package.module:attribute'"
-            )
-        try:
-            value = getattr(importlib.import_module(module_name), attribute)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigurationError(f"cannot load workflows from {path!r}: {exc}") from exc
+        value = import_object(path, "workflows")
         if isinstance(value, WorkflowRegistry):
             found = [value.get(n) for n in value.names()]
         elif isinstance(value, Workflow):
