@@ -2,14 +2,16 @@
 
 A NOTIFY inside an appending transaction takes a database-wide lock at commit and serialises every
 appender behind it. Instead, appenders only poke a `Notifier` after their commit; its own thread sends
-one NOTIFY for all the pokes that arrived while the previous one was in flight. Its connection uses
-`synchronous_commit = off`: a lost wake-up is harmless, because subscribers also poll and re-read
-after every reconnect.
+one NOTIFY for all the pokes that arrived while the previous one was in flight, and at most one every
+few milliseconds (a NOTIFY per sequential append would cost each append a second transaction). Its
+connection uses `synchronous_commit = off`: a lost wake-up is harmless, because subscribers also poll
+and re-read after every reconnect.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 import psycopg
 import structlog
@@ -19,6 +21,7 @@ from eventstore.sqlfile import load_queries
 log = structlog.get_logger(__name__)
 
 Q = load_queries("eventstore")
+_MIN_INTERVAL = 0.005
 
 
 class Notifier:
@@ -28,6 +31,7 @@ class Notifier:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._last_sent = 0.0
 
     def poke(self) -> None:
         """Ask for a wake-up of subscribers; never blocks."""
@@ -48,6 +52,11 @@ class Notifier:
             if self._stopping.is_set() or not self._pending.is_set():
                 continue
             self._pending.clear()
+            # Let pokes gather for a moment: subscribers wake a few ms later, appenders pay less.
+            since = time.monotonic() - self._last_sent
+            if since < _MIN_INTERVAL:
+                self._stopping.wait(_MIN_INTERVAL - since)
+            self._last_sent = time.monotonic()
             try:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(self._url, autocommit=True, application_name="ledgerflow-notifier")

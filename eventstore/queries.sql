@@ -2,11 +2,44 @@
 
 -- name: append
 -- One round trip, one atomic statement, whatever the number of streams (see ledgerflow.append_events).
+-- Arrays travel in binary: in text form every JSON document would be escaped character by character.
 SELECT stream_id, stream_version, position, transaction_id::bigint, duplicate
-  FROM ledgerflow.append_events(%(tenant)s, %(idempotency_key)s, %(request_hash)s, %(stream_ids)s,
-                                %(expected)s, %(counts)s, %(event_ids)s::uuid[], %(types)s,
-                                %(data)s::text[]::jsonb[], %(metadata)s::text[]::jsonb[],
-                                %(correlation_ids)s::uuid[], %(causation_ids)s::uuid[])
+  FROM ledgerflow.append_events(%(tenant)s, %(idempotency_key)s, %(request_hash)s, %(stream_ids)b::text[],
+                                %(expected)b::bigint[], %(counts)b::int[], %(event_ids)b::uuid[],
+                                %(types)b::text[], %(data)b::text[]::jsonb[], %(metadata)b::text[]::jsonb[],
+                                %(correlation_ids)b::uuid[], %(causation_ids)b::uuid[])
+
+-- name: append_one_stream
+-- The common case, one stream and no idempotency key, as one plain statement: the bump (one of the three
+-- below, filled in by the store) moves the stream's version under its row lock, and the events take the
+-- versions after it. If the expected version does not hold, the bump yields no row and nothing is inserted.
+WITH bumped AS ({bump})
+INSERT INTO ledgerflow.events AS e (tenant, stream_id, stream_version, event_id, event_type, data, metadata,
+                                    correlation_id, causation_id)
+SELECT %(tenant)s, %(stream_id)s, b.base + u.n, u.event_id, u.event_type, u.data::jsonb, u.metadata::jsonb,
+       u.correlation_id, u.causation_id
+  FROM bumped b,
+       unnest(%(event_ids)b::uuid[], %(types)b::text[], %(data)b::text[], %(metadata)b::text[],
+              %(correlation_ids)b::uuid[], %(causation_ids)b::uuid[])
+       WITH ORDINALITY AS u(event_id, event_type, data, metadata, correlation_id, causation_id, n)
+ ORDER BY u.n
+RETURNING e.stream_id, e.stream_version, e.position, e.transaction_id::text::bigint
+
+-- name: bump_any
+INSERT INTO ledgerflow.streams AS s (tenant, stream_id, version) VALUES (%(tenant)s, %(stream_id)s, %(count)s)
+ON CONFLICT (tenant, stream_id) DO UPDATE SET version = s.version + excluded.version
+RETURNING s.version - %(count)s AS base
+
+-- name: bump_no_stream
+INSERT INTO ledgerflow.streams (tenant, stream_id, version) VALUES (%(tenant)s, %(stream_id)s, %(count)s)
+ON CONFLICT DO NOTHING
+RETURNING 0::bigint AS base
+
+-- name: bump_existing
+UPDATE ledgerflow.streams s SET version = s.version + %(count)s
+ WHERE s.tenant = %(tenant)s AND s.stream_id = %(stream_id)s
+   AND (%(expected)s::bigint IS NULL OR s.version = %(expected)s::bigint)
+RETURNING s.version - %(count)s AS base
 
 -- name: read_all
 -- Gap-free reading of the global log. Only events of transactions below the snapshot's xmin are read:

@@ -9,16 +9,17 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, LiteralString
 
 import psycopg
 import psycopg_pool
 import structlog
+from psycopg import sql
 
 from eventstore import _validation as check
 from eventstore import telemetry
 from eventstore.db import translate_errors
-from eventstore.errors import ConflictError, InvalidInputError
+from eventstore.errors import ConflictError, InvalidInputError, WrongExpectedVersionError
 from eventstore.events import (
     START,
     AppendedEvent,
@@ -177,6 +178,9 @@ class EventStore:
         IdempotencyConflictError. Pass `conn` to append inside the caller's transaction.
         """
         params = self._append_params(appends, idempotency_key, tenant)
+        query: LiteralString | sql.Composed = Q["append"]
+        if len(appends) == 1 and idempotency_key is None:
+            query, params = _one_stream(appends[0], params)
         began = time.perf_counter()
         with telemetry.tracer.start_as_current_span(
             "ledgerflow.append",
@@ -189,17 +193,20 @@ class EventStore:
             try:
                 if conn is not None:
                     with translate_errors():
-                        rows = conn.execute(Q["append"], params).fetchall()
+                        rows = conn.execute(query, params).fetchall()
+                        _check_one_stream(conn, appends, params, rows)
                 else:
                     with translate_errors(), self.pool.connection() as own:
-                        rows = own.execute(Q["append"], params).fetchall()
+                        rows = own.execute(query, params).fetchall()
+                        _check_one_stream(own, appends, params, rows)
                     self.notify_appended()
             except ConflictError as exc:
                 telemetry.append_conflicts.add(1, {"reason": exc.code})
                 raise
+        rows.sort(key=lambda r: r[2])  # by position
         result = AppendResult(
             events=tuple(AppendedEvent(r[0], r[1], r[2], r[3]) for r in rows),
-            duplicate=bool(rows and rows[0][4]),
+            duplicate=bool(rows and len(rows[0]) > 4 and rows[0][4]),
         )
         telemetry.append_latency.record((time.perf_counter() - began) * 1000, {"tenant": tenant})
         if not result.duplicate:
@@ -416,6 +423,51 @@ class EventStore:
         else:
             with self.pool.connection() as own:
                 yield own
+
+
+_BUMPS: dict[ExpectedState | None, sql.Composed] = {
+    ExpectedState.ANY: sql.SQL(Q["append_one_stream"]).format(bump=sql.SQL(Q["bump_any"])),
+    ExpectedState.NO_STREAM: sql.SQL(Q["append_one_stream"]).format(bump=sql.SQL(Q["bump_no_stream"])),
+    # An exact version, or STREAM_EXISTS (no version condition).
+    None: sql.SQL(Q["append_one_stream"]).format(bump=sql.SQL(Q["bump_existing"])),
+}
+
+
+def _one_stream(append: StreamAppend, params: dict[str, Any]) -> tuple[sql.Composed, dict[str, Any]]:
+    """The single-statement form of a one-stream append without an idempotency key."""
+    expected = append.expected_version
+    key = expected if expected in (ExpectedState.ANY, ExpectedState.NO_STREAM) else None
+    one = {
+        **params,
+        "stream_id": append.stream_id,
+        "count": len(append.events),
+        "expected": expected if isinstance(expected, int) and not isinstance(expected, bool) else None,
+    }
+    return _BUMPS[key], one
+
+
+def _check_one_stream(
+    conn: psycopg.Connection[Any], appends: Sequence[StreamAppend], params: dict[str, Any], rows: list[Any]
+) -> None:
+    """The single statement inserts nothing when the expected version does not hold: say which it is."""
+    if rows or "stream_id" not in params:
+        return
+    append = appends[0]
+    row = conn.execute(
+        Q["stream_version"], {"tenant": params["tenant"], "stream_id": append.stream_id}
+    ).fetchone()
+    raise WrongExpectedVersionError(
+        params["tenant"],
+        append.stream_id,
+        _describe(append.expected_version),
+        None if row is None else int(row[0]),
+    )
+
+
+def _describe(expected: ExpectedVersion) -> str:
+    if isinstance(expected, ExpectedState):
+        return expected.name.lower().replace("_", " ")
+    return f"version {expected}"
 
 
 def _check_limit(limit: int) -> None:
