@@ -25,6 +25,16 @@ SELECT %(tenant)s, %(stream_id)s, b.base + u.n, u.event_id, u.event_type, u.data
  ORDER BY u.n
 RETURNING e.stream_id, e.stream_version, e.position, e.transaction_id::text::bigint
 
+-- name: append_one_event
+-- The most common case of all, one event: the same statement with plain parameters (no arrays to encode).
+WITH bumped AS ({bump})
+INSERT INTO ledgerflow.events AS e (tenant, stream_id, stream_version, event_id, event_type, data, metadata,
+                                    correlation_id, causation_id)
+SELECT %(tenant)s, %(stream_id)s, b.base + 1, %(event_id)s, %(type)s, %(one_data)s::jsonb,
+       %(one_metadata)s::jsonb, %(correlation_id)s::uuid, %(causation_id)s::uuid
+  FROM bumped b
+RETURNING e.stream_id, e.stream_version, e.position, e.transaction_id::text::bigint
+
 -- name: bump_any
 INSERT INTO ledgerflow.streams AS s (tenant, stream_id, version) VALUES (%(tenant)s, %(stream_id)s, %(count)s)
 ON CONFLICT (tenant, stream_id) DO UPDATE SET version = s.version + excluded.version

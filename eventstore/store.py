@@ -425,12 +425,15 @@ class EventStore:
                 yield own
 
 
-_BUMPS: dict[ExpectedState | None, sql.Composed] = {
-    ExpectedState.ANY: sql.SQL(Q["append_one_stream"]).format(bump=sql.SQL(Q["bump_any"])),
-    ExpectedState.NO_STREAM: sql.SQL(Q["append_one_stream"]).format(bump=sql.SQL(Q["bump_no_stream"])),
-    # An exact version, or STREAM_EXISTS (no version condition).
-    None: sql.SQL(Q["append_one_stream"]).format(bump=sql.SQL(Q["bump_existing"])),
-}
+def _with_bumps(query: LiteralString) -> dict[ExpectedState | None, sql.Composed]:
+    """`query` completed with each way of moving a stream's version; None: an exact version, or
+    STREAM_EXISTS (no version condition)."""
+    bumps = {ExpectedState.ANY: "bump_any", ExpectedState.NO_STREAM: "bump_no_stream", None: "bump_existing"}
+    return {k: sql.SQL(query).format(bump=sql.SQL(Q[name])) for k, name in bumps.items()}
+
+
+_ONE_STREAM = _with_bumps(Q["append_one_stream"])
+_ONE_EVENT = _with_bumps(Q["append_one_event"])
 
 
 def _one_stream(append: StreamAppend, params: dict[str, Any]) -> tuple[sql.Composed, dict[str, Any]]:
@@ -443,7 +446,17 @@ def _one_stream(append: StreamAppend, params: dict[str, Any]) -> tuple[sql.Compo
         "count": len(append.events),
         "expected": expected if isinstance(expected, int) and not isinstance(expected, bool) else None,
     }
-    return _BUMPS[key], one
+    if len(append.events) > 1:
+        return _ONE_STREAM[key], one
+    one.update(
+        event_id=params["event_ids"][0],
+        type=params["types"][0],
+        one_data=params["data"][0],
+        one_metadata=params["metadata"][0],
+        correlation_id=params["correlation_ids"][0],
+        causation_id=params["causation_ids"][0],
+    )
+    return _ONE_EVENT[key], one
 
 
 def _check_one_stream(
