@@ -288,13 +288,12 @@ class EventStore:
         from other stores; idempotency keys do not apply.
         """
         check.check_tenant(tenant)
-        rows: list[tuple[str, _PreparedEvent]] = []
+        pairs = list(events)
         counts: dict[str, int] = {}
-        for stream_id, event in events:
+        for stream_id, _ in pairs:
             check.check_stream_id(stream_id)
-            rows.append((stream_id, self._prepare(event)))
             counts[stream_id] = counts.get(stream_id, 0) + 1
-        if not rows:
+        if not pairs:
             return 0
         with translate_errors(), self.pool.connection() as conn, conn.transaction():
             reached = conn.execute(
@@ -302,8 +301,12 @@ class EventStore:
                 {"tenant": tenant, "stream_ids": list(counts), "counts": list(counts.values())},
             ).fetchall()
             next_version = {stream_id: version - counts[stream_id] + 1 for stream_id, version in reached}
+            # Events are checked and serialised while the COPY streams, so client and server work at the
+            # same time. A bad event raises inside the COPY: it is aborted and the transaction rolled
+            # back, so nothing of the import is written.
             with conn.cursor().copy(Q["copy_events"]) as copy:
-                for stream_id, p in rows:
+                for stream_id, event in pairs:
+                    p = self._prepare(event)
                     version = next_version[stream_id]
                     next_version[stream_id] = version + 1
                     e = p.event
@@ -321,8 +324,8 @@ class EventStore:
                         )
                     )
         self.notify_appended()
-        log.info("events_imported", tenant=tenant, events=len(rows), streams=len(counts))
-        return len(rows)
+        log.info("events_imported", tenant=tenant, events=len(pairs), streams=len(counts))
+        return len(pairs)
 
     # -- reading ---------------------------------------------------------------------------------
 
