@@ -102,7 +102,10 @@ class Session(Protocol):
 class System(Protocol):
     name: str
 
-    def session(self, index: int) -> Session: ...
+    def sessions(self, count: int) -> list[Session]:
+        """`count` sessions for `count` threads. With count 1, the system uses exactly one connection: (a),
+        (c) and (d) are single-connection workloads for every system."""
+        ...
 
     def bulk(self, rows: Sequence[tuple[str, Payload]]) -> None: ...
 
@@ -154,14 +157,14 @@ class RawSystem:
     name = "raw"
 
     def __init__(self, url: str, connections: int) -> None:
-        # One long-lived autocommit connection per session index, opened (and warmed) outside the timed
-        # sections, as ledgerflow's pool connections are.
+        # Long-lived autocommit connections, opened (and warmed) outside the timed sections, as the pools of
+        # the other systems are.
         self.conns = [
             psycopg.connect(url, autocommit=True, application_name="bench-raw") for _ in range(connections)
         ]
 
-    def session(self, index: int) -> Session:
-        return RawSession(self.conns[index])
+    def sessions(self, count: int) -> list[Session]:
+        return [RawSession(conn) for conn in self.conns[:count]]
 
     def bulk(self, rows: Sequence[tuple[str, Payload]]) -> None:
         versions: dict[str, int] = {}
@@ -205,22 +208,36 @@ class LedgerflowSystem:
     name = "ledgerflow"
 
     def __init__(self, url: str, connections: int) -> None:
-        # The pool is sized to the benchmark's concurrency and its minimum connections are opened up front,
-        # as a deployment expecting 8 concurrent writers would configure it; otherwise (b) would time
-        # connection setup instead of appends.
-        settings = DatabaseSettings(
-            database_url=url, pool_min_size=connections, pool_max_size=max(10, connections)
+        # Two stores. `single` has the default pool (one connection opened, more only when a caller has to
+        # wait), which a sequential caller never grows past one connection: the single-connection
+        # workloads. `pooled` opens `connections` up front, as a deployment expecting that many concurrent
+        # writers would configure it; otherwise (b) would time connection setup. One store for both would
+        # be unfair to ledgerflow in (a): psycopg_pool hands out idle connections first-in first-out, so
+        # sequential appends would rotate over all 8 backends and find each one's caches cold (measured:
+        # about +150 us of server CPU per append against a pool of one).
+        self.single = open_store(
+            DatabaseSettings(database_url=url, pool_min_size=1),
+            url=url,
+            migrate=True,
+            name="bench-ledgerflow",
         )
-        self.store = open_store(settings, url=url, migrate=True, name="bench-ledgerflow")
+        self.pooled = open_store(
+            DatabaseSettings(database_url=url, pool_min_size=connections, pool_max_size=connections),
+            url=url,
+            migrate=False,
+            name="bench-ledgerflow-pool",
+        )
 
-    def session(self, index: int) -> Session:
-        return LedgerflowSession(self.store)
+    def sessions(self, count: int) -> list[Session]:
+        store = self.single if count == 1 else self.pooled
+        return [LedgerflowSession(store) for _ in range(count)]
 
     def bulk(self, rows: Sequence[tuple[str, Payload]]) -> None:
-        self.store.import_events((s, NewEvent(p.type, p.data, p.metadata)) for s, p in rows)
+        self.single.import_events((s, NewEvent(p.type, p.data, p.metadata)) for s, p in rows)
 
     def close(self) -> None:
-        self.store.close()
+        self.single.close()
+        self.pooled.close()
 
 
 # -- eventsourcing ----------------------------------------------------------------------------------
@@ -277,23 +294,32 @@ class EventsourcingSystem:
         info = psycopg.conninfo.conninfo_to_dict(url)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"CREATE SCHEMA {ES_SCHEMA}")
-        self.datastore = PostgresDatastore(
-            dbname=str(info.get("dbname", "")),
-            host=str(info.get("host", "")),
-            port=str(info.get("port", "5432")),
-            user=str(info.get("user", "")),
-            password=str(info.get("password", "")),
-            schema=ES_SCHEMA,
-            # Text ids, so it appends to the same stream names as the others.
-            originator_id_type="text",
-            pool_size=connections,
-        )
-        self.recorder = PostgresApplicationRecorder(self.datastore)
+
+        def datastore(pool_size: int) -> PostgresDatastore:
+            return PostgresDatastore(
+                dbname=str(info.get("dbname", "")),
+                host=str(info.get("host", "")),
+                port=str(info.get("port", "5432")),
+                user=str(info.get("user", "")),
+                password=str(info.get("password", "")),
+                schema=ES_SCHEMA,
+                # Text ids, so it appends to the same stream names as the others.
+                originator_id_type="text",
+                pool_size=pool_size,
+            )
+
+        # One connection for the single-connection workloads and a pool for (b), as for ledgerflow (its
+        # pool is psycopg_pool too, with the same first-in first-out rotation).
+        self.datastores = [datastore(1), datastore(connections)]
+        self.recorder = PostgresApplicationRecorder(self.datastores[0])
         self.recorder.create_table()
+        # Created once the table and its composite type exist, so it registers the type adapters.
+        self.pooled_recorder = PostgresApplicationRecorder(self.datastores[1])
         self.stored_event = StoredEvent
 
-    def session(self, index: int) -> Session:
-        return EventsourcingSession(self.recorder, self.stored_event)
+    def sessions(self, count: int) -> list[Session]:
+        recorder = self.recorder if count == 1 else self.pooled_recorder
+        return [EventsourcingSession(recorder, self.stored_event) for _ in range(count)]
 
     def bulk(self, rows: Sequence[tuple[str, Payload]]) -> None:
         # eventsourcing has no COPY path; its bulk write is insert_events (one INSERT ... SELECT FROM
@@ -317,7 +343,8 @@ class EventsourcingSystem:
             self.recorder.insert_events(events[start : start + ES_BULK_CHUNK])
 
     def close(self) -> None:
-        self.datastore.close()
+        for d in self.datastores:
+            d.close()
 
 
 # -- workloads --------------------------------------------------------------------------------------
@@ -344,7 +371,7 @@ class Settings:
 
 
 def sequential(system: System, prefix: str, payloads: Sequence[Payload], s: Settings) -> tuple[int, float]:
-    session = system.session(0)
+    (session,) = system.sessions(1)
     start = time.perf_counter()
     for i in range(s.appends):
         # Round-robin over a set of streams, so appends both create streams and extend them.
@@ -353,7 +380,7 @@ def sequential(system: System, prefix: str, payloads: Sequence[Payload], s: Sett
 
 
 def concurrent(system: System, prefix: str, payloads: Sequence[Payload], s: Settings) -> tuple[int, float]:
-    sessions = [system.session(k) for k in range(s.threads)]
+    sessions = system.sessions(s.threads)
     # Threads start together on a barrier; the clock runs from the release to the last one finishing.
     barrier = threading.Barrier(s.threads + 1)
     errors: list[BaseException] = []
@@ -382,7 +409,7 @@ def concurrent(system: System, prefix: str, payloads: Sequence[Payload], s: Sett
 
 
 def batched(system: System, prefix: str, payloads: Sequence[Payload], s: Settings) -> tuple[int, float]:
-    session = system.session(0)
+    (session,) = system.sessions(1)
     start = time.perf_counter()
     for b in range(s.batches):
         session.append(f"{prefix}-{b % s.streams}", payloads[b * s.batch_size : (b + 1) * s.batch_size])
