@@ -90,6 +90,14 @@ SELECT position, transaction_id::text::bigint, tenant, stream_id, stream_version
  ORDER BY stream_version DESC
  LIMIT %(limit)s
 
+-- name: read_streams
+-- Several whole streams in one query (a worker loading every run it just claimed).
+SELECT position, transaction_id::text::bigint, tenant, stream_id, stream_version, event_id, event_type,
+       data, metadata, correlation_id, causation_id, recorded_at
+  FROM ledgerflow.events
+ WHERE tenant = %(tenant)s AND stream_id = ANY (%(stream_ids)s::text[])
+ ORDER BY stream_id, stream_version
+
 -- name: stream_version
 SELECT version FROM ledgerflow.streams WHERE tenant = %(tenant)s AND stream_id = %(stream_id)s
 

@@ -350,6 +350,22 @@ class EventStore:
             ).fetchall()
         return [_recorded(r) for r in rows]
 
+    def read_streams(
+        self, stream_ids: Sequence[str], *, tenant: str = DEFAULT_TENANT
+    ) -> dict[str, list[RecordedEvent]]:
+        """Several whole streams at once, each oldest first; absent streams map to no events."""
+        check.check_tenant(tenant)
+        for stream_id in stream_ids:
+            check.check_stream_id(stream_id)
+        found: dict[str, list[RecordedEvent]] = {s: [] for s in stream_ids}
+        with translate_errors(), self.pool.connection() as conn:
+            rows = conn.execute(
+                Q["read_streams"], {"tenant": tenant, "stream_ids": list(stream_ids)}
+            ).fetchall()
+        for row in rows:
+            found[row[3]].append(_recorded(row))
+        return found
+
     def stream_version(self, stream_id: str, *, tenant: str = DEFAULT_TENANT) -> int | None:
         """The version of the stream's last event, or None if the stream does not exist."""
         check.check_tenant(tenant)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -84,6 +84,13 @@ class Engine:
                 f"no run {run_id} (tenant {tenant!r}); list runs with `ledgerflow workflows list`"
             )
         return fold(run_id, tenant, events)
+
+    def load_many(
+        self, run_ids: Sequence[uuid.UUID], *, tenant: str = "default"
+    ) -> dict[uuid.UUID, RunState]:
+        """Several runs' states in one query (runs not found are left out)."""
+        streams = self.store.read_streams([ev.run_stream(r) for r in run_ids], tenant=tenant)
+        return {r: fold(r, tenant, streams[ev.run_stream(r)]) for r in run_ids if streams[ev.run_stream(r)]}
 
     # -- starting -------------------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from workflows.errors import NodeLeaseLost, RunCancelled, WorkerStopping
 from workflows.lifecycle import Lifecycle, claimed_event
 from workflows.queue import Claim, Claimant
 from workflows.recovery import sweep
+from workflows.state import RunState
 
 log = structlog.get_logger(__name__)
 _tracer = trace.get_tracer("ledgerflow.workflows")
@@ -112,10 +113,15 @@ class WorkflowWorker:
             log.exception("workflow_claim_failed", error=str(exc))
             self.stopping.wait(self.settings.poll_interval)
             return False
+        try:
+            states = self._load_claimed(claims)
+        except (psycopg.Error, LedgerflowError) as exc:
+            log.warning("workflow_claimed_runs_not_loaded", error=str(exc))  # each node loads its own
+            states = {}
         for claim in claims:
             with self._lock:
                 self._running[claim.token] = (claim, None)
-            self._pool.submit(self._execute, claim)
+            self._pool.submit(self._execute, claim, states.get(claim.run_id))
         return bool(claims)
 
     def _claim(self, limit: int) -> list[Claim]:
@@ -146,13 +152,25 @@ class WorkflowWorker:
 
     # -- running one node ----------------------------------------------------------------------------
 
-    def _execute(self, claim: Claim) -> None:
+    def _load_claimed(self, claims: list[Claim]) -> dict[uuid.UUID, RunState]:
+        """The claimed runs' states, one query per tenant rather than one per node (after a restart a
+        worker may claim a thousand nodes at once)."""
+        by_tenant: dict[str, list[uuid.UUID]] = {}
+        for c in claims:
+            by_tenant.setdefault(c.tenant, []).append(c.run_id)
+        states: dict[uuid.UUID, RunState] = {}
+        for tenant, run_ids in by_tenant.items():
+            states.update(self.engine.load_many(run_ids, tenant=tenant))
+        return states
+
+    def _execute(self, claim: Claim, run: RunState | None = None) -> None:
         """Run the claimed node, then, as long as finishing one hands this worker its successor, that one."""
         next_claim: Claim | None = claim
         while next_claim is not None:
-            next_claim = self._execute_one(next_claim)
+            next_claim = self._execute_one(next_claim, run)
+            run = None  # a successor's run state includes the events just written: read it again
 
-    def _execute_one(self, claim: Claim) -> Claim | None:
+    def _execute_one(self, claim: Claim, loaded: RunState | None = None) -> Claim | None:
         successor: Claim | None = None
         bound = structlog.contextvars.bound_contextvars(
             run_id=str(claim.run_id), node=claim.node, attempt=claim.attempt, worker=self.id
@@ -175,7 +193,7 @@ class WorkflowWorker:
                     outcome = "cancelled"
                     self.lifecycle.cancelled(claim, wf)
                     return None
-                run = self.engine.load(claim.run_id, tenant=claim.tenant)
+                run = loaded or self.engine.load(claim.run_id, tenant=claim.tenant)
                 spec = wf.nodes[claim.node]
                 ctx = NodeContext(self.engine, run, claim, spec, worker=self.id, stopping=self.stopping)
                 with self._lock:

@@ -170,3 +170,15 @@ def test_declared_event_types_are_validated_on_append_and_decoded_on_read(store:
     placed, untyped = typed.read_stream("order-9")
     assert typed.types.decode(placed) == OrderPlaced(order_id="9", amount=5)
     assert typed.types.decode(untyped) is untyped
+
+
+def test_read_streams_reads_several_whole_streams_at_once(store: EventStore) -> None:
+    store.append("a", [ev(1), ev(2)])
+    store.append("b", [ev(3)])
+    store.append("a", [ev(4)], tenant="other")
+    found = store.read_streams(["a", "b", "missing"])
+    assert {s: [e.data["n"] for e in events] for s, events in found.items()} == {
+        "a": [1, 2],
+        "b": [3],
+        "missing": [],
+    }
