@@ -120,7 +120,6 @@ def _drive(
     console.print(f"started run {run_id}; nodes run on worker pid {worker.pid}", highlight=False)
     began = time.monotonic()
     crashed_at: int | None = None
-    resumed_at: int | None = None
     notes: list[str] = []
     replace(worker)
     with Live(console=console, refresh_per_second=8, transient=False) as live:
@@ -137,7 +136,7 @@ def _drive(
                 worker.wait()
                 crashed_at = done_items
                 notes.append(
-                    f"killed worker pid {worker.pid} (SIGKILL) in {CRASH_NODE} after item {done_items} "
+                    f"killed worker pid {worker.pid} (SIGKILL) in {CRASH_NODE}, at item {done_items + 1} "
                     f"of {tables}"
                 )
                 worker = start_worker(store.url, llm_delay, log_path)
@@ -146,13 +145,6 @@ def _drive(
                     f"started a new worker, pid {worker.pid}, under the same name: it takes the "
                     "node back at once"
                 )
-            if (
-                crashed_at is not None
-                and resumed_at is None
-                and target.attempt > 1
-                and target.status == "running"
-            ):
-                resumed_at = len(target.checkpoints) + 1
             if not run.active:
                 break
             time.sleep(0.15)  # screen refresh interval
@@ -169,9 +161,12 @@ def _drive(
     steps = sum(e.type == ev.STEP_RECORDED for e in events)
     reclaims = [e for e in events if e.type == ev.NODE_RECLAIMED]
     if crashed_at is not None:
+        # From the log: the items the killed attempt finished, and where the next attempt began.
+        checkpoints = [e for e in events if e.type == ev.NODE_CHECKPOINT and e.data["node"] == CRASH_NODE]
+        finished = sum(e.data["attempt"] == 1 for e in checkpoints)
         console.print(
-            f"• {CRASH_NODE} resumed at item {resumed_at or crashed_at + 1} of {tables}, not at 1: "
-            f"{crashed_at} finished items and their LLM calls were not paid again "
+            f"• {CRASH_NODE} resumed at item {finished + 1} of {tables}, not at 1: the {finished} items "
+            f"finished before the crash and their LLM calls were not paid again "
             f"({len(reclaims)} reclaim{'s' if len(reclaims) != 1 else ''} recorded)",
             highlight=False,
         )

@@ -99,6 +99,7 @@ class ProjectorWorker:
             self.stopping.set()
             self._wake.set()
             heartbeat.join(timeout=5)
+            listener.join(timeout=5)
             self.release_all()
             log.info("projector_worker_stopped", worker=self.id)
 
