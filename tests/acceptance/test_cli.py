@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -50,3 +51,15 @@ def test_migrate_reports_up_to_date(database_url: str) -> None:
     result = run(database_url, "migrate")
     assert result.returncode == 0, result.stderr
     assert "up to date" in result.stdout
+
+
+def test_demo_kills_its_worker_and_the_run_resumes_at_the_next_item(database_url: str) -> None:
+    result = run(database_url, "demo", "--tables", "8", "--llm-delay", "0.1", "--crash-at", "4")
+    assert result.returncode == 0, result.stderr
+    out = " ".join(result.stdout.split())  # the terminal width wraps lines
+    assert "killed worker" in out
+    assert re.search(r"column_enrichment resumed at item (\d+) of 8, not at 1: the (\d+) items", out)
+    resumed, finished = map(int, re.findall(r"resumed at item (\d+) of 8, not at 1: the (\d+) items", out)[0])
+    assert resumed == finished + 1
+    assert finished >= 4
+    assert "run succeeded" in out
