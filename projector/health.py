@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from eventstore import Cursor, EventStore
+from eventstore.db import translate_errors
 from projector import state
 from projector.projection import Projection
 
@@ -35,7 +36,7 @@ def projection_health(
     store: EventStore, projections: Sequence[Projection], *, abandoned_after: float | None = None
 ) -> list[ProjectionHealth]:
     found: list[ProjectionHealth] = []
-    with store.pool.connection() as conn:
+    with translate_errors(), store.pool.connection() as conn:
         if abandoned_after is not None:
             state.mark_abandoned_runs(conn, abandoned_after)
         for p in projections:

@@ -81,11 +81,6 @@ class Failure:
     resolved_at: datetime | None
     resolved_by: str | None
 
-    @property
-    def cursor_before(self) -> Cursor:
-        """The cursor just before the failed event."""
-        return Cursor(self.event_tx, self.event_position - 1)
-
 
 def ensure_cursor(conn: Conn, projection: str, version: int) -> CursorState:
     conn.execute(Q["ensure_cursor"], {"projection": projection, "version": version})

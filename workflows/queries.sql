@@ -127,9 +127,6 @@ WITH flagged AS (
 )
 SELECT (SELECT coalesce(array_agg(node), '{}') FROM flagged), (SELECT coalesce(array_agg(node), '{}') FROM dropped)
 
--- name: delete_run
-DELETE FROM ledgerflow.workflow_queue WHERE run_id = %(run_id)s
-
 -- name: record_recovery
 INSERT INTO ledgerflow.workflow_recoveries
        (worker, trigger, started_at, duration_ms, found, reclaimed, parked, stuck, failed)
@@ -148,8 +145,6 @@ SELECT count(*) FILTER (WHERE status = 'ready'),
        count(*) FILTER (WHERE status = 'parked')
   FROM ledgerflow.workflow_queue
 
--- name: running_nodes_of_run
-SELECT node FROM ledgerflow.workflow_queue WHERE run_id = %(run_id)s AND status = 'claimed'
 
 -- name: list_runs
 SELECT run_id, workflow, key, status, current_node, nodes_total, nodes_done, error, cancel_requested,

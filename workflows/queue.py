@@ -166,14 +166,6 @@ def cancel_run(conn: Conn, run_id: uuid.UUID) -> tuple[list[str], list[str]]:
     return list(row[0]), list(row[1])
 
 
-def delete_run(conn: Conn, run_id: uuid.UUID) -> None:
-    conn.execute(Q["delete_run"], {"run_id": run_id})
-
-
-def running_nodes(conn: Conn, run_id: uuid.UUID) -> list[str]:
-    return [r[0] for r in conn.execute(Q["running_nodes_of_run"], {"run_id": run_id}).fetchall()]
-
-
 @dataclass(frozen=True)
 class Recovery:
     id: int

@@ -7,6 +7,7 @@ they record appears in `/projections/{name}/runs`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated
 
@@ -18,6 +19,8 @@ from eventstore.db import translate_errors
 from eventstore.errors import ConflictError
 from ops.api.deps import Admin, JobsDep, Reader, ServicesDep
 from ops.api.errors import CONFLICT, NOT_FOUND
+from ops.api.jobs import BackgroundJobs
+from ops.auth import Principal
 from ops.services import Services
 from projector import Projection, rebuild, replay, verify
 from projector import state as projector_state
@@ -184,6 +187,28 @@ def _refuse_if_running(services: Services, projection: Projection, *kinds: proje
                 )
 
 
+def _in_background(
+    kind: str,
+    operation: Callable[..., object],
+    name: str,
+    principal: Principal,
+    services: Services,
+    jobs: BackgroundJobs,
+    exclusive: tuple[projector_state.RunKind, ...],
+) -> Accepted:
+    """Start a rebuild or verify of `name` in a job thread, unless one that excludes it is running."""
+    projection = find(services.projections, name)
+    _refuse_if_running(services, projection, *exclusive)
+    actor = f"api:{principal.token_id}"
+    batch = services.settings.projector_batch_size
+    jobs.submit(
+        kind,
+        lambda: operation(services.store, projection, actor=actor, batch_size=batch),
+        projection=projection.name,
+    )
+    return Accepted(accepted=True)
+
+
 @router.post(
     "/projections/{name}/rebuild",
     status_code=202,
@@ -194,16 +219,7 @@ def rebuild_projection(
     name: ProjectionName, principal: Admin, services: ServicesDep, jobs: JobsDep
 ) -> Accepted:
     """Rebuild from the whole log in a shadow schema and swap it in atomically (in the background)."""
-    projection = find(services.projections, name)
-    _refuse_if_running(services, projection, "rebuild", "replay")
-    actor = f"api:{principal.token_id}"
-    batch = services.settings.projector_batch_size
-    jobs.submit(
-        "rebuild",
-        lambda: rebuild(services.store, projection, actor=actor, batch_size=batch),
-        projection=projection.name,
-    )
-    return Accepted(accepted=True)
+    return _in_background("rebuild", rebuild, name, principal, services, jobs, ("rebuild", "replay"))
 
 
 @router.post(
@@ -216,16 +232,7 @@ def verify_projection(
     name: ProjectionName, principal: Admin, services: ServicesDep, jobs: JobsDep
 ) -> Accepted:
     """Rebuild in a scratch schema and compare digests with the live tables (in the background)."""
-    projection = find(services.projections, name)
-    _refuse_if_running(services, projection, "verify")
-    actor = f"api:{principal.token_id}"
-    batch = services.settings.projector_batch_size
-    jobs.submit(
-        "verify",
-        lambda: verify(services.store, projection, actor=actor, batch_size=batch),
-        projection=projection.name,
-    )
-    return Accepted(accepted=True)
+    return _in_background("verify", verify, name, principal, services, jobs, ("verify",))
 
 
 @router.post(
