@@ -18,11 +18,14 @@ from eventstore.events import (
     STREAM_EXISTS,
     AppendResult,
     Cursor,
+    EncodedEvent,
+    EncodedPage,
     ExpectedState,
     NewEvent,
     ReadPage,
     RecordedEvent,
     StreamAppend,
+    StreamPage,
 )
 from eventstore.eventtypes import EventTypes
 from eventstore.settings import DatabaseSettings
@@ -41,6 +44,8 @@ __all__ = [
     "Cursor",
     "DatabaseSettings",
     "DatabaseUnavailableError",
+    "EncodedEvent",
+    "EncodedPage",
     "EventStore",
     "EventTooLargeError",
     "EventTypes",
@@ -53,6 +58,7 @@ __all__ = [
     "ReadPage",
     "RecordedEvent",
     "StreamAppend",
+    "StreamPage",
     "Subscription",
     "WrongExpectedVersionError",
     "open_store",

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from eventstore import jsonvalue
 from eventstore.errors import EventTooLargeError, InvalidInputError
 
 TENANT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -62,8 +62,8 @@ def dump_json_object(value: Mapping[str, Any], what: str) -> str:
     if not isinstance(value, Mapping):
         raise InvalidInputError(f"{what} must be a JSON object (a mapping), not {type(value).__name__}")
     try:
-        # allow_nan=False: NaN and Infinity are not JSON and jsonb refuses them.
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        # NaN and Infinity are not JSON and jsonb refuses them; Decimals keep all their digits.
+        text = jsonvalue.dumps(value)
         # Lone surrogates cannot be encoded to UTF-8 and PostgreSQL cannot store them.
         text.encode("utf-8")
     except (TypeError, ValueError) as exc:

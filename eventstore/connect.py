@@ -39,5 +39,6 @@ def open_store(
         types=types,
         max_event_bytes=settings.max_event_bytes,
         max_events_per_append=settings.max_events_per_append,
+        max_page_bytes=settings.max_page_bytes,
         notifier=Notifier(url),
     )

@@ -1,27 +1,31 @@
 """Connections: resolving the database, the connection pool, and translating driver errors once.
 
-Driver exceptions never leave this package untranslated: `translate_errors()` turns them into the
-`LedgerflowError` tree, keeping the original as `__cause__`.
+Driver exceptions never leave ledgerflow untranslated: `wrap_exceptions()` turns them into the
+`LedgerflowError` tree, keeping the original as `__cause__`. Packages above pass the translations of their
+own SQLSTATEs; unique violations map to domain errors by constraint name.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 import psycopg.errors
+import psycopg.types.json
 import psycopg_pool
 import structlog
 
+from eventstore import jsonvalue
 from eventstore.errors import (
     DatabaseUnavailableError,
     DuplicateEventIdError,
     IdempotencyConflictError,
     InvalidInputError,
     LedgerflowError,
+    MissingRelationError,
     WrongExpectedVersionError,
 )
 from eventstore.settings import DatabaseSettings
@@ -58,6 +62,7 @@ def open_pool(
             "options": f"-c idle_in_transaction_session_timeout={idle_ms}",
         },
         name=name,
+        configure=use_exact_json,
         open=False,
     )
     try:
@@ -69,6 +74,13 @@ def open_pool(
             "check that the server runs and LEDGERFLOW_DATABASE_URL is right"
         ) from exc
     return pool
+
+
+def use_exact_json(conn: psycopg.Connection[Any]) -> None:
+    """json and jsonb values read and written on `conn` keep every number's exact value (see
+    `eventstore.jsonvalue`)."""
+    psycopg.types.json.set_json_loads(jsonvalue.loads, conn)
+    psycopg.types.json.set_json_dumps(jsonvalue.dumps, conn)
 
 
 def redact(url: str) -> str:
@@ -90,42 +102,105 @@ def _detail(exc: psycopg.Error) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
+def _wrong_expected_version(exc: psycopg.Error) -> LedgerflowError:
+    d = _detail(exc)
+    expected = int(d.get("expected", 0))
+    shown = {-1: "any", -2: "no stream", -3: "stream exists"}.get(expected, f"version {expected}")
+    return WrongExpectedVersionError(str(d.get("tenant")), str(d.get("stream_id")), shown, d.get("actual"))
+
+
+def _idempotency_conflict(exc: psycopg.Error) -> LedgerflowError:
+    d = _detail(exc)
+    return IdempotencyConflictError(str(d.get("tenant")), str(d.get("key")))
+
+
+def _append_only(exc: psycopg.Error) -> LedgerflowError:
+    return InvalidInputError(f"{exc.diag.message_primary}; {exc.diag.message_hint or ''}".rstrip("; "))
+
+
+#: A translation of one driver error into the error (or signal) that callers catch.
+Translation = Callable[[psycopg.Error], BaseException]
+
+#: The event log's own SQLSTATEs (raised on purpose by its SQL) and what they mean.
+SQLSTATES: dict[str, Callable[[psycopg.Error], LedgerflowError]] = {
+    WRONG_EXPECTED_VERSION: _wrong_expected_version,
+    IDEMPOTENCY_CONFLICT: _idempotency_conflict,
+    APPEND_ONLY: _append_only,
+}
+
+#: Unique and exclusion constraints whose violation is a domain error, by constraint name.
+CONSTRAINTS: dict[str, Callable[[psycopg.Error], LedgerflowError]] = {
+    "events_tenant_event_id_unique": lambda exc: DuplicateEventIdError(
+        exc.diag.message_detail or "an event id is already in this tenant's log"
+    ),
+}
+
+
+def _refused(exc: psycopg.Error) -> str:
+    """What the database (or the driver, before sending) refused, in words."""
+    primary = exc.diag.message_primary
+    if primary is None:
+        # Raised by the driver itself, e.g. a NUL character in a text parameter.
+        text = str(exc)
+        if "NUL" in text:
+            return "a text value contains a NUL character (\\x00 or \\u0000), which PostgreSQL cannot store"
+        return text or type(exc).__name__
+    column = exc.diag.column_name
+    constraint = exc.diag.constraint_name
+    where = f" (column {column})" if column else f" (constraint {constraint})" if constraint else ""
+    return f"{primary}{where}"
+
+
 def translate(exc: psycopg.Error) -> LedgerflowError:
     """The ledgerflow error for a driver error."""
     state = exc.sqlstate
-    if state == WRONG_EXPECTED_VERSION:
-        d = _detail(exc)
-        expected = int(d.get("expected", 0))
-        shown = {-1: "any", -2: "no stream", -3: "stream exists"}.get(expected, f"version {expected}")
-        return WrongExpectedVersionError(
-            str(d.get("tenant")), str(d.get("stream_id")), shown, d.get("actual")
-        )
-    if state == IDEMPOTENCY_CONFLICT:
-        d = _detail(exc)
-        return IdempotencyConflictError(str(d.get("tenant")), str(d.get("key")))
-    if (
-        isinstance(exc, psycopg.errors.UniqueViolation)
-        and exc.diag.constraint_name == "events_event_id_unique"
+    own = SQLSTATES.get(state or "")
+    if own is not None:
+        return own(exc)
+    if isinstance(exc, psycopg.errors.UniqueViolation | psycopg.errors.ExclusionViolation):
+        by_name = CONSTRAINTS.get(exc.diag.constraint_name or "")
+        if by_name is not None:
+            return by_name(exc)
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return MissingRelationError(f"a table is missing: {exc.diag.message_primary}")
+    if isinstance(
+        exc,
+        psycopg.DataError
+        | psycopg.errors.IntegrityConstraintViolation
+        | psycopg.errors.CharacterNotInRepertoire
+        | psycopg.errors.UntranslatableCharacter,
     ):
-        return DuplicateEventIdError(exc.diag.message_detail or "an event id is already in the log")
-    if isinstance(exc, psycopg.errors.DataError | psycopg.errors.IntegrityConstraintViolation):
-        return InvalidInputError(f"the database refused the input: {exc.diag.message_primary}")
-    if state == APPEND_ONLY:
-        return InvalidInputError(str(exc.diag.message_primary))
+        return InvalidInputError(f"the database refused the input: {_refused(exc)}")
+    if isinstance(exc, psycopg_pool.PoolTimeout):
+        return DatabaseUnavailableError(f"no database connection became free in time: {exc}")
     if isinstance(exc, psycopg.OperationalError):
         return DatabaseUnavailableError(
             f"the database connection failed: {exc}; retry once PostgreSQL answers"
         )
-    if isinstance(exc, psycopg_pool.PoolTimeout):
-        return DatabaseUnavailableError(f"no database connection became free in time: {exc}")
     return LedgerflowError(f"unexpected database error ({state}): {exc}")
 
 
 @contextmanager
-def translate_errors() -> Iterator[None]:
+def wrap_exceptions(
+    extra: Mapping[str, Translation] | None = None,
+    *,
+    constraints: Mapping[str, Translation] | None = None,
+) -> Iterator[None]:
+    """Driver errors raised inside become ledgerflow errors (`__cause__` is the driver's error).
+
+    The one boundary between psycopg and the rest of ledgerflow. A package whose SQL raises SQLSTATEs of
+    its own passes their translations as `extra`, and those of its unique or exclusion constraints, by
+    constraint name, as `constraints`.
+    """
     try:
         yield
     except psycopg.Error as exc:
-        raise translate(exc) from exc
-    except psycopg_pool.PoolTimeout as exc:
-        raise DatabaseUnavailableError(f"no database connection became free in time: {exc}") from exc
+        own = extra.get(exc.sqlstate or "") if extra else None
+        unique = isinstance(exc, psycopg.errors.UniqueViolation | psycopg.errors.ExclusionViolation)
+        if own is None and constraints and unique:
+            own = constraints.get(exc.diag.constraint_name or "")
+        raise (own(exc) if own is not None else translate(exc)) from exc
+
+
+#: The boundary for eventstore's own SQL (no SQLSTATEs beyond the event log's).
+translate_errors = wrap_exceptions

@@ -1,9 +1,9 @@
 """The typed errors of ledgerflow.
 
-Every error raised on purpose derives from `LedgerflowError`. Driver errors are translated once, in
-`eventstore.db`, so callers never catch psycopg exceptions. Errors also subclass the fitting builtin
-(`ValueError` for bad input, `ConnectionError` for an unreachable database) so generic handlers work.
-Each message says what happened and, where there is one, what to do next.
+Every error raised on purpose derives from `LedgerflowError`. Driver errors are translated once, at
+`eventstore.db.wrap_exceptions`, so callers never catch psycopg exceptions. Errors also subclass the
+fitting builtin (`ValueError` for bad input, `ConnectionError` for an unreachable database) so generic
+handlers work. Each message says what happened and, where there is one, what to do next.
 """
 
 from __future__ import annotations
@@ -94,9 +94,15 @@ class DuplicateEventIdError(ConflictError):
 
     def __init__(self, message: str) -> None:
         super().__init__(
-            f"{message}; nothing was written. Event ids are unique across the log: "
+            f"{message}; nothing was written. Event ids are unique within a tenant's log: "
             "to retry an append safely, use an idempotency key."
         )
+
+
+class MissingRelationError(LedgerflowError):
+    """A table the query needs does not exist (yet): e.g. a projection's tables before its first run."""
+
+    code = "missing_relation"
 
 
 class NotFoundError(LedgerflowError, LookupError):

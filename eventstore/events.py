@@ -31,7 +31,7 @@ STREAM_EXISTS = ExpectedState.STREAM_EXISTS
 
 @dataclass(frozen=True, slots=True)
 class NewEvent:
-    """An event to append. `event_id` defaults to a fresh UUID; it is unique across the log."""
+    """An event to append. `event_id` defaults to a fresh UUID; it is unique within the tenant's log."""
 
     type: str
     data: Mapping[str, Any]
@@ -144,8 +144,68 @@ class AppendResult:
 @dataclass(frozen=True, slots=True)
 class ReadPage:
     """A page of the global log. Resume from `cursor`; it may lie beyond the last event when the reader
-    has read everything that is safe to read (`caught_up`)."""
+    has read everything that is safe to read (`caught_up`). A page that stopped at its count or byte
+    limit is never `caught_up`, and its cursor is its last event's."""
 
     events: tuple[RecordedEvent, ...]
     cursor: Cursor
     caught_up: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedEvent:
+    """An event as stored, its data and metadata still JSON text as PostgreSQL wrote it: for passing
+    events on (an HTTP answer) without building Python objects of them. `decode()` gives the RecordedEvent."""
+
+    position: int
+    transaction_id: int
+    tenant: str
+    stream_id: str
+    stream_version: int
+    event_id: uuid.UUID
+    type: str
+    data_json: str
+    metadata_json: str
+    correlation_id: uuid.UUID | None
+    causation_id: uuid.UUID | None
+    recorded_at: datetime
+
+    @property
+    def cursor(self) -> Cursor:
+        return Cursor(self.transaction_id, self.position)
+
+    def decode(self) -> RecordedEvent:
+        from eventstore.jsonvalue import loads
+
+        return RecordedEvent(
+            self.position,
+            self.transaction_id,
+            self.tenant,
+            self.stream_id,
+            self.stream_version,
+            self.event_id,
+            self.type,
+            loads(self.data_json),
+            loads(self.metadata_json),
+            self.correlation_id,
+            self.causation_id,
+            self.recorded_at,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedPage:
+    """A page of the global log with its events still encoded; see `ReadPage`."""
+
+    events: tuple[EncodedEvent, ...]
+    cursor: Cursor
+    caught_up: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPage:
+    """A page of one stream, its events still encoded. `next_version` is where the next page starts (pass it
+    as `from_version`); None when the page reached the stream's end in its direction."""
+
+    events: tuple[EncodedEvent, ...]
+    next_version: int | None

@@ -16,6 +16,7 @@ import time
 import psycopg
 import structlog
 
+from eventstore.outage import is_unavailable
 from eventstore.sqlfile import load_queries
 
 log = structlog.get_logger(__name__)
@@ -63,8 +64,12 @@ class Notifier:
                     conn.execute("SET synchronous_commit = off")
                 conn.execute(Q["notify"])
             except psycopg.Error as exc:
-                # Subscribers poll as a fallback, so a failed wake-up delays them but loses nothing.
-                log.warning("notify_failed", error=str(exc))
+                # Subscribers poll as a fallback, so a failed wake-up delays them but loses nothing; an
+                # unavailable database is reported by whoever waits for it, not once per wake-up here.
+                if is_unavailable(exc):
+                    log.debug("notify_failed", error=str(exc))
+                else:
+                    log.warning("notify_failed", error=str(exc))
                 if conn is not None:
                     conn.close()
                 conn = None

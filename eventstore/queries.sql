@@ -56,44 +56,104 @@ RETURNING s.version - %(count)s AS base
 -- every such transaction has finished, so no event can later appear before the returned cursor.
 -- Order and resume by (transaction_id, position), never by position alone. The horizon comes from
 -- the same statement snapshot as the scan (pg_current_snapshot is the active snapshot).
-WITH horizon AS MATERIALIZED (
+-- A page holds at most %(limit)s events and stops once their size passes %(max_bytes)s (always with at
+-- least one event): the walk takes one event at a time in resume order, each one index step after the
+-- last, and stops at the budget, so an event beyond it is never read, let alone sent. `bytes` is the
+-- page's running size: data and metadata as JSON text, plus the envelope.
+WITH RECURSIVE horizon AS MATERIALIZED (
     SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin
+), page AS (
+    SELECT 0 AS n, %(transaction_id)s::text::xid8 AS transaction_id, %(position)s::bigint AS position,
+           NULL::text AS tenant, NULL::text AS stream_id, NULL::bigint AS stream_version,
+           NULL::uuid AS event_id, NULL::text AS event_type, NULL::text AS data, NULL::text AS metadata,
+           NULL::uuid AS correlation_id, NULL::uuid AS causation_id, NULL::timestamptz AS recorded_at,
+           0::bigint AS bytes
+    UNION ALL
+    SELECT p.n + 1, e.transaction_id, e.position, e.tenant, e.stream_id, e.stream_version, e.event_id,
+           e.event_type, e.data, e.metadata, e.correlation_id, e.causation_id, e.recorded_at,
+           p.bytes + octet_length(e.data) + octet_length(e.metadata) + octet_length(e.stream_id) + 256
+      FROM page p
+     CROSS JOIN horizon h
+     CROSS JOIN LATERAL (
+          SELECT e.transaction_id, e.position, e.tenant, e.stream_id, e.stream_version, e.event_id,
+                 e.event_type, e.data::text AS data, e.metadata::text AS metadata, e.correlation_id,
+                 e.causation_id, e.recorded_at
+            FROM ledgerflow.events e
+           WHERE (e.transaction_id, e.position) > (p.transaction_id, p.position)
+             AND e.transaction_id < h.xmin
+             AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
+             AND (%(types)s::text[] IS NULL OR e.event_type = ANY (%(types)s::text[]))
+             AND (%(categories)s::text[] IS NULL OR e.category = ANY (%(categories)s::text[]))
+           ORDER BY e.transaction_id, e.position
+           LIMIT 1
+     ) e
+     WHERE p.n < %(limit)s AND (%(max_bytes)s::bigint IS NULL OR p.bytes < %(max_bytes)s::bigint)
 )
-SELECT h.xmin::text::bigint, e.*
+SELECT h.xmin::text::bigint, p.bytes, p.position, p.transaction_id::text::bigint, p.tenant, p.stream_id,
+       p.stream_version, p.event_id, p.event_type, p.data, p.metadata, p.correlation_id, p.causation_id,
+       p.recorded_at
   FROM horizon h
-  LEFT JOIN LATERAL (
-      SELECT e.position, e.transaction_id::text::bigint, e.tenant, e.stream_id, e.stream_version,
-             e.event_id, e.event_type, e.data, e.metadata, e.correlation_id, e.causation_id, e.recorded_at
-        FROM ledgerflow.events e
-       WHERE (e.transaction_id, e.position) > (%(transaction_id)s::text::xid8, %(position)s::bigint)
-         AND e.transaction_id < h.xmin
-         AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
-         AND (%(types)s::text[] IS NULL OR e.event_type = ANY (%(types)s::text[]))
-         AND (%(categories)s::text[] IS NULL OR e.category = ANY (%(categories)s::text[]))
-       ORDER BY e.transaction_id, e.position
-       LIMIT %(limit)s
-  ) e ON true
+  LEFT JOIN page p ON p.n > 0
+ ORDER BY p.n
 
 -- name: read_stream_forward
-SELECT position, transaction_id::text::bigint, tenant, stream_id, stream_version, event_id, event_type,
-       data, metadata, correlation_id, causation_id, recorded_at
+SELECT 0::bigint, position, transaction_id::text::bigint, tenant, stream_id, stream_version, event_id,
+       event_type, data::text, metadata::text, correlation_id, causation_id, recorded_at
   FROM ledgerflow.events
  WHERE tenant = %(tenant)s AND stream_id = %(stream_id)s AND stream_version >= %(version)s
  ORDER BY stream_version
  LIMIT %(limit)s
 
 -- name: read_stream_backward
-SELECT position, transaction_id::text::bigint, tenant, stream_id, stream_version, event_id, event_type,
-       data, metadata, correlation_id, causation_id, recorded_at
+SELECT 0::bigint, position, transaction_id::text::bigint, tenant, stream_id, stream_version, event_id,
+       event_type, data::text, metadata::text, correlation_id, causation_id, recorded_at
   FROM ledgerflow.events
  WHERE tenant = %(tenant)s AND stream_id = %(stream_id)s AND stream_version <= %(version)s
  ORDER BY stream_version DESC
  LIMIT %(limit)s
 
+-- name: read_stream_page
+-- A stream's events after %(version)s in the page's direction (filled in by the store: `next_forward` or
+-- `next_backward`), at most %(limit)s of them, stopping once their size passes %(max_bytes)s (always with
+-- at least one event). As in read_all, one event is taken at a time, so an event beyond the budget is
+-- never read.
+WITH RECURSIVE page AS (
+    SELECT 0 AS n, %(version)s::bigint AS stream_version, NULL::bigint AS position,
+           NULL::bigint AS transaction_id, NULL::text AS tenant, NULL::text AS stream_id,
+           NULL::uuid AS event_id, NULL::text AS event_type, NULL::text AS data, NULL::text AS metadata,
+           NULL::uuid AS correlation_id, NULL::uuid AS causation_id, NULL::timestamptz AS recorded_at,
+           0::bigint AS bytes
+    UNION ALL
+    SELECT p.n + 1, e.stream_version, e.position, e.transaction_id, e.tenant, e.stream_id, e.event_id,
+           e.event_type, e.data, e.metadata, e.correlation_id, e.causation_id, e.recorded_at,
+           p.bytes + octet_length(e.data) + octet_length(e.metadata) + octet_length(e.stream_id) + 256
+      FROM page p
+     CROSS JOIN LATERAL (
+          SELECT e.stream_version, e.position, e.transaction_id::text::bigint AS transaction_id, e.tenant,
+                 e.stream_id, e.event_id, e.event_type, e.data::text AS data, e.metadata::text AS metadata,
+                 e.correlation_id, e.causation_id, e.recorded_at
+            FROM ledgerflow.events e
+           WHERE e.tenant = %(tenant)s AND e.stream_id = %(stream_id)s AND {next}
+           LIMIT 1
+     ) e
+     WHERE p.n < %(limit)s AND (%(max_bytes)s::bigint IS NULL OR p.bytes < %(max_bytes)s::bigint)
+)
+SELECT bytes, position, transaction_id, tenant, stream_id, stream_version, event_id, event_type, data,
+       metadata, correlation_id, causation_id, recorded_at
+  FROM page
+ WHERE n > 0
+ ORDER BY n
+
+-- name: next_forward
+e.stream_version > p.stream_version ORDER BY e.stream_version
+
+-- name: next_backward
+e.stream_version < p.stream_version ORDER BY e.stream_version DESC
+
 -- name: read_streams
 -- Several whole streams in one query (a worker loading every run it just claimed).
-SELECT position, transaction_id::text::bigint, tenant, stream_id, stream_version, event_id, event_type,
-       data, metadata, correlation_id, causation_id, recorded_at
+SELECT 0::bigint, position, transaction_id::text::bigint, tenant, stream_id, stream_version, event_id,
+       event_type, data::text, metadata::text, correlation_id, causation_id, recorded_at
   FROM ledgerflow.events
  WHERE tenant = %(tenant)s AND stream_id = ANY (%(stream_ids)s::text[])
  ORDER BY stream_id, stream_version

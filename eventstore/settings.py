@@ -24,5 +24,8 @@ class DatabaseSettings(BaseSettings):
     idle_in_transaction_timeout: float = Field(default=60.0, gt=0)
     #: The largest serialised data + metadata of one event.
     max_event_bytes: PositiveInt = 1024 * 1024
+    #: A page read from the log or a stream stops once its events pass this many bytes of JSON (always with
+    #: at least one event), so a reader's memory is bounded by size, not only by count.
+    max_page_bytes: PositiveInt = 4 * 1024 * 1024
     #: The most events one append may carry (bulk imports have no such limit).
     max_events_per_append: PositiveInt = 10_000

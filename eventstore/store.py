@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -17,7 +16,7 @@ import structlog
 from psycopg import sql
 
 from eventstore import _validation as check
-from eventstore import telemetry
+from eventstore import jsonvalue, telemetry
 from eventstore.db import translate_errors
 from eventstore.errors import ConflictError, InvalidInputError, WrongExpectedVersionError
 from eventstore.events import (
@@ -25,14 +24,18 @@ from eventstore.events import (
     AppendedEvent,
     AppendResult,
     Cursor,
+    EncodedEvent,
+    EncodedPage,
     ExpectedState,
     ExpectedVersion,
     NewEvent,
     ReadPage,
     RecordedEvent,
     StreamAppend,
+    StreamPage,
 )
 from eventstore.eventtypes import EventTypes
+from eventstore.jsonvalue import loads
 from eventstore.notify import Notifier
 from eventstore.sqlfile import load_queries
 
@@ -94,8 +97,28 @@ def _expected_code(expected: ExpectedVersion) -> int:
     return expected
 
 
+def _encoded(row: Sequence[Any]) -> EncodedEvent:
+    """An event from a read query's row: its running page size, then the event's columns in order."""
+    return EncodedEvent(*row[1:])
+
+
 def _recorded(row: Sequence[Any]) -> RecordedEvent:
-    return RecordedEvent(*row)
+    """`_encoded(row).decode()`, without the intermediate object."""
+    _, position, tx, tenant, stream_id, version, event_id, type_, data, metadata, corr, cause, at = row
+    return RecordedEvent(
+        position,
+        tx,
+        tenant,
+        stream_id,
+        version,
+        event_id,
+        type_,
+        loads(data),
+        loads(metadata),
+        corr,
+        cause,
+        at,
+    )
 
 
 class EventStore:
@@ -113,6 +136,7 @@ class EventStore:
         types: EventTypes | None = None,
         max_event_bytes: int = 1024 * 1024,
         max_events_per_append: int = 10_000,
+        max_page_bytes: int = 4 * 1024 * 1024,
         notifier: Notifier | None = None,
     ) -> None:
         self.pool = pool
@@ -122,6 +146,8 @@ class EventStore:
         self.types = types or EventTypes()
         self.max_event_bytes = max_event_bytes
         self.max_events_per_append = max_events_per_append
+        #: A read page stops once its events pass this many bytes (always with at least one event).
+        self.max_page_bytes = max_page_bytes
         self._notifier = notifier
 
     def close(self) -> None:
@@ -327,7 +353,7 @@ class EventStore:
         log.info("events_imported", tenant=tenant, events=len(pairs), streams=len(counts))
         return len(pairs)
 
-    # -- reading ---------------------------------------------------------------------------------
+    # -- reading ---------------------------------------------------------------------------------------
 
     def read_stream(
         self,
@@ -338,7 +364,8 @@ class EventStore:
         backward: bool = False,
         limit: int = 1000,
     ) -> list[RecordedEvent]:
-        """A stream's events from `from_version` (inclusive), oldest first or, `backward`, newest first."""
+        """A stream's events from `from_version` (inclusive), oldest first or, `backward`, newest first:
+        `limit` of them, or all up to the stream's end. For pages bounded by size, see `read_stream_page`."""
         check.check_tenant(tenant)
         check.check_stream_id(stream_id)
         _check_limit(limit)
@@ -349,6 +376,42 @@ class EventStore:
                 query, {"tenant": tenant, "stream_id": stream_id, "version": version, "limit": limit}
             ).fetchall()
         return [_recorded(r) for r in rows]
+
+    def read_stream_page(
+        self,
+        stream_id: str,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        from_version: int | None = None,
+        backward: bool = False,
+        limit: int = 1000,
+        max_bytes: int | None = None,
+    ) -> StreamPage:
+        """A page of a stream from `from_version` (inclusive): at most `limit` events, and it stops once
+        their size passes `max_bytes` (default: the store's `max_page_bytes`), always with at least one
+        event. The events stay JSON text; continue from the page's `next_version`."""
+        check.check_tenant(tenant)
+        check.check_stream_id(stream_id)
+        _check_limit(limit)
+        budget = self._budget(max_bytes)
+        if from_version is None:
+            from_version = _END if backward else _FORWARD_FROM_START
+        params = {
+            "tenant": tenant,
+            "stream_id": stream_id,
+            # The walk starts just outside the first version it may take.
+            "version": from_version + 1 if backward else from_version - 1,
+            "limit": limit,
+            "max_bytes": budget,
+        }
+        with translate_errors(), self.pool.connection() as conn:
+            rows = conn.execute(_STREAM_PAGE[backward], params).fetchall()
+        events = tuple(_encoded(r) for r in rows)
+        if not events or (len(events) < limit and int(rows[-1][0]) < budget):
+            return StreamPage(events, None)
+        last = events[-1].stream_version
+        following = last - 1 if backward else last + 1
+        return StreamPage(events, following if following >= 1 else None)
 
     def read_streams(
         self, stream_ids: Sequence[str], *, tenant: str = DEFAULT_TENANT
@@ -363,7 +426,8 @@ class EventStore:
                 Q["read_streams"], {"tenant": tenant, "stream_ids": list(stream_ids)}
             ).fetchall()
         for row in rows:
-            found[row[3]].append(_recorded(row))
+            event = _recorded(row)
+            found[event.stream_id].append(event)
         return found
 
     def stream_version(self, stream_id: str, *, tenant: str = DEFAULT_TENANT) -> int | None:
@@ -382,16 +446,50 @@ class EventStore:
         tenant: str | None = None,
         types: Sequence[str] | None = None,
         categories: Sequence[str] | None = None,
+        max_bytes: int | None = None,
         conn: psycopg.Connection[Any] | None = None,
     ) -> ReadPage:
         """The next events of the global log after `after`, in resume order, gap-free.
 
         A reader that always resumes from the returned cursor sees every committed event exactly once,
-        however many writers commit out of order. `tenant=None` reads every tenant (internal use).
+        however many writers commit out of order. `tenant=None` reads every tenant (internal use). A page
+        holds at most `limit` events and stops once their size passes `max_bytes` (default: the store's
+        `max_page_bytes`), always with at least one event; such a page is not `caught_up`.
         """
+        rows, cursor, caught_up = self._read_all(after, limit, tenant, types, categories, max_bytes, conn)
+        return ReadPage(tuple(_recorded(r[1:]) for r in rows), cursor, caught_up)
+
+    def read_all_encoded(
+        self,
+        after: Cursor = START,
+        *,
+        limit: int = 1000,
+        tenant: str | None = None,
+        types: Sequence[str] | None = None,
+        categories: Sequence[str] | None = None,
+        max_bytes: int | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> EncodedPage:
+        """`read_all`, with each event's data and metadata left as JSON text."""
+        rows, cursor, caught_up = self._read_all(after, limit, tenant, types, categories, max_bytes, conn)
+        return EncodedPage(tuple(_encoded(r[1:]) for r in rows), cursor, caught_up)
+
+    def _read_all(
+        self,
+        after: Cursor,
+        limit: int,
+        tenant: str | None,
+        types: Sequence[str] | None,
+        categories: Sequence[str] | None,
+        max_bytes: int | None,
+        conn: psycopg.Connection[Any] | None,
+    ) -> tuple[list[Any], Cursor, bool]:
+        """The page's event rows (horizon, running size, then the event's columns), where to resume, and
+        whether the reader is caught up."""
         if tenant is not None:
             check.check_tenant(tenant)
         _check_limit(limit)
+        budget = self._budget(max_bytes)
         params = {
             "transaction_id": str(after.transaction_id),
             "position": after.position,
@@ -399,15 +497,26 @@ class EventStore:
             "types": list(types) if types is not None else None,
             "categories": list(categories) if categories is not None else None,
             "limit": limit,
+            "max_bytes": budget,
         }
         with translate_errors(), self._connection(conn) as c:
             rows = c.execute(Q["read_all"], params).fetchall()
         xmin = int(rows[0][0])
-        events = tuple(_recorded(r[1:]) for r in rows if r[1] is not None)
-        if len(events) == limit:
-            return ReadPage(events, events[-1].cursor, caught_up=False)
+        if rows[0][2] is None:
+            rows = []
+        if rows and (len(rows) == limit or int(rows[-1][1]) >= budget):
+            # Stopped at the count or the byte budget: more may follow at once.
+            last = rows[-1]
+            return rows, Cursor(int(last[3]), int(last[2])), False
         # Everything below the horizon that matches has been read: resume at the horizon.
-        return ReadPage(events, max(after, Cursor(xmin, 0)), caught_up=True)
+        return rows, max(after, Cursor(xmin, 0)), True
+
+    def _budget(self, max_bytes: int | None) -> int:
+        if max_bytes is None:
+            return self.max_page_bytes
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise InvalidInputError(f"max_bytes {max_bytes!r} is invalid: use a positive number of bytes")
+        return max_bytes
 
     def horizon(self, *, holders: int = 5) -> Horizon:
         """The safe horizon, and which transactions hold it back (pid, application, age)."""
@@ -452,6 +561,11 @@ def _with_bumps(query: LiteralString) -> dict[ExpectedState | None, sql.Composed
 
 
 _ONE_STREAM = _with_bumps(Q["append_one_stream"])
+#: The stream page query for each direction (key: backward).
+_STREAM_PAGE = {
+    backward: sql.SQL(Q["read_stream_page"]).format(next=sql.SQL(Q[name]))
+    for backward, name in ((False, "next_forward"), (True, "next_backward"))
+}
 _ONE_EVENT = _with_bumps(Q["append_one_event"])
 
 
@@ -530,5 +644,5 @@ def _request_hash(
         for a, code, group in zip(appends, expected, prepared, strict=True)
     ]
     # sort_keys: the same mapping built in another key order is the same content.
-    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    canonical = jsonvalue.dumps(content, sort_keys=True, ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -2,8 +2,14 @@
 
 A token belongs to one tenant and carries scopes: `append` (append events, start runs), `read` (read
 events, runs and projection health), `operate` (start, cancel, retry and refresh runs) and `admin` (every
-scope, plus operator actions on projections and failures). The secret, `lf_<id>_<random>`, is shown
-once; only its SHA-256 is stored. The public `<id>` part finds the row, the hash proves the secret.
+scope, plus operator actions on its tenant's failures and on per-tenant projections).
+
+A token's role is `tenant` (everything above, on its own tenant's data only) or `server` (a server
+administrator: an admin of its own tenant that may also rebuild, replay and verify the projections every
+tenant reads, see every tenant's failures and read `/metrics`).
+
+The secret, `lf_<id>_<random>`, is shown once; only its SHA-256 is stored. The public `<id>` part finds
+the row, the hash proves the secret. A token may expire; it records when it was last used (to the minute).
 """
 
 from __future__ import annotations
@@ -14,10 +20,11 @@ import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Final
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, Literal
 
 import structlog
+from psycopg.rows import kwargs_row
 
 from eventstore import EventStore, InvalidInputError, LedgerflowError
 from eventstore._validation import check_tenant
@@ -26,12 +33,14 @@ from eventstore.sqlfile import load_queries
 
 __all__ = [
     "SCOPES",
+    "SERVER_ADMIN",
     "AuthenticationError",
     "PermissionDeniedError",
     "Principal",
     "TokenInfo",
     "authenticate",
     "create_token",
+    "has_server_admin_token",
     "list_tokens",
     "revoke_token",
 ]
@@ -42,8 +51,13 @@ Q = load_queries("ops", "api/tokens.sql")
 
 SCOPES: Final = ("append", "read", "operate", "admin")
 ADMIN: Final = "admin"
+#: What a request that only a server administrator may make requires, as named in errors and OpenAPI.
+SERVER_ADMIN: Final = "server_admin"
+Role = Literal["tenant", "server"]
 _SECRET = re.compile(r"lf_([0-9a-f]{16})_([A-Za-z0-9_-]{20,100})")
 _MAX_NAME = 200
+#: The longest lifetime `--expires-in` accepts (ten years); longer means "never", which is the default.
+MAX_LIFETIME: Final = timedelta(days=3650)
 
 
 class AuthenticationError(LedgerflowError, PermissionError):
@@ -53,7 +67,7 @@ class AuthenticationError(LedgerflowError, PermissionError):
 
 
 class PermissionDeniedError(LedgerflowError, PermissionError):
-    """The token is valid but lacks the scope the request needs; nothing was done."""
+    """The token is valid but lacks the scope or role the request needs; nothing was done."""
 
     code = "forbidden"
 
@@ -68,11 +82,17 @@ class PermissionDeniedError(LedgerflowError, PermissionError):
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a request acts as: a token, its tenant and its scopes."""
+    """Who a request acts as: a token, its tenant, its scopes and whether it is a server administrator's."""
 
     token_id: str
     tenant: str
     scopes: frozenset[str]
+    server_admin: bool = False
+
+    @property
+    def granted(self) -> list[str]:
+        """The scopes, and `server_admin` for a server administrator, as errors show them."""
+        return sorted(self.scopes) + ([SERVER_ADMIN] if self.server_admin else [])
 
     def allows(self, scope: str) -> bool:
         return scope in self.scopes or ADMIN in self.scopes
@@ -84,7 +104,18 @@ class Principal:
                 f"this token lacks the scope for the request: it needs {' or '.join(any_of)}, "
                 f"and has {', '.join(sorted(self.scopes))}",
                 required=any_of,
-                granted=sorted(self.scopes),
+                granted=self.granted,
+            )
+
+    def require_server_admin(self, what: str) -> None:
+        """Raise PermissionDeniedError unless this is a server administrator's token; `what` says what was
+        refused, e.g. "rebuilding 'workflow_tables', which every tenant reads,"."""
+        if not self.server_admin:
+            raise PermissionDeniedError(
+                f"{what} needs a server administrator's token (`ledgerflow tokens create --server-admin`); "
+                f"this token is tenant {self.tenant!r}'s; nothing was done",
+                required=[SERVER_ADMIN],
+                granted=self.granted,
             )
 
 
@@ -94,13 +125,33 @@ class TokenInfo:
     name: str
     tenant: str
     scopes: tuple[str, ...]
+    role: Role
     created_at: datetime
+    expires_at: datetime | None
     revoked_at: datetime | None
     last_used_at: datetime | None
 
+    @classmethod
+    def of_row(cls, *, scopes: Sequence[str], **columns: Any) -> TokenInfo:
+        return cls(scopes=tuple(scopes), **columns)
+
+    @property
+    def server_admin(self) -> bool:
+        return self.role == "server"
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= datetime.now(UTC)
+
     @property
     def active(self) -> bool:
-        return self.revoked_at is None
+        return self.revoked_at is None and not self.expired
+
+    @property
+    def status(self) -> Literal["active", "revoked", "expired"]:
+        if self.revoked_at is not None:
+            return "revoked"
+        return "expired" if self.expired else "active"
 
 
 def hash_secret(secret: str) -> str:
@@ -126,11 +177,37 @@ def _check_name(name: str) -> str:
     return name.strip()
 
 
-def create_token(store: EventStore, *, tenant: str, scopes: Sequence[str], name: str) -> tuple[str, str]:
-    """Create a token; return (token id, secret). The secret is shown this once and never stored."""
+def _check_lifetime(expires_in: timedelta | None) -> float | None:
+    if expires_in is None:
+        return None
+    if not isinstance(expires_in, timedelta) or not timedelta(0) < expires_in <= MAX_LIFETIME:
+        raise InvalidInputError(
+            f"a token's lifetime must be more than 0 and at most {MAX_LIFETIME.days} days, "
+            f"not {expires_in}; leave it out for a token that never expires"
+        )
+    return expires_in.total_seconds()
+
+
+def create_token(
+    store: EventStore,
+    *,
+    tenant: str,
+    scopes: Sequence[str],
+    name: str,
+    server_admin: bool = False,
+    expires_in: timedelta | None = None,
+) -> tuple[str, str]:
+    """Create a token; return (token id, secret). The secret is shown this once and never stored.
+
+    A server administrator's token (`server_admin`) holds `admin`; `expires_in` limits its lifetime."""
     check_tenant(tenant)
     ordered = _check_scopes(scopes)
     name = _check_name(name)
+    lifetime = _check_lifetime(expires_in)
+    if server_admin and ADMIN not in ordered:
+        raise InvalidInputError(
+            f"a server administrator's token holds the admin scope; scopes {ordered!r} lack it"
+        )
     token_id = secrets.token_hex(8)
     secret = f"lf_{token_id}_{secrets.token_urlsafe(32)}"
     params = {
@@ -138,11 +215,21 @@ def create_token(store: EventStore, *, tenant: str, scopes: Sequence[str], name:
         "name": name,
         "tenant": tenant,
         "scopes": ordered,
+        "role": "server" if server_admin else "tenant",
+        "lifetime_seconds": lifetime,
         "token_hash": hash_secret(secret),
     }
     with translate_errors(), store.pool.connection() as conn:
         conn.execute(Q["insert_token"], params)
-    log.info("api_token_created", token_id=token_id, tenant=tenant, scopes=ordered, name=name)
+    log.info(
+        "api_token_created",
+        token_id=token_id,
+        tenant=tenant,
+        scopes=ordered,
+        name=name,
+        role=params["role"],
+        expires_in_seconds=lifetime,
+    )
     return token_id, secret
 
 
@@ -156,10 +243,19 @@ def revoke_token(store: EventStore, token_id: str) -> bool:
 
 
 def list_tokens(store: EventStore) -> list[TokenInfo]:
-    """Every token, live and revoked, oldest first (never their secrets, which are not kept)."""
+    """Every token, live, expired and revoked, oldest first (never their secrets, which are not kept)."""
+    with (
+        translate_errors(),
+        store.pool.connection() as conn,
+        conn.cursor(row_factory=kwargs_row(TokenInfo.of_row)) as cur,
+    ):
+        return cur.execute(Q["list_tokens"]).fetchall()
+
+
+def has_server_admin_token(store: EventStore) -> bool:
+    """Whether a server administrator's token was ever created (live, expired or revoked)."""
     with translate_errors(), store.pool.connection() as conn:
-        rows = conn.execute(Q["list_tokens"]).fetchall()
-    return [TokenInfo(r[0], r[1], r[2], tuple(r[3]), r[4], r[5], r[6]) for r in rows]
+        return conn.execute(Q["has_server_admin_token"]).fetchone() is not None
 
 
 def authenticate(store: EventStore, secret: str) -> Principal:
@@ -173,7 +269,12 @@ def authenticate(store: EventStore, secret: str) -> Principal:
     # compare_digest: the answer takes as long whichever character of the hash differs.
     if row is None or not hmac.compare_digest(str(row[2]), token_hash):
         raise AuthenticationError("the bearer token is not valid")
-    tenant, scopes, _, revoked = row
+    tenant, scopes, _, revoked, role, expires_at, expired = row
     if revoked:
         raise AuthenticationError("the bearer token was revoked")
-    return Principal(match[1], str(tenant), frozenset(scopes))
+    if expired:
+        raise AuthenticationError(
+            f"the bearer token expired at {expires_at.isoformat(timespec='seconds')}; "
+            "create a new one with `ledgerflow tokens create`"
+        )
+    return Principal(match[1], str(tenant), frozenset(scopes), server_admin=role == "server")

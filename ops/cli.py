@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -19,9 +18,11 @@ from eventstore import (
     NO_STREAM,
     STREAM_EXISTS,
     Cursor,
+    DatabaseUnavailableError,
     EventStore,
     LedgerflowError,
     NewEvent,
+    jsonvalue,
     open_store,
 )
 from eventstore.db import resolve_database_url
@@ -105,7 +106,8 @@ def append(
 ) -> None:
     """Append one event to a stream."""
     try:
-        parsed_data, parsed_metadata = json.loads(data), json.loads(metadata)
+        # Numbers keep their exact decimal value (1.00000000000000000001 stays so).
+        parsed_data, parsed_metadata = jsonvalue.loads(data), jsonvalue.loads(metadata)
     except ValueError as exc:
         raise click.BadParameter(f"--data and --metadata take JSON objects: {exc}") from None
     with _store(ctx) as store:
@@ -135,7 +137,7 @@ def read(ctx: click.Context, stream_id: str, tenant: str, backward: bool, limit:
     if as_json:
         for e in events:
             click.echo(
-                json.dumps(
+                jsonvalue.dumps(
                     {
                         "version": e.stream_version,
                         "position": e.position,
@@ -153,7 +155,7 @@ def read(ctx: click.Context, stream_id: str, tenant: str, backward: bool, limit:
             str(e.stream_version),
             str(e.position),
             e.type,
-            json.dumps(e.data)[:80],
+            jsonvalue.dumps(e.data)[:80],
             e.recorded_at.isoformat(timespec="seconds"),
         )
     console.print(table)
@@ -178,7 +180,7 @@ def tail(
         try:
             for e in subscription:
                 click.echo(
-                    json.dumps(
+                    jsonvalue.dumps(
                         {
                             "cursor": str(e.cursor),
                             "stream": e.stream_id,
@@ -249,14 +251,17 @@ def serve(
 @click.pass_context
 def doctor(ctx: click.Context) -> None:
     """Check the database, migrations, leases, the safe horizon and stuck work; say what to do."""
-    from ops.doctor import diagnose
+    from ops.doctor import diagnose, unreachable
     from projector import load_projections
     from workflows import workflow_tables
 
     settings = settings_of(ctx)
-    with open_store(settings, migrate=False) as store:
-        projections = [*load_projections(settings.projection_paths), workflow_tables]
-        findings = diagnose(store, projections, abandoned_after=settings.abandoned_after)
+    try:
+        with open_store(settings, migrate=False) as store:
+            projections = [*load_projections(settings.projection_paths), workflow_tables]
+            findings = diagnose(store, projections, abandoned_after=settings.abandoned_after)
+    except DatabaseUnavailableError as exc:
+        findings = [unreachable(str(exc))]
     marks = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
     table = Table("", "check", "finding", "what to do")
     for f in findings:

@@ -14,13 +14,13 @@ from rich.table import Table
 from eventstore import Cursor, open_store
 from eventstore.errors import NotFoundError
 from ops.cli_common import console, emit_json, settings_of
+from ops.services import all_projections, open_store_when_available
 from projector import (
     Projection,
     ProjectorWorker,
     WorkerSettings,
-    load_projections,
     rebuild,
-    replay,
+    start_replay,
     state,
     verify,
 )
@@ -29,7 +29,14 @@ from projector.registry import find
 
 
 def _projections(ctx: click.Context) -> list[Projection]:
-    return load_projections(settings_of(ctx).projection_paths)
+    return all_projections(settings_of(ctx))
+
+
+_TENANT = click.option(
+    "--tenant",
+    default=None,
+    help="Only this tenant's rows (projections kept per tenant, such as stream_catalogue).",
+)
 
 
 def _worker_settings(ctx: click.Context) -> WorkerSettings:
@@ -49,7 +56,7 @@ def projector_command(ctx: click.Context) -> None:
     projections = _projections(ctx)
     settings = settings_of(ctx)
     timeout = min(settings.idle_in_transaction_timeout, settings.projector_lease_ttl)
-    with open_store(
+    with open_store_when_available(
         settings.model_copy(update={"idle_in_transaction_timeout": timeout}), name="ledgerflow-projector"
     ) as store:
         worker = ProjectorWorker(store, projections, _worker_settings(ctx))
@@ -134,33 +141,44 @@ def _with_progress(description: str) -> tuple[Progress, Any]:
 
 @projections_group.command("rebuild")
 @click.argument("name")
+@_TENANT
 @click.pass_context
-def rebuild_command(ctx: click.Context, name: str) -> None:
+def rebuild_command(ctx: click.Context, name: str, tenant: str | None) -> None:
     """Rebuild NAME from the whole log in the shadow, then swap it in atomically."""
     with open_store(settings_of(ctx)) as store:
         projection = find(_projections(ctx), name)
         bar, update = _with_progress(f"rebuilding {name}")
         with bar:
             result = rebuild(
-                store, projection, progress=update, batch_size=settings_of(ctx).projector_batch_size
+                store,
+                projection,
+                tenant=tenant,
+                progress=update,
+                batch_size=settings_of(ctx).projector_batch_size,
             )
+    kept = (
+        f"tenant {tenant!r}'s rows replaced"
+        if tenant
+        else f"the previous tables are kept in lf_retired_{name}"
+    )
     console.print(
         f"rebuilt {name}: {result.events} events, cursor {result.cursor}, digest {result.digest[:16]} "
-        f"(run {result.run_id}); the previous tables are kept in lf_retired_{name}",
+        f"(run {result.run_id}); {kept}",
         highlight=False,
     )
 
 
 @projections_group.command("verify")
 @click.argument("name")
+@_TENANT
 @click.pass_context
-def verify_command(ctx: click.Context, name: str) -> None:
+def verify_command(ctx: click.Context, name: str, tenant: str | None) -> None:
     """Rebuild NAME in a scratch schema and compare digests with the live tables at the same cursor."""
     with open_store(settings_of(ctx)) as store:
         projection = find(_projections(ctx), name)
         bar, update = _with_progress(f"verifying {name}")
         with bar:
-            result = verify(store, projection, progress=update)
+            result = verify(store, projection, tenant=tenant, progress=update)
     if result.equal:
         console.print(
             f"{name} matches a rebuild at cursor {result.cursor} (digest {result.live_digest[:16]})"
@@ -180,17 +198,37 @@ def verify_command(ctx: click.Context, name: str) -> None:
 @click.argument("name")
 @click.option("--after", help="Re-apply events after this cursor (<transaction_id>:<position>).")
 @click.option("--since", type=click.DateTime(), help="Re-apply events recorded since this time.")
+@_TENANT
 @click.pass_context
-def replay_command(ctx: click.Context, name: str, after: str | None, since: datetime | None) -> None:
-    """Move NAME's cursor back; the running projector re-applies from there (handlers must be idempotent)."""
+def replay_command(
+    ctx: click.Context, name: str, after: str | None, since: datetime | None, tenant: str | None
+) -> None:
+    """Re-apply NAME's events after a cursor or since a time.
+
+    A projection that declares it safe is replayed in place: its cursor moves back and the running
+    projector re-applies from there. Any other (and any one tenant's rows) is rebuilt instead, which
+    gives the state a replay would."""
     with open_store(settings_of(ctx)) as store:
-        run_id = replay(
-            store, find(_projections(ctx), name), after=Cursor.parse(after) if after else None, since=since
+        run = start_replay(
+            store,
+            find(_projections(ctx), name),
+            after=Cursor.parse(after) if after else None,
+            since=since,
+            tenant=tenant,
+            batch_size=settings_of(ctx).projector_batch_size,
         )
-    console.print(
-        f"replay requested (run {run_id}); a running `ledgerflow projector` carries it out; "
-        f"follow it with `ledgerflow projections runs {name}`"
-    )
+        if run.kind == "replay":
+            run.execute()
+            console.print(
+                f"replay requested (run {run.run_id}); a running `ledgerflow projector` carries it out; "
+                f"follow it with `ledgerflow projections runs {name}`"
+            )
+            return
+        console.print(run.note or "", highlight=False)
+        bar, update = _with_progress(f"rebuilding {name}")
+        with bar:
+            run.execute(update)
+    console.print(f"rebuilt {name} (run {run.run_id})", highlight=False)
 
 
 @projections_group.command("runs")

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from eventstore import InvalidInputError, open_store
 from ops.cli_common import ICONS, console, emit_json, settings_of
+from ops.services import open_store_when_available
 from ops.settings import Settings
 from workflows import Engine, WorkerSettings, WorkflowRegistry, WorkflowWorker, queue
 from workflows.loading import load_workflows
@@ -47,7 +48,7 @@ def worker_command(ctx: click.Context, name: str | None) -> None:
         raise click.UsageError("no workflows to run: set LEDGERFLOW_WORKFLOWS=package.module:registry")
     # A frozen worker's open transaction would keep its rows locked past its lease: end it by then.
     timeout = min(settings.idle_in_transaction_timeout, settings.workflow_lease_ttl)
-    with open_store(
+    with open_store_when_available(
         settings.model_copy(update={"idle_in_transaction_timeout": timeout}), name="ledgerflow-worker"
     ) as store:
         worker = WorkflowWorker(

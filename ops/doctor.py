@@ -1,5 +1,9 @@
-"""`ledgerflow doctor`: check the database, migrations, leases, the safe horizon and stuck work, and say
-what to do about whatever is wrong."""
+"""`ledgerflow doctor`: check the database, migrations, connection slots, workers, leases, the safe
+horizon and stuck work, and say what to do about whatever is wrong.
+
+Workers wait out database outages by themselves; doctor says so when it cannot reach the database,
+and otherwise shows what the database sees of them: how many of each kind are connected, and whether
+connection slots run out (a worker that cannot get one waits)."""
 
 from __future__ import annotations
 
@@ -7,15 +11,22 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-import psycopg
-
-from eventstore import EventStore
+from eventstore import EventStore, LedgerflowError
+from eventstore.db import wrap_exceptions
 from eventstore.migrate import pending_migrations
+from eventstore.sqlfile import load_queries
 from projector import Projection
 from projector.health import projection_health
 from workflows import queue
 
 Level = Literal["ok", "warn", "fail"]
+Q = load_queries("ops", "doctor.sql")
+#: Workers wait out outages; this is what doctor tells an operator who cannot reach the database.
+WORKERS_WAIT = (
+    "check that PostgreSQL runs, has free connection slots, and LEDGERFLOW_DATABASE_URL; running workers "
+    "wait and resume by themselves (each logs database_unavailable once; `serve` lists its roles waiting "
+    "in /api/healthz)"
+)
 
 
 @dataclass(frozen=True)
@@ -26,19 +37,23 @@ class Finding:
     advice: str = ""
 
 
+def unreachable(error: str) -> Finding:
+    return Finding("database", "fail", error, WORKERS_WAIT)
+
+
 def diagnose(
     store: EventStore, projections: list[Projection], *, abandoned_after: float = 30.0
 ) -> list[Finding]:
     found: list[Finding] = []
     began = time.monotonic()
     try:
-        with store.pool.connection() as conn:
-            conn.execute("SELECT 1")
+        with wrap_exceptions(), store.pool.connection() as conn:
+            conn.execute(Q["ping"])
             pending = pending_migrations(conn)
-    except psycopg.Error as exc:
-        return [
-            Finding("database", "fail", str(exc), "check that PostgreSQL runs and LEDGERFLOW_DATABASE_URL")
-        ]
+            listeners = {str(app): int(n) for app, n in conn.execute(Q["listeners"]).fetchall()}
+            slots = conn.execute(Q["connection_slots"]).fetchone() or (0, 1)
+    except LedgerflowError as exc:
+        return [unreachable(str(exc))]
     found.append(Finding("database", "ok", f"answers in {(time.monotonic() - began) * 1000:.0f} ms"))
     found.append(
         Finding(
@@ -49,6 +64,26 @@ def diagnose(
         )
         if pending
         else Finding("migrations", "ok", "all applied")
+    )
+
+    projectors = int(listeners.get("ledgerflow-projector-listener", 0))
+    workers = int(listeners.get("ledgerflow-workflow-listener", 0))
+    found.append(
+        Finding(
+            "workers",
+            "ok" if projectors and workers else "warn",
+            f"{projectors} projector worker(s) and {workers} workflow worker(s) connected",
+            ""
+            if projectors and workers
+            else "a worker waiting for the database is not connected yet: see its log; "
+            "else start `ledgerflow projector`, `ledgerflow worker` or `ledgerflow serve`",
+        )
+    )
+    used, usable = int(slots[0]), int(slots[1])
+    found.append(
+        Finding("connection slots", "warn", f"{used} of {usable} in use", "workers needing one wait for it")
+        if used >= 0.9 * usable
+        else Finding("connection slots", "ok", f"{used} of {usable} in use")
     )
 
     horizon = store.horizon()

@@ -3,17 +3,21 @@
 Roles can be chosen (`--api`, `--projector`, `--worker`), so the API, projectors and workers can be scaled
 apart; with no role flag, all three run. SIGTERM (or Ctrl-C) stops the API, lets running nodes hand
 themselves back, releases every lease and exits.
+
+The process waits for the database at start-up. Each worker role runs in its own thread, waits out
+database outages itself, and is restarted with back-off if it dies for another reason; `/api/healthz`
+and `/api/readyz` report every role's state (`ops.roles`).
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
 from types import FrameType
 
 import structlog
 
+from ops.roles import Role
 from ops.services import Services, open_services
 from ops.settings import Settings
 from ops.telemetry import configure_telemetry
@@ -41,44 +45,49 @@ def serve(settings: Settings, *, api: bool, projector: bool, worker: bool, host:
     services = open_services(
         settings.model_copy(update={"idle_in_transaction_timeout": idle}), name="ledgerflow-serve"
     )
-    stoppers: list[Callable[[], None]] = []
-    threads: list[threading.Thread] = []
     if projector:
-        p = ProjectorWorker(
-            services.store,
-            services.projections,
-            ProjectorSettings(
-                lease_ttl=settings.projector_lease_ttl,
-                heartbeat_interval=settings.projector_heartbeat_interval,
-                batch_size=settings.projector_batch_size,
-                abandoned_after=settings.abandoned_after,
-            ),
-        )
-        p.prepare()
-        threads.append(threading.Thread(target=p.run, name="projector", daemon=True))
-        stoppers.append(p.stop)
+        services.roles.append(Role("projector", lambda: _projector(services)))
     if worker:
-        from ops.cli_workflows import worker_settings
-
-        w = WorkflowWorker(
-            services.engine, services.registry, worker_settings(settings), name=settings.worker_name
-        )
-        threads.append(threading.Thread(target=w.run, name="workflow-worker", daemon=True))
-        stoppers.append(w.stop)
-    for t in threads:
-        t.start()
+        services.roles.append(Role("workflow-worker", lambda: _workflow_worker(services)))
+    for role in services.roles:
+        role.start()
     try:
         if api:
             _run_api(services, host, port)
         else:
             _wait_for_signal()
     finally:
-        for stop in stoppers:
-            stop()
-        for t in threads:
-            t.join(timeout=settings.workflow_lease_ttl + 5)
+        for role in services.roles:
+            role.stop()
+        for role in services.roles:
+            role.join(timeout=settings.workflow_lease_ttl + 5)
         services.close()
         log.info("serve_stopped")
+
+
+def _projector(services: Services) -> ProjectorWorker:
+    settings = services.settings
+    p = ProjectorWorker(
+        services.store,
+        services.projections,
+        ProjectorSettings(
+            lease_ttl=settings.projector_lease_ttl,
+            heartbeat_interval=settings.projector_heartbeat_interval,
+            batch_size=settings.projector_batch_size,
+            abandoned_after=settings.abandoned_after,
+        ),
+    )
+    p.prepare()
+    return p
+
+
+def _workflow_worker(services: Services) -> WorkflowWorker:
+    from ops.cli_workflows import worker_settings
+
+    settings = services.settings
+    return WorkflowWorker(
+        services.engine, services.registry, worker_settings(settings), name=settings.worker_name
+    )
 
 
 def _run_api(services: Services, host: str, port: int) -> None:
@@ -109,16 +118,20 @@ def _run_api(services: Services, host: str, port: int) -> None:
 
 
 def _bootstrap_token(services: Services) -> None:
-    """On a fresh install, make one admin token so the console can be opened at all; show it once."""
-    from ops.auth import create_token, list_tokens
+    """Until a server administrator's token exists (a fresh install, or one from before token roles),
+    make one for tenant 'default', so the console can be opened and projections operated; show it once."""
+    from ops.auth import create_token, has_server_admin_token
 
-    if list_tokens(services.store):
+    if has_server_admin_token(services.store):
         return
-    token_id, secret = create_token(services.store, tenant="default", scopes=["admin"], name="bootstrap")
+    token_id, secret = create_token(
+        services.store, tenant="default", scopes=["admin"], name="bootstrap", server_admin=True
+    )
     print(
-        "\n  First start: created an admin API token for tenant 'default' (shown only now):\n\n"
+        "\n  Created a server administrator's API token (tenant 'default'; shown only now):\n\n"
         f"    {secret}\n\n"
-        "  Use it in the console and as `Authorization: Bearer <token>`; revoke it with "
+        "  Use it in the console and as `Authorization: Bearer <token>`; make tenant tokens with "
+        "`ledgerflow tokens create --tenant <name>`; revoke this one with "
         f"`ledgerflow tokens revoke {token_id}`.\n",
         flush=True,
     )

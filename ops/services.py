@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import tenacity
 
 from eventstore import EventStore, open_store
+from eventstore.db import translate_errors
+from eventstore.outage import Outage, backoff, is_unavailable, sleeper
 from ops.settings import Settings
 from projector import Projection, load_projections
 from workflows import Engine, WorkflowRegistry, workflow_tables
 from workflows.loading import load_workflows
+
+if TYPE_CHECKING:
+    from ops.roles import Role
+
+#: How long one start-up attempt waits for a first connection before backing off and trying again.
+_STARTUP_ATTEMPT_TIMEOUT = 2.0
 
 
 @dataclass
@@ -17,6 +30,8 @@ class Services:
     store: EventStore
     registry: WorkflowRegistry
     projections: list[Projection] = field(default_factory=list)
+    #: The worker roles this process runs (`ledgerflow serve`), for health reports.
+    roles: list[Role] = field(default_factory=list)
 
     @property
     def engine(self) -> Engine:
@@ -26,11 +41,55 @@ class Services:
         self.store.close()
 
 
-def open_services(settings: Settings, *, name: str = "ledgerflow") -> Services:
-    """Open the store (embedded PostgreSQL unless a URL is set; migrations applied), load the configured
-    workflows and projections. The workflow tables projection is always included."""
-    store = open_store(settings, name=name)
+def open_store_when_available(
+    settings: Settings, *, name: str, stopping: threading.Event | None = None
+) -> EventStore:
+    """`open_store` (migrations applied), waiting for as long as the database is unavailable: down,
+    restarting, or without a free connection slot. Says so once (`database_unavailable`), backs off,
+    and says when it answers again. Errors other than an unavailable database are raised at once."""
+    # Outages are reported by ledgerflow, once; the driver's own lines (one per failed connection
+    # attempt, per broken connection cleaned up) would bury that report.
+    for driver in ("psycopg", "psycopg.pool"):
+        logging.getLogger(driver).setLevel(logging.ERROR)
+    outage = Outage(role=name, stage="startup")
+    attempt_settings = settings.model_copy(
+        update={"connect_timeout": min(settings.connect_timeout, _STARTUP_ATTEMPT_TIMEOUT)}
+    )
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_unavailable),
+        wait=backoff(),
+        stop=tenacity.stop_when_event_set(stopping or threading.Event()),
+        sleep=sleeper(stopping or threading.Event()),
+        reraise=True,
+    )
+    for attempt in retrying:
+        with attempt:
+            try:
+                with translate_errors():
+                    store = open_store(attempt_settings, name=name)
+            except Exception as exc:
+                if is_unavailable(exc):
+                    outage.failed(exc)
+                raise
+    outage.succeeded()
+    outage.settle(confirmed=True)  # the store is open: this start-up's wait is over
+    return store
+
+
+def open_services(
+    settings: Settings, *, name: str = "ledgerflow", stopping: threading.Event | None = None
+) -> Services:
+    """Open the store (embedded PostgreSQL unless a URL is set; migrations applied; waiting while the
+    database is unavailable), load the configured workflows and projections. The workflow tables
+    projection is always included."""
+    store = open_store_when_available(settings, name=name, stopping=stopping)
+    return Services(settings, store, load_workflows(settings.workflow_paths), all_projections(settings))
+
+
+def all_projections(settings: Settings) -> list[Projection]:
+    """The built-in projections (the workflow tables among them) and the configured ones: what every
+    projector runs and every operator command knows."""
     projections = load_projections(settings.projection_paths)
     if all(p.name != workflow_tables.name for p in projections):
         projections.append(workflow_tables)
-    return Services(settings, store, load_workflows(settings.workflow_paths), projections)
+    return projections

@@ -10,6 +10,7 @@ from eventstore import Cursor, EventStore
 from eventstore.db import translate_errors
 from projector import state
 from projector.projection import Projection
+from projector.rebuild import sweep_abandoned
 
 
 @dataclass(frozen=True)
@@ -33,19 +34,28 @@ class ProjectionHealth:
 
 
 def projection_health(
-    store: EventStore, projections: Sequence[Projection], *, abandoned_after: float | None = None
+    store: EventStore,
+    projections: Sequence[Projection],
+    *,
+    abandoned_after: float | None = None,
+    tenant: str | None = None,
 ) -> list[ProjectionHealth]:
+    """Every projection's health. With `tenant`, as that tenant may see it: its own open failures, and
+    runs over every tenant or its own (never another tenant's)."""
     found: list[ProjectionHealth] = []
     with translate_errors(), store.pool.connection() as conn:
         if abandoned_after is not None:
-            state.mark_abandoned_runs(conn, abandoned_after)
+            sweep_abandoned(conn, abandoned_after)
         for p in projections:
             current = state.get_cursor(conn, p.name)
             cursor = current.cursor if current else Cursor()
             lag = state.lag(conn, cursor)
             lease = state.lease_of(conn, p.name)
             failures = state.open_failures(conn, p.name)
-            runs = state.list_runs(conn, p.name, limit=5)
+            # A failure blocks every tenant's rows, so the state says "blocked" to all; the count (and
+            # the failures an API lists) are the tenant's own.
+            own = failures if tenant is None else [f for f in failures if f.tenant == tenant]
+            runs = state.list_runs(conn, p.name, limit=5, tenant=tenant)
             active = {r.kind for r in runs if r.status == "running"}
             owner = lease.owner if lease and lease.alive else None
             if current is None:
@@ -73,7 +83,7 @@ def projection_health(
                     lag_events_head=lag.behind_head,
                     lag_seconds=lag.oldest_seconds,
                     owner=owner,
-                    open_failures=len(failures),
+                    open_failures=len(own),
                     last_run=f"{last.kind} {last.status} #{last.id}" if last else None,
                 )
             )

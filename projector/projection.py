@@ -73,6 +73,13 @@ class Projection:
     failure_policy: FailurePolicy = "block"
     #: Only these event types are read (None: all). Cuts reading when a projection needs few types.
     event_types: Sequence[str] | None = None
+    #: Every table has a `tenant` column, and a tenant's rows come only from that tenant's events. Such a
+    #: projection's rows can be rebuilt, replayed and verified one tenant at a time, by that tenant's admin.
+    per_tenant: bool = False
+    #: Re-applying events that were already applied leaves the tables as a rebuild would make them, so a
+    #: replay may move the cursor back and let the live worker re-apply. A projection that cannot promise
+    #: this (counters, inserts without upserts) is replayed by a shadow rebuild instead.
+    replay_in_place: bool = False
     handlers: dict[str, EventHandler] = field(default_factory=dict)
     any_handler: EventHandler | None = None
     batch_handler: BatchHandler | None = None

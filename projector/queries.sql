@@ -66,9 +66,9 @@ SELECT owner, epoch, expires_at > clock_timestamp(), heartbeat_at, expires_at
 
 -- name: start_run
 INSERT INTO ledgerflow.projection_runs
-       (projection, kind, trigger, actor, owner, start_tx, start_position, target_tx, target_position)
-VALUES (%(projection)s, %(kind)s, %(trigger)s, %(actor)s, %(owner)s, %(start_tx)s, %(start_position)s,
-        %(target_tx)s, %(target_position)s)
+       (projection, kind, trigger, actor, owner, tenant, start_tx, start_position, target_tx, target_position)
+VALUES (%(projection)s, %(kind)s, %(trigger)s, %(actor)s, %(owner)s, %(tenant)s, %(start_tx)s,
+        %(start_position)s, %(target_tx)s, %(target_position)s)
 RETURNING id
 
 -- name: run_progress
@@ -80,6 +80,10 @@ UPDATE ledgerflow.projection_runs
 -- name: heartbeat_runs
 UPDATE ledgerflow.projection_runs SET heartbeat_at = clock_timestamp()
  WHERE owner = %(owner)s AND status = 'running'
+
+-- name: heartbeat_run
+UPDATE ledgerflow.projection_runs SET heartbeat_at = clock_timestamp()
+ WHERE id = %(run_id)s AND status = 'running'
 
 -- name: finish_run
 UPDATE ledgerflow.projection_runs
@@ -95,17 +99,25 @@ UPDATE ledgerflow.projection_runs
  WHERE status = 'running' AND heartbeat_at < clock_timestamp() - make_interval(secs => %(timeout)s)
 RETURNING id, projection, kind, owner
 
+-- name: scratch_schemas
+-- Schemas of rebuild and verify runs (lf_shadow_<projection>_<run>, lf_verify_<projection>_<run>).
+SELECT nspname FROM pg_namespace WHERE nspname ~ '^lf_(shadow|verify)_[a-z0-9_]+_[0-9]+$'
+
+-- name: running_run_ids
+SELECT id FROM ledgerflow.projection_runs WHERE status = 'running'
+
 -- name: list_runs
 SELECT id, projection, kind, trigger, actor, owner, status, start_tx, start_position, end_tx, end_position,
-       target_tx, target_position, events_processed, started_at, heartbeat_at, ended_at, digest, error
+       target_tx, target_position, events_processed, started_at, heartbeat_at, ended_at, digest, error, tenant
   FROM ledgerflow.projection_runs
  WHERE (%(projection)s::text IS NULL OR projection = %(projection)s::text)
+   AND (%(tenant)s::text IS NULL OR tenant IS NULL OR tenant = %(tenant)s::text)
  ORDER BY id DESC
  LIMIT %(limit)s
 
 -- name: get_run
 SELECT id, projection, kind, trigger, actor, owner, status, start_tx, start_position, end_tx, end_position,
-       target_tx, target_position, events_processed, started_at, heartbeat_at, ended_at, digest, error
+       target_tx, target_position, events_processed, started_at, heartbeat_at, ended_at, digest, error, tenant
   FROM ledgerflow.projection_runs WHERE id = %(run_id)s
 
 -- name: record_failure
@@ -127,10 +139,12 @@ SELECT id, projection, event_position, event_tx, event_id, tenant, stream_id, st
  ORDER BY event_tx, event_position
 
 -- name: list_failures
+-- Failures are tenant data: a tenant sees only those of its own events.
 SELECT id, projection, event_position, event_tx, event_id, tenant, stream_id, stream_version, event_type,
        policy, status, error_class, error_message, attempts, first_seen, last_seen, resolved_at, resolved_by
   FROM ledgerflow.projection_failures
  WHERE (%(projection)s::text IS NULL OR projection = %(projection)s::text)
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
    AND (%(all)s OR status IN ('open', 'retry_requested', 'skip_requested'))
  ORDER BY id DESC
  LIMIT %(limit)s
@@ -139,15 +153,22 @@ SELECT id, projection, event_position, event_tx, event_id, tenant, stream_id, st
 SELECT event_position FROM ledgerflow.projection_failures
  WHERE projection = %(projection)s AND status = 'skipped'
 
+-- name: get_failure
+SELECT id, projection, event_position, event_tx, event_id, tenant, stream_id, stream_version, event_type,
+       policy, status, error_class, error_message, attempts, first_seen, last_seen, resolved_at, resolved_by
+  FROM ledgerflow.projection_failures
+ WHERE id = %(failure_id)s AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+
 -- name: request_failure_retry
 UPDATE ledgerflow.projection_failures SET status = 'retry_requested', resolved_by = %(actor)s
- WHERE id = %(failure_id)s AND status = 'open'
+ WHERE id = %(failure_id)s AND status = 'open' AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
 RETURNING id
 
 -- name: request_failure_skip
 -- The worker carries the skip out (and, under the park policy, applies the stream's parked events).
 UPDATE ledgerflow.projection_failures SET status = 'skip_requested', resolved_by = %(actor)s
  WHERE id = %(failure_id)s AND status IN ('open', 'retry_requested')
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
 RETURNING id
 
 -- name: close_failure
@@ -183,6 +204,13 @@ SELECT (SELECT count(*) FROM behind, h WHERE behind.transaction_id < h.xmin),
 -- name: active_run
 SELECT id, target_tx, target_position FROM ledgerflow.projection_runs
  WHERE projection = %(projection)s AND kind = %(kind)s AND status = 'running'
+ ORDER BY id DESC LIMIT 1
+
+-- name: running_operator_run
+-- The rebuild, replay or verify that holds a scope (all tenants: tenant NULL), if one runs.
+SELECT id, kind FROM ledgerflow.projection_runs
+ WHERE projection = %(projection)s AND coalesce(tenant, '') = coalesce(%(tenant)s::text, '')
+   AND status = 'running' AND kind IN ('rebuild', 'replay', 'verify')
  ORDER BY id DESC LIMIT 1
 
 -- name: first_cursor_since

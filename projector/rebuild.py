@@ -1,14 +1,21 @@
-"""Rebuild, verify and replay: the operator's tools for a projection.
+"""Rebuild, verify and replay: the operator's levers on a projection, each recorded as a run.
 
 - rebuild: build the projection from the start of the log into a shadow schema, catch up with the live
   cursor, then swap the shadow tables in atomically, with the cursor, in one transaction.
-- verify: build a shadow copy up to the live cursor and compare digests at the same cursor, naming the
+- verify: build a scratch copy up to the live cursor and compare digests at the same cursor, naming the
   rows that differ.
-- replay: move the cursor back to a given cursor or time; the worker holding the lease re-applies from
-  there (handlers must be idempotent over the replayed range, e.g. upserts).
+- replay: for a projection that declares `replay_in_place`, move the cursor back; the worker holding the
+  lease re-applies from there and completes the run. Any other projection is rebuilt instead, which
+  gives the state a correct replay would give.
 
-Every one of them is recorded as a run. The final step of rebuild and verify locks the projection's
-cursor row, so the live worker pauses for that moment only and both copies stand at the same cursor.
+With a tenant, a per-tenant projection's rows of that tenant alone are rebuilt (or verified): the scratch
+copy holds only that tenant's rows, and they replace the live ones under the cursor row lock.
+
+Each lever first records its run (`start_rebuild`, `start_verify`, `start_replay`): one rebuild, replay
+or verify per projection and scope at a time, a second request gets `RunInProgressError` naming the
+first. `PendingRun.execute()` then does the work, in the caller's thread or a background one. The final
+step of rebuild and verify locks the projection's cursor row, so the live worker pauses for that moment
+only and both copies stand at the same cursor.
 """
 
 from __future__ import annotations
@@ -16,32 +23,54 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import psycopg
-import psycopg.errors
 import structlog
+import tenacity
 
-from eventstore import ConflictError, Cursor, EventStore, InvalidInputError, RecordedEvent
-from eventstore.errors import NotFoundError
+from eventstore import Cursor, EventStore, InvalidInputError
+from eventstore.errors import ConflictError, LedgerflowError, NotFoundError
 from projector import state, tables
 from projector.digest import TableDifference, differing_rows, projection_digest
-from projector.projection import ApplyContext, Projection
+from projector.errors import RunInProgressError, TablesBusyError, wrap_exceptions
+from projector.projection import Projection
+from projector.shadow import Progress, ShadowBuild
 
 log = structlog.get_logger(__name__)
 
 _SWAP_LOCK_TIMEOUT_MS = 100  # well below PostgreSQL's default deadlock_timeout of 1 s
 _SWAP_ATTEMPTS = 100
+#: A run whose owner has not heartbeaten for this long is marked abandoned before a new one starts.
+ABANDONED_AFTER = 30.0
+#: How often a rebuild, replay or verify renews its run's heartbeat (well within ABANDONED_AFTER).
+HEARTBEAT_INTERVAL = 5.0
 
-#: Called after every shadow batch with (events processed so far, shadow cursor, target cursor).
-Progress = Callable[[int, Cursor, Cursor], None]
+__all__ = [
+    "PendingRun",
+    "Progress",
+    "RebuildResult",
+    "ReplayResult",
+    "VerifyResult",
+    "rebuild",
+    "replay",
+    "start_rebuild",
+    "start_replay",
+    "start_verify",
+    "sweep_abandoned",
+    "verify",
+]
 
 
 def default_actor() -> str:
     return f"{os.environ.get('USER', 'unknown')}@{socket.gethostname()}"
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass(frozen=True)
@@ -65,103 +94,125 @@ class VerifyResult:
         return self.live_digest == self.rebuilt_digest
 
 
-class _ShadowBuild:
-    """Applies the log, in order, to a projection's tables in a shadow schema."""
+@dataclass(frozen=True)
+class ReplayResult:
+    """An in-place replay was handed to the live worker, which completes the run when it is back."""
 
-    def __init__(self, store: EventStore, projection: Projection, schema: str, run_id: int, batch_size: int):
-        self.store, self.projection, self.schema = store, projection, schema
-        self.run_id, self.batch_size = run_id, batch_size
-        self.cursor = Cursor()
-        self.events = 0
-        with store.pool.connection() as conn:
-            self._skipped = state.skipped_positions(conn, projection.name)
-            failures = state.open_failures(conn, projection.name)
-        # Streams the live projection has parked stay parked here too, so both copies agree.
-        self._parked = {(f.tenant, f.stream_id): f.stream_version for f in failures if f.policy == "park"}
+    run_id: int
+    after: Cursor
+    until: Cursor
 
-    def _wanted(self, e: RecordedEvent) -> bool:
-        parked_at = self._parked.get((e.tenant, e.stream_id))
-        return e.position not in self._skipped and (parked_at is None or e.stream_version < parked_at)
 
-    def run_until(
-        self, target: Cursor | None, progress: Progress | None, conn: psycopg.Connection[Any] | None = None
+OperatorResult = RebuildResult | VerifyResult | ReplayResult
+
+
+class PendingRun:
+    """A recorded rebuild, replay or verify, not yet carried out. `kind` is what runs: a replay that
+    cannot happen in place runs as a rebuild, and `note` says so.
+
+    From `start_heartbeats()` (called by `execute()` if not before) until the work ends, a thread renews
+    the run's heartbeat, so neither a run waiting for a job thread nor one inside a long transaction is
+    taken for abandoned."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        run_id: int,
+        kind: state.RunKind,
+        projection: Projection,
+        tenant: str | None,
+        note: str | None,
+        work: Callable[[Progress | None], OperatorResult],
     ) -> None:
-        """Apply every event up to and including `target` (None: everything readable now); in `conn`'s
-        transaction if given."""
-        while target is None or self.cursor < target:
-            page = self.store.read_all(
-                self.cursor, limit=self.batch_size, types=self.projection.event_types, conn=conn
+        self.store, self.run_id, self.kind = store, run_id, kind
+        self.projection, self.tenant, self.note = projection, tenant, note
+        self._work = work
+        self._done = threading.Event()
+        self._beating: threading.Thread | None = None
+
+    def start_heartbeats(self) -> None:
+        if self._beating is None:
+            self._beating = threading.Thread(
+                target=self._beat, name=f"run-{self.run_id}-heartbeat", daemon=True
             )
-            events = [e for e in page.events if target is None or e.cursor <= target]
-            if len(events) < len(page.events) or page.caught_up:
-                # Past the target, or everything readable is read: the shadow stands at the end.
-                end = (
-                    max(page.cursor, self.cursor)
-                    if target is None
-                    else min(max(page.cursor, self.cursor), target)
-                )
-            else:
-                end = events[-1].cursor
-            if not events and end <= self.cursor:
-                break
-            self._apply(events, end, conn)
-            if progress is not None:
-                progress(self.events, self.cursor, target or end)
-            if target is None and page.caught_up:
-                break
+            self._beating.start()
 
-    def _apply(
-        self, events: Sequence[RecordedEvent], end: Cursor, conn: psycopg.Connection[Any] | None
-    ) -> None:
-        wanted = [e for e in events if self._wanted(e)]
-        if conn is not None:
-            self._apply_in(conn, wanted, end, len(events))
-        else:
-            with self.store.pool.connection() as own, own.transaction():
-                self._apply_in(own, wanted, end, len(events))
-        self.cursor = max(self.cursor, end)
-        self.events += len(events)
+    def execute(self, progress: Progress | None = None) -> OperatorResult:
+        self.start_heartbeats()
+        try:
+            return self._work(progress)
+        finally:
+            self._done.set()
 
-    def _apply_in(
-        self, conn: psycopg.Connection[Any], events: list[RecordedEvent], end: Cursor, n: int
-    ) -> None:
-        if events:
-            self.projection.apply(ApplyContext(conn, self.schema, self.projection.table_names), events)
-        state.run_progress(conn, self.run_id, end, n)
+    def _beat(self) -> None:
+        while not self._done.wait(HEARTBEAT_INTERVAL):
+            try:
+                with wrap_exceptions(), self.store.pool.connection() as conn:
+                    state.heartbeat_run(conn, self.run_id)
+            except LedgerflowError as exc:
+                # The run's own work meets the same outage and fails the run, or outlives it.
+                log.debug("projection_run_heartbeat_missed", run_id=self.run_id, error=str(exc))
 
 
-def _start_run(
+# -- starting runs ----------------------------------------------------------------------------------
+
+
+def sweep_abandoned(
+    conn: psycopg.Connection[Any], timeout: float = ABANDONED_AFTER
+) -> list[tuple[int, str, str, str]]:
+    """Mark runs whose owner stopped heartbeating as abandoned, and drop every scratch schema whose run
+    is no longer running (its owner crashed before it could). Returns the runs marked."""
+    marked = state.mark_abandoned_runs(conn, timeout)
+    running = state.running_run_ids(conn)
+    for schema in state.scratch_schemas(conn):
+        if tables.run_of_scratch_schema(schema) not in running:
+            tables.drop_schema(conn, schema)
+            log.info("projection_scratch_schema_dropped", schema=schema)
+    return marked
+
+
+def _check_scope(projection: Projection, tenant: str | None) -> None:
+    if tenant is not None and not projection.per_tenant:
+        raise InvalidInputError(
+            f"projection {projection.name!r} is shared by every tenant, so it cannot be rebuilt, replayed "
+            "or verified for one tenant; a server administrator can act on all of it"
+        )
+
+
+def _record_run(
     store: EventStore,
     projection: Projection,
     kind: state.RunKind,
     *,
     trigger: str,
-    actor: str,
+    actor: str | None,
+    tenant: str | None,
     start: Cursor,
-    target: Cursor | None = None,
+    target: Cursor | None,
 ) -> int:
-    with store.pool.connection() as conn:
-        state.ensure_cursor(conn, projection.name, projection.version)
+    """Insert the run row; the partial unique index admits one operator run per projection and scope."""
+    with wrap_exceptions(), store.pool.connection() as conn:
+        with conn.transaction():
+            # A projection no worker has run yet still has tables to verify or replace.
+            state.ensure_cursor(conn, projection.name, projection.version)
+            tables.ensure_live_tables(conn, projection)
+        sweep_abandoned(conn)
         try:
-            return state.start_run(
-                conn,
-                projection.name,
-                kind,
-                trigger=trigger,
-                actor=actor,
-                owner=f"{socket.gethostname()}:{os.getpid()}",
-                start=start,
-                target=target,
-            )
-        except psycopg.errors.UniqueViolation:
-            running = state.active_run(conn, projection.name, "rebuild") or state.active_run(
-                conn, projection.name, "replay"
-            )
-            which = f" (run {running[0]})" if running else ""
-            raise ConflictError(
-                f"a rebuild or replay of {projection.name!r} is already running{which}; "
-                "wait for it, or check `ledgerflow projections runs`"
-            ) from None
+            with wrap_exceptions():
+                return state.start_run(
+                    conn,
+                    projection.name,
+                    kind,
+                    trigger=trigger,
+                    actor=actor or default_actor(),
+                    owner=_owner(),
+                    start=start,
+                    target=target,
+                    tenant=tenant,
+                )
+        except RunInProgressError as busy:
+            running = state.running_operator_run(conn, projection.name, tenant)
+            raise RunInProgressError(projection.name, *(running or (None, None))) from busy.__cause__
 
 
 def _live_cursor(store: EventStore, projection: Projection) -> Cursor:
@@ -170,71 +221,340 @@ def _live_cursor(store: EventStore, projection: Projection) -> Cursor:
     return current.cursor if current else Cursor()
 
 
+def start_rebuild(
+    store: EventStore,
+    projection: Projection,
+    *,
+    actor: str | None = None,
+    trigger: str = "operator",
+    tenant: str | None = None,
+    batch_size: int = 1000,
+    note: str | None = None,
+) -> PendingRun:
+    """Record a rebuild run of `projection` (of one tenant's rows, with `tenant`); execute() builds it."""
+    _check_scope(projection, tenant)
+    run_id = _record_run(
+        store,
+        projection,
+        "rebuild",
+        trigger=trigger,
+        actor=actor,
+        tenant=tenant,
+        start=Cursor(),
+        target=_live_cursor(store, projection),
+    )
+
+    def work(progress: Progress | None) -> OperatorResult:
+        return _guarded(
+            store, run_id, lambda: _rebuild(store, projection, run_id, tenant, batch_size, progress)
+        )
+
+    return PendingRun(store, run_id, "rebuild", projection, tenant, note, work)
+
+
+def start_verify(
+    store: EventStore,
+    projection: Projection,
+    *,
+    actor: str | None = None,
+    tenant: str | None = None,
+    batch_size: int = 1000,
+) -> PendingRun:
+    """Record a verify run; execute() builds a scratch copy and compares digests at the live cursor."""
+    _check_scope(projection, tenant)
+    run_id = _record_run(
+        store,
+        projection,
+        "verify",
+        trigger="operator",
+        actor=actor,
+        tenant=tenant,
+        start=Cursor(),
+        target=_live_cursor(store, projection),
+    )
+
+    def work(progress: Progress | None) -> OperatorResult:
+        return _guarded(
+            store, run_id, lambda: _verify(store, projection, run_id, tenant, batch_size, progress)
+        )
+
+    return PendingRun(store, run_id, "verify", projection, tenant, None, work)
+
+
+def start_replay(
+    store: EventStore,
+    projection: Projection,
+    *,
+    after: Cursor | None = None,
+    since: datetime | None = None,
+    actor: str | None = None,
+    tenant: str | None = None,
+    batch_size: int = 1000,
+) -> PendingRun:
+    """Record a replay of the events after `after` (or recorded since `since`).
+
+    In place when the projection allows it and no tenant is named; otherwise a rebuild, whose result is
+    what any correct replay followed by catching up must give."""
+    if (after is None) == (since is None):
+        raise InvalidInputError("replay needs exactly one of a cursor (--after) or a time (--since)")
+    _check_scope(projection, tenant)
+    if tenant is not None:
+        # One tenant's rows are always rebuilt whole. (Nothing is looked up in the log first: where other
+        # tenants' events lie is not this caller's to learn.)
+        note = f"the rows of tenant {tenant!r} are rebuilt from the start of the log, as a replay leaves them"
+        return start_rebuild(
+            store, projection, actor=actor, trigger="replay", tenant=tenant, batch_size=batch_size, note=note
+        )
+    if since is not None:
+        with store.pool.connection() as conn:
+            after = state.first_cursor_since(conn, since)
+        if after is None:
+            raise NotFoundError(f"no event was recorded at or after {since.isoformat()}; nothing to replay")
+    assert after is not None
+    live = _live_cursor(store, projection)
+    if after >= live:
+        raise InvalidInputError(
+            f"cursor {after} is not behind the projection's cursor {live}; nothing to replay"
+        )
+    if not projection.replay_in_place:
+        note = (
+            f"{projection.name!r} cannot be replayed in place: rebuilt from the start of the log instead, "
+            "which gives the state a replay would"
+        )
+        return start_rebuild(
+            store, projection, actor=actor, trigger="replay", batch_size=batch_size, note=note
+        )
+    run_id = _record_run(
+        store,
+        projection,
+        "replay",
+        trigger="operator",
+        actor=actor,
+        tenant=None,
+        start=after,
+        target=live,
+    )
+
+    def work(progress: Progress | None) -> OperatorResult:
+        return _guarded(store, run_id, lambda: _replay_in_place(store, projection, run_id, after))
+
+    return PendingRun(store, run_id, "replay", projection, None, None, work)
+
+
+# -- the work ---------------------------------------------------------------------------------------
+
+
+def _guarded(store: EventStore, run_id: int, work: Callable[[], OperatorResult]) -> OperatorResult:
+    """Run `work`; on any failure close the run as failed (or stopped) and drop its scratch schema."""
+    try:
+        with wrap_exceptions():
+            return work()
+    except BaseException as exc:
+        _fail_run(store, run_id, exc)
+        raise
+
+
+def _rebuild(
+    store: EventStore,
+    projection: Projection,
+    run_id: int,
+    tenant: str | None,
+    batch_size: int,
+    progress: Progress | None,
+) -> RebuildResult:
+    schema = tables.shadow_schema(projection, run_id)
+    log.info("projection_rebuild_started", projection=projection.name, run_id=run_id, tenant=tenant)
+    with store.pool.connection() as conn, conn.transaction():
+        tables.recreate_schema(conn, projection, schema)
+    build = ShadowBuild(store, projection, schema, run_id, batch_size, tenant=tenant)
+    # Most of the work happens while the live projection keeps going (a tenant's copy stops at the live
+    # cursor, where it must meet the other tenants' rows)...
+    build.run_until(None if tenant is None else _live_cursor(store, projection), progress)
+    # ...then, holding the cursor row, the shadow closes the last gap and takes the live tables' place.
+    if tenant is None:
+        final, digest = _swap_with_retries(store, projection, build, run_id, progress)
+    else:
+        final, digest = _replace_tenant_rows(store, projection, build, run_id, tenant, progress)
+    log.info(
+        "projection_rebuilt",
+        projection=projection.name,
+        run_id=run_id,
+        tenant=tenant,
+        events=build.events,
+        digest=digest,
+    )
+    return RebuildResult(run_id, final, build.events, digest)
+
+
+def _swap_with_retries(
+    store: EventStore, projection: Projection, build: ShadowBuild, run_id: int, progress: Progress | None
+) -> tuple[Cursor, str]:
+    """The swap transaction, retried with backoff while readers hold the live tables (see
+    `tables.lock_live_tables`)."""
+
+    def waiting(retry: tenacity.RetryCallState) -> None:
+        log.info(
+            "projection_swap_waiting_for_readers", projection=projection.name, attempt=retry.attempt_number
+        )
+
+    try:
+        for attempt in tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(TablesBusyError),
+            stop=tenacity.stop_after_attempt(_SWAP_ATTEMPTS),
+            wait=tenacity.wait_exponential(multiplier=0.01, max=0.5),
+            before_sleep=waiting,
+        ):
+            with attempt:
+                saved = (build.cursor, build.events)
+                try:
+                    return _swap(store, projection, build, run_id, progress)
+                except TablesBusyError:
+                    build.cursor, build.events = saved  # the rolled-back catch-up is done again next time
+                    raise
+    except tenacity.RetryError:
+        pass
+    raise ConflictError(
+        f"could not swap in the rebuilt {projection.name!r}: readers kept its tables busy for "
+        f"{_SWAP_ATTEMPTS} attempts; retry when the load is lower"
+    )
+
+
+def _swap(
+    store: EventStore, projection: Projection, build: ShadowBuild, run_id: int, progress: Progress | None
+) -> tuple[Cursor, str]:
+    with wrap_exceptions(), store.pool.connection() as conn, conn.transaction():
+        # Cursor row first, tables second: the same order as a live batch, so the two queue.
+        live_cursor, _ = state.lock_cursor(conn, projection.name)
+        tables.lock_live_tables(conn, projection, _SWAP_LOCK_TIMEOUT_MS)
+        build.run_until(None, progress, conn)
+        final = max(build.cursor, live_cursor)
+        tables.swap_in_shadow(conn, projection, build.schema)
+        state.set_cursor(conn, projection.name, final, projection.version)
+        digest = projection_digest(conn, projection, projection.schema)
+        state.run_progress(conn, run_id, final, 0)
+        state.finish_run(conn, run_id, "completed", digest=digest)
+    return final, digest
+
+
+def _replace_tenant_rows(
+    store: EventStore,
+    projection: Projection,
+    build: ShadowBuild,
+    run_id: int,
+    tenant: str,
+    progress: Progress | None,
+) -> tuple[Cursor, str]:
+    """One tenant's rows: the scratch copy catches up to exactly the live cursor (the other tenants' rows
+    stand there), then replaces that tenant's live rows. Row changes need no table lock: readers see the
+    old rows or the new ones."""
+    with store.pool.connection() as conn, conn.transaction():
+        live_cursor, _ = state.lock_cursor(conn, projection.name)
+        if build.cursor > live_cursor:
+            # The scratch copy read past the live projection: start again below it.
+            tables.recreate_schema(conn, projection, build.schema)
+            build.cursor, build.events = Cursor(), 0
+        build.run_until(live_cursor, progress, conn)
+        tables.replace_tenant_rows(conn, projection, build.schema, tenant)
+        tables.drop_schema(conn, build.schema)
+        digest = projection_digest(conn, projection, projection.schema, tenant=tenant)
+        state.run_progress(conn, run_id, live_cursor, 0)
+        state.finish_run(conn, run_id, "completed", digest=digest)
+    return live_cursor, digest
+
+
+def _verify(
+    store: EventStore,
+    projection: Projection,
+    run_id: int,
+    tenant: str | None,
+    batch_size: int,
+    progress: Progress | None,
+) -> VerifyResult:
+    schema = tables.verify_schema(projection, run_id)
+    with store.pool.connection() as conn, conn.transaction():
+        tables.recreate_schema(conn, projection, schema)
+    build = ShadowBuild(store, projection, schema, run_id, batch_size, tenant=tenant)
+    build.run_until(_live_cursor(store, projection), progress)
+    with store.pool.connection() as conn, conn.transaction():
+        # The live cursor only moves forward under this lock (a replay or swap takes it too), and the
+        # build never passes the target it is given, so both copies now stand at `live_cursor`.
+        live_cursor, _ = state.lock_cursor(conn, projection.name)
+        if build.cursor > live_cursor:  # a replay moved the live cursor back meanwhile
+            tables.recreate_schema(conn, projection, schema)
+            build.cursor, build.events = Cursor(), 0
+        build.run_until(live_cursor, progress, conn)
+        live_digest = projection_digest(conn, projection, projection.schema, tenant=tenant)
+        rebuilt_digest = projection_digest(conn, projection, schema, tenant=tenant)
+        differences = (
+            []
+            if live_digest == rebuilt_digest
+            else differing_rows(conn, projection, projection.schema, schema, tenant=tenant)
+        )
+    with store.pool.connection() as conn:
+        tables.drop_schema(conn, schema)
+        error = (
+            None
+            if live_digest == rebuilt_digest
+            else (
+                f"digest mismatch at {live_cursor}: "
+                f"live {live_digest[:12]}, rebuilt {rebuilt_digest[:12]}; "
+                f"{sum(len(d.only_in_live) + len(d.only_in_rebuilt) for d in differences)} rows differ"
+            )
+        )
+        state.finish_run(
+            conn, run_id, "completed" if error is None else "failed", error=error, digest=live_digest
+        )
+    return VerifyResult(run_id, live_cursor, live_digest, rebuilt_digest, differences)
+
+
+def _replay_in_place(store: EventStore, projection: Projection, run_id: int, after: Cursor) -> ReplayResult:
+    with store.pool.connection() as conn, conn.transaction():
+        current, version = state.lock_cursor(conn, projection.name)
+        state.set_cursor(conn, projection.name, after, version)
+    # Wake the workers now: the lease holder notices the moved cursor and re-applies at once, instead of
+    # waiting for the next append.
+    store.notify_appended()
+    log.info(
+        "projection_replay_requested",
+        projection=projection.name,
+        run_id=run_id,
+        after=str(after),
+        until=str(current),
+    )
+    return ReplayResult(run_id, after, current)
+
+
+def _fail_run(store: EventStore, run_id: int, exc: BaseException) -> None:
+    try:
+        with wrap_exceptions(), store.pool.connection() as conn:
+            for schema in state.scratch_schemas(conn):
+                if tables.run_of_scratch_schema(schema) == run_id:
+                    tables.drop_schema(conn, schema)
+            status: state.RunStatus = "stopped" if isinstance(exc, KeyboardInterrupt) else "failed"
+            state.finish_run(conn, run_id, status, error=f"{type(exc).__name__}: {exc}"[:4000])
+    except LedgerflowError as failed:
+        # Left running, the run is marked abandoned once its heartbeat is old; its schema goes with it.
+        log.warning("projection_run_not_closed", run_id=run_id, error=str(failed))
+
+
+# -- one call each, for scripts and the CLI -------------------------------------------------------------
+
+
 def rebuild(
     store: EventStore,
     projection: Projection,
     *,
     actor: str | None = None,
     trigger: str = "operator",
+    tenant: str | None = None,
     batch_size: int = 1000,
     progress: Progress | None = None,
 ) -> RebuildResult:
     """Rebuild `projection` from the whole log in the shadow and swap it in atomically."""
-    run_id = _start_run(
-        store,
-        projection,
-        "rebuild",
-        trigger=trigger,
-        actor=actor or default_actor(),
-        start=Cursor(),
-        target=_live_cursor(store, projection),
-    )
-    schema = tables.shadow_schema(projection)
-    log.info("projection_rebuild_started", projection=projection.name, run_id=run_id)
-    try:
-        with store.pool.connection() as conn, conn.transaction():
-            tables.recreate_schema(conn, projection, schema)
-        build = _ShadowBuild(store, projection, schema, run_id, batch_size)
-        # Most of the work happens while the live projection keeps going...
-        build.run_until(None, progress)
-        # ...then, holding the cursor row, the shadow closes the last gap and takes the live tables' place.
-        final, digest = _swap_with_retries(store, projection, build, run_id, progress)
-    except BaseException as exc:
-        _fail_run(store, run_id, exc, schema)
-        raise
-    log.info(
-        "projection_rebuilt", projection=projection.name, run_id=run_id, events=build.events, digest=digest
-    )
-    return RebuildResult(run_id, final, build.events, digest)
-
-
-def _swap_with_retries(
-    store: EventStore, projection: Projection, build: _ShadowBuild, run_id: int, progress: Progress | None
-) -> tuple[Cursor, str]:
-    """The swap transaction, retried while readers hold the live tables (see `tables.lock_live_tables`)."""
-    for attempt in range(_SWAP_ATTEMPTS):
-        saved = (build.cursor, build.events)
-        try:
-            with store.pool.connection() as conn, conn.transaction():
-                # Cursor row first, tables second: the same order as a live batch, so the two queue.
-                live_cursor, _ = state.lock_cursor(conn, projection.name)
-                tables.lock_live_tables(conn, projection, _SWAP_LOCK_TIMEOUT_MS)
-                build.run_until(None, progress, conn)
-                final = max(build.cursor, live_cursor)
-                tables.swap_in_shadow(conn, projection)
-                state.set_cursor(conn, projection.name, final, projection.version)
-                digest = projection_digest(conn, projection, projection.schema)
-                state.run_progress(conn, run_id, final, 0)
-                state.finish_run(conn, run_id, "completed", digest=digest)
-            return final, digest
-        except psycopg.errors.LockNotAvailable:
-            build.cursor, build.events = saved  # the rolled-back catch-up is done again next time
-            log.info("projection_swap_waiting_for_readers", projection=projection.name, attempt=attempt + 1)
-            threading.Event().wait(min(0.01 * 2**attempt, 0.5))
-    raise ConflictError(
-        f"could not swap in the rebuilt {projection.name!r}: readers kept its tables busy for "
-        f"{_SWAP_ATTEMPTS} attempts; retry when the load is lower"
-    )
+    run = start_rebuild(store, projection, actor=actor, trigger=trigger, tenant=tenant, batch_size=batch_size)
+    result = run.execute(progress)
+    assert isinstance(result, RebuildResult)
+    return result
 
 
 def verify(
@@ -242,55 +562,15 @@ def verify(
     projection: Projection,
     *,
     actor: str | None = None,
+    tenant: str | None = None,
     batch_size: int = 1000,
     progress: Progress | None = None,
 ) -> VerifyResult:
     """Rebuild `projection` in a scratch schema and compare it with the live tables at the same cursor."""
-    run_id = _start_run(
-        store,
-        projection,
-        "verify",
-        trigger="operator",
-        actor=actor or default_actor(),
-        start=Cursor(),
-        target=_live_cursor(store, projection),
-    )
-    schema = tables.verify_schema(projection)
-    try:
-        with store.pool.connection() as conn, conn.transaction():
-            tables.recreate_schema(conn, projection, schema)
-        build = _ShadowBuild(store, projection, schema, run_id, batch_size)
-        build.run_until(_live_cursor(store, projection), progress)
-        with store.pool.connection() as conn, conn.transaction():
-            live_cursor, _ = state.lock_cursor(conn, projection.name)
-            build.run_until(live_cursor, progress, conn)
-            if build.cursor > live_cursor:
-                raise InvalidInputError("the verify copy went past the live cursor; run verify again")
-            live_digest = projection_digest(conn, projection, projection.schema)
-            rebuilt_digest = projection_digest(conn, projection, schema)
-            differences = (
-                []
-                if live_digest == rebuilt_digest
-                else differing_rows(conn, projection, projection.schema, schema)
-            )
-        with store.pool.connection() as conn:
-            tables.drop_schema(conn, schema)
-            error = (
-                None
-                if live_digest == rebuilt_digest
-                else (
-                    f"digest mismatch at {live_cursor}: "
-                    f"live {live_digest[:12]}, rebuilt {rebuilt_digest[:12]}; "
-                    f"{sum(len(d.only_in_live) + len(d.only_in_rebuilt) for d in differences)} rows differ"
-                )
-            )
-            state.finish_run(
-                conn, run_id, "completed" if error is None else "failed", error=error, digest=live_digest
-            )
-    except BaseException as exc:
-        _fail_run(store, run_id, exc, schema)
-        raise
-    return VerifyResult(run_id, live_cursor, live_digest, rebuilt_digest, differences)
+    run = start_verify(store, projection, actor=actor, tenant=tenant, batch_size=batch_size)
+    result = run.execute(progress)
+    assert isinstance(result, VerifyResult)
+    return result
 
 
 def replay(
@@ -300,51 +580,14 @@ def replay(
     after: Cursor | None = None,
     since: datetime | None = None,
     actor: str | None = None,
+    tenant: str | None = None,
+    batch_size: int = 1000,
+    progress: Progress | None = None,
 ) -> int:
-    """Move the projection's cursor back so the live worker re-applies events after `after` (or those
-    recorded since `since`). Returns the run id; the worker completes the run when it is back."""
-    if (after is None) == (since is None):
-        raise InvalidInputError("replay needs exactly one of a cursor (--after) or a time (--since)")
-    with store.pool.connection() as conn:
-        if since is not None:
-            after = state.first_cursor_since(conn, since)
-            if after is None:
-                raise NotFoundError(
-                    f"no event was recorded at or after {since.isoformat()}; nothing to replay"
-                )
-    assert after is not None
-    live = _live_cursor(store, projection)
-    if after >= live:
-        raise InvalidInputError(
-            f"cursor {after} is not behind the projection's cursor {live}; nothing to replay"
-        )
-    run_id = _start_run(
-        store,
-        projection,
-        "replay",
-        trigger="operator",
-        actor=actor or default_actor(),
-        start=after,
-        target=live,
+    """Replay events after `after` (or recorded since `since`); returns the run id. An in-place replay
+    is completed by the live worker; any other is a rebuild, done before this returns."""
+    run = start_replay(
+        store, projection, after=after, since=since, actor=actor, tenant=tenant, batch_size=batch_size
     )
-    with store.pool.connection() as conn, conn.transaction():
-        current, version = state.lock_cursor(conn, projection.name)
-        state.set_cursor(conn, projection.name, after, version)
-    log.info(
-        "projection_replay_requested",
-        projection=projection.name,
-        run_id=run_id,
-        after=str(after),
-        until=str(current),
-    )
-    return run_id
-
-
-def _fail_run(store: EventStore, run_id: int, exc: BaseException, schema: str) -> None:
-    try:
-        with store.pool.connection() as conn:
-            tables.drop_schema(conn, schema)
-            status: state.RunStatus = "stopped" if isinstance(exc, KeyboardInterrupt) else "failed"
-            state.finish_run(conn, run_id, status, error=f"{type(exc).__name__}: {exc}"[:4000])
-    except psycopg.Error:
-        log.exception("projection_run_not_closed", run_id=run_id)
+    run.execute(progress)
+    return run.run_id

@@ -16,7 +16,8 @@ import structlog
 import tenacity
 from opentelemetry import metrics, trace
 
-from eventstore import Cursor, DatabaseUnavailableError, EventStore, RecordedEvent
+from eventstore import Cursor, EventStore, RecordedEvent
+from eventstore.db import wrap_exceptions
 from projector import state
 from projector.projection import ApplyContext, Projection
 
@@ -110,7 +111,12 @@ class LiveRunner:
         return self._read_cursor
 
     def step(self) -> StepResult:
-        """Apply at most one batch. Raises LeaseLost when the lease is gone."""
+        """Apply at most one batch. Raises LeaseLost when the lease is gone, DatabaseUnavailableError
+        (or another LedgerflowError: driver errors are translated here, once) when the database fails."""
+        with wrap_exceptions():
+            return self._step()
+
+    def _step(self) -> StepResult:
         name = self.projection.name
         failures = self._open_failures()
         for failure in failures:
@@ -132,10 +138,14 @@ class LiveRunner:
             self._read_cursor, limit=self.batch_size, types=self.projection.event_types
         )
         if not page.events:
+            if self._cursor_moved_while_idle():
+                self._moved()
+                return StepResult(applied=0, caught_up=False)
             # Nothing to apply up to the horizon: read from there next time. The jump is not written to
             # the cursor row; that would be a write per idle poll.
             self._read_cursor = page.cursor
             self._finish_catch_up_if(page.caught_up)
+            self._check_replay_done()  # a replay over a range with nothing left to re-apply is done
             return StepResult(applied=0, caught_up=page.caught_up)
 
         def wanted(e: RecordedEvent) -> bool:
@@ -153,6 +163,14 @@ class LiveRunner:
         self._finish_catch_up_if(page.caught_up)
         return StepResult(applied=len(to_apply), caught_up=page.caught_up)
 
+    def _cursor_moved_while_idle(self) -> bool:
+        """Whether the cursor row is no longer where this runner left it. A busy runner learns it from its
+        next compare-and-set; an idle one looks (one primary-key read per empty page), so a replay starts
+        at once rather than at the next append."""
+        with self.store.pool.connection() as conn:
+            current = state.get_cursor(conn, self.projection.name)
+        return current is not None and current.cursor != self._db_cursor
+
     # -- committing -----------------------------------------------------------------------------------
 
     def _commit(
@@ -167,32 +185,27 @@ class LiveRunner:
             "ledgerflow.projection.batch",
             attributes={"ledgerflow.projection": name, "ledgerflow.events": len(events)},
         )
-        try:
-            with span, self.store.pool.connection() as conn, conn.transaction():
-                if not state.hold_lease(conn, name, self.owner, self.epoch, self.lease_ttl):
-                    raise LeaseLost(
-                        f"lease of {name!r} (epoch {self.epoch}) is no longer held by {self.owner}"
-                    )
-                if not state.advance_cursor(conn, name, self._db_cursor, new_cursor, len(events)):
-                    raise _CursorMoved
-                try:
-                    self.projection.apply(
-                        ApplyContext(conn, self.projection.schema, self.projection.table_names), events
-                    )
-                except psycopg.OperationalError:
-                    raise
-                except Exception as exc:
-                    raise _HandlerFailed(exc, events[0] if len(events) == 1 else None) from exc
-                for e in events:
-                    if e.position in retrying:
-                        state.close_failure(conn, retrying.pop(e.position), "resolved")
-                        self._failures = None
-                for run_id in self._runs_to_advance():
-                    state.run_progress(conn, run_id, new_cursor, len(events))
-                if extra is not None:
-                    extra(conn)
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailableError(f"projection {name!r}: batch not committed: {exc}") from exc
+        with span, self.store.pool.connection() as conn, conn.transaction():
+            if not state.hold_lease(conn, name, self.owner, self.epoch, self.lease_ttl):
+                raise LeaseLost(f"lease of {name!r} (epoch {self.epoch}) is no longer held by {self.owner}")
+            if not state.advance_cursor(conn, name, self._db_cursor, new_cursor, len(events)):
+                raise _CursorMoved
+            try:
+                self.projection.apply(
+                    ApplyContext(conn, self.projection.schema, self.projection.table_names), events
+                )
+            except psycopg.OperationalError:
+                raise  # the connection failed, not the handler: `step` reports the database unavailable
+            except Exception as exc:
+                raise _HandlerFailed(exc, events[0] if len(events) == 1 else None) from exc
+            for e in events:
+                if e.position in retrying:
+                    state.close_failure(conn, retrying.pop(e.position), "resolved")
+                    self._failures = None
+            for run_id in self._runs_to_advance():
+                state.run_progress(conn, run_id, new_cursor, len(events))
+            if extra is not None:
+                extra(conn)
         self._db_cursor = self._read_cursor = new_cursor
         _events_projected.add(len(events), {"projection": name})
         self._check_replay_done()
@@ -323,7 +336,7 @@ class LiveRunner:
         if self._replay is None:
             return
         run_id, target = self._replay
-        if target is None or self._db_cursor >= target:
+        if target is None or max(self._db_cursor, self._read_cursor) >= target:
             with self.store.pool.connection() as conn:
                 state.finish_run(conn, run_id, "completed")
             log.info("projection_replay_completed", projection=self.projection.name, run_id=run_id)

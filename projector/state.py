@@ -12,6 +12,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 import psycopg
+from psycopg.rows import class_row
 
 from eventstore import Cursor, RecordedEvent
 from eventstore.sqlfile import load_queries
@@ -51,6 +52,8 @@ class Run:
     ended_at: datetime | None
     digest: str | None
     error: str | None
+    #: The tenant whose rows the run touched; None for a run over every tenant.
+    tenant: str | None
 
     @property
     def rate(self) -> float:
@@ -182,6 +185,7 @@ def start_run(
     owner: str,
     start: Cursor,
     target: Cursor | None = None,
+    tenant: str | None = None,
 ) -> int:
     row = conn.execute(
         Q["start_run"],
@@ -191,6 +195,7 @@ def start_run(
             "trigger": trigger,
             "actor": actor,
             "owner": owner,
+            "tenant": tenant,
             "start_tx": start.transaction_id,
             "start_position": start.position,
             "target_tx": target.transaction_id if target else None,
@@ -212,6 +217,10 @@ def heartbeat_runs(conn: Conn, owner: str) -> None:
     conn.execute(Q["heartbeat_runs"], {"owner": owner})
 
 
+def heartbeat_run(conn: Conn, run_id: int) -> None:
+    conn.execute(Q["heartbeat_run"], {"run_id": run_id})
+
+
 def finish_run(
     conn: Conn, run_id: int, status: RunStatus, *, error: str | None = None, digest: str | None = None
 ) -> None:
@@ -222,14 +231,32 @@ def mark_abandoned_runs(conn: Conn, timeout: float) -> list[tuple[int, str, str,
     return [tuple(r) for r in conn.execute(Q["mark_abandoned_runs"], {"timeout": timeout}).fetchall()]
 
 
-def list_runs(conn: Conn, projection: str | None = None, limit: int = 50) -> list[Run]:
-    rows = conn.execute(Q["list_runs"], {"projection": projection, "limit": limit}).fetchall()
-    return [Run(*r) for r in rows]
+def list_runs(
+    conn: Conn, projection: str | None = None, limit: int = 50, *, tenant: str | None = None
+) -> list[Run]:
+    """Newest first. With `tenant`: the runs over every tenant and that tenant's own, no other's."""
+    params = {"projection": projection, "limit": limit, "tenant": tenant}
+    with conn.cursor(row_factory=class_row(Run)) as cur:
+        return cur.execute(Q["list_runs"], params).fetchall()
 
 
 def get_run(conn: Conn, run_id: int) -> Run | None:
-    row = conn.execute(Q["get_run"], {"run_id": run_id}).fetchone()
-    return None if row is None else Run(*row)
+    with conn.cursor(row_factory=class_row(Run)) as cur:
+        return cur.execute(Q["get_run"], {"run_id": run_id}).fetchone()
+
+
+def running_operator_run(conn: Conn, projection: str, tenant: str | None) -> tuple[int, str] | None:
+    """(id, kind) of the rebuild, replay or verify holding this scope, if one runs."""
+    row = conn.execute(Q["running_operator_run"], {"projection": projection, "tenant": tenant}).fetchone()
+    return None if row is None else (int(row[0]), str(row[1]))
+
+
+def scratch_schemas(conn: Conn) -> list[str]:
+    return [str(r[0]) for r in conn.execute(Q["scratch_schemas"]).fetchall()]
+
+
+def running_run_ids(conn: Conn) -> set[int]:
+    return {int(r[0]) for r in conn.execute(Q["running_run_ids"]).fetchall()}
 
 
 # -- failures ---------------------------------------------------------------------------------------
@@ -260,27 +287,36 @@ def record_failure(
 
 
 def open_failures(conn: Conn, projection: str) -> list[Failure]:
-    return [Failure(*r) for r in conn.execute(Q["open_failures"], {"projection": projection}).fetchall()]
+    with conn.cursor(row_factory=class_row(Failure)) as cur:
+        return cur.execute(Q["open_failures"], {"projection": projection}).fetchall()
 
 
 def list_failures(
-    conn: Conn, projection: str | None, *, include_closed: bool, limit: int = 100
+    conn: Conn, projection: str | None, *, include_closed: bool, limit: int = 100, tenant: str | None = None
 ) -> list[Failure]:
-    params = {"projection": projection, "all": include_closed, "limit": limit}
-    return [Failure(*r) for r in conn.execute(Q["list_failures"], params).fetchall()]
+    """Newest first. With `tenant`: only failures of that tenant's events."""
+    params = {"projection": projection, "all": include_closed, "limit": limit, "tenant": tenant}
+    with conn.cursor(row_factory=class_row(Failure)) as cur:
+        return cur.execute(Q["list_failures"], params).fetchall()
+
+
+def get_failure(conn: Conn, failure_id: int, tenant: str | None = None) -> Failure | None:
+    with conn.cursor(row_factory=class_row(Failure)) as cur:
+        return cur.execute(Q["get_failure"], {"failure_id": failure_id, "tenant": tenant}).fetchone()
 
 
 def skipped_positions(conn: Conn, projection: str) -> set[int]:
     return {int(r[0]) for r in conn.execute(Q["skipped_positions"], {"projection": projection}).fetchall()}
 
 
-def request_failure_retry(conn: Conn, failure_id: int, actor: str) -> bool:
-    params = {"failure_id": failure_id, "actor": actor}
+def request_failure_retry(conn: Conn, failure_id: int, actor: str, tenant: str | None = None) -> bool:
+    """False when no open failure has this id (or, with `tenant`, none of that tenant's)."""
+    params = {"failure_id": failure_id, "actor": actor, "tenant": tenant}
     return conn.execute(Q["request_failure_retry"], params).fetchone() is not None
 
 
-def request_failure_skip(conn: Conn, failure_id: int, actor: str) -> bool:
-    params = {"failure_id": failure_id, "actor": actor}
+def request_failure_skip(conn: Conn, failure_id: int, actor: str, tenant: str | None = None) -> bool:
+    params = {"failure_id": failure_id, "actor": actor, "tenant": tenant}
     return conn.execute(Q["request_failure_skip"], params).fetchone() is not None
 
 

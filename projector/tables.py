@@ -1,9 +1,11 @@
 """A projection's tables in PostgreSQL: creating them, their shadow copies, and the atomic swap.
 
 Live tables sit in the projection's schema under their own names, so readers query plain tables.
-A rebuild fills a shadow schema (`lf_shadow_<projection>`) and the swap moves, in one transaction, the
-live tables into `lf_retired_<projection>` (kept for rollback until the next rebuild) and the shadow
+A rebuild fills a shadow schema (`lf_shadow_<projection>_<run>`) and the swap moves, in one transaction,
+the live tables into `lf_retired_<projection>` (kept for rollback until the next rebuild) and the shadow
 tables into the live schema. Readers see the old complete tables until the swap commits, then the new.
+A verify builds in `lf_verify_<projection>_<run>`. Scratch schemas are named by their run, so two runs
+never share one, and a schema whose run is no longer running is an orphan any worker may drop.
 """
 
 from __future__ import annotations
@@ -16,16 +18,24 @@ from psycopg import sql
 from projector.projection import Projection
 
 
-def shadow_schema(projection: Projection) -> str:
-    return f"lf_shadow_{projection.name}"
+def shadow_schema(projection: Projection, run_id: int) -> str:
+    return f"lf_shadow_{projection.name}_{run_id}"
 
 
 def retired_schema(projection: Projection) -> str:
     return f"lf_retired_{projection.name}"
 
 
-def verify_schema(projection: Projection) -> str:
-    return f"lf_verify_{projection.name}"
+def verify_schema(projection: Projection, run_id: int) -> str:
+    return f"lf_verify_{projection.name}_{run_id}"
+
+
+def run_of_scratch_schema(schema: str) -> int | None:
+    """The run id a scratch schema belongs to (None if `schema` is not one)."""
+    prefix, _, run = schema.rpartition("_")
+    if not prefix.startswith(("lf_shadow_", "lf_verify_")) or not run.isdigit():
+        return None
+    return int(run)
 
 
 def missing_tables(conn: psycopg.Connection[Any], projection: Projection, schema: str) -> list[str]:
@@ -81,9 +91,9 @@ def lock_live_tables(conn: psycopg.Connection[Any], projection: Projection, time
     conn.execute("SELECT set_config('lock_timeout', '0', true)")
 
 
-def swap_in_shadow(conn: psycopg.Connection[Any], projection: Projection) -> None:
+def swap_in_shadow(conn: psycopg.Connection[Any], projection: Projection, shadow: str) -> None:
     """Inside the caller's transaction: retire the live tables and move the shadow ones in their place."""
-    live, shadow, retired = projection.schema, shadow_schema(projection), retired_schema(projection)
+    live, retired = projection.schema, retired_schema(projection)
     drop_schema(conn, retired)
     conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(retired)))
     for name in projection.table_names:
@@ -96,6 +106,17 @@ def swap_in_shadow(conn: psycopg.Connection[Any], projection: Projection) -> Non
             sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(sql.Identifier(shadow, name), sql.Identifier(live))
         )
     drop_schema(conn, shadow)
+
+
+def replace_tenant_rows(
+    conn: psycopg.Connection[Any], projection: Projection, scratch: str, tenant: str
+) -> None:
+    """Inside the caller's transaction: replace one tenant's rows of every live table by the scratch
+    copy's (a per-tenant projection's scratch copy holds only that tenant's rows)."""
+    for name in projection.table_names:
+        live, copy = sql.Identifier(projection.schema, name), sql.Identifier(scratch, name)
+        conn.execute(sql.SQL("DELETE FROM {} WHERE tenant = %s").format(live), (tenant,))
+        conn.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(live, copy))
 
 
 def _create(projection: Projection, table: str, schema: str) -> list[sql.Composed]:

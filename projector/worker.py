@@ -1,10 +1,15 @@
 """Projector workers: any number, in any number of processes, share projections through leases.
 
 A worker takes every projection whose lease is free or lapsed, applies batches with `LiveRunner`, and
-renews its leases from a heartbeat thread. A worker that loses a lease (paused, partitioned) stops
-applying that projection: the fencing check in every batch refuses its commits anyway. On stop it
-releases its leases at once so another worker takes over without waiting for expiry. Every worker also
-marks runs whose owner stopped heartbeating as abandoned.
+renews its leases from its keepalive (`eventstore.keepalive`), from the moment a lease is taken: also
+while a version change rebuilds the projection before its runner starts. A worker that loses a lease
+(paused, partitioned) stops applying that projection: the fencing check in every batch refuses its
+commits anyway. On stop it releases its leases at once so another worker takes over without waiting for
+expiry. Every worker also marks runs whose owner stopped heartbeating as abandoned.
+
+A worker never ends because of the database: an outage (terminated connections, a restart, no free
+connection slot) is logged once, waited out with back-off, and work resumes where it stood. One
+projection's failure never stops the others: it is logged and that projection is tried again later.
 """
 
 from __future__ import annotations
@@ -21,17 +26,21 @@ from typing import Any
 import psycopg
 import structlog
 
-from eventstore import Cursor, DatabaseUnavailableError, EventStore
-from eventstore.sqlfile import load_queries
+from eventstore import ConflictError, Cursor, EventStore
+from eventstore.keepalive import Beat, Keepalive
+from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
 from projector import state, tables
 from projector.projection import Projection
 from projector.rebuild import rebuild
 from projector.runner import LeaseLost, LiveRunner, RetrySettings
 
 log = structlog.get_logger(__name__)
-_EVENTSTORE_Q = load_queries("eventstore")
 _HORIZON_RECHECK_MIN = 0.005
 _HORIZON_RECHECK_MAX = 0.05
+#: A projection whose step failed (not for lack of a database) is tried again after this long...
+_FAILED_RETRY_MIN = 0.5
+#: ...doubling up to this.
+_FAILED_RETRY_MAX = 30.0
 
 
 @dataclass(frozen=True)
@@ -68,7 +77,13 @@ class ProjectorWorker:
         self.settings = settings or WorkerSettings()
         self.id = worker_id or new_worker_id()
         self.stopping = threading.Event()
+        self.outage = Outage(worker=self.id, role="projector")
         self._runners: dict[str, LiveRunner] = {}
+        #: Every lease this worker holds, by projection: epoch. Renewed from the moment it is taken, also
+        #: while the projection is rebuilt before its runner starts.
+        self._leases: dict[str, int] = {}
+        #: Projections not to take or step before this monotonic time (after a failure), and the delay.
+        self._not_before: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
 
@@ -76,14 +91,20 @@ class ProjectorWorker:
 
     def run(self) -> None:
         """Work until `stop()`; then release every lease."""
-        heartbeat = threading.Thread(target=self._heartbeat_loop, name="projector-heartbeat", daemon=True)
-        heartbeat.start()
-        listener = threading.Thread(target=self._listen_loop, name="projector-listener", daemon=True)
-        listener.start()
+        keepalive = Keepalive(
+            self.store.url,
+            self._wake,
+            self.outage,
+            [Beat("projector_heartbeat", self.settings.heartbeat_interval, self.heartbeat)],
+            application_name="ledgerflow-projector-listener",
+        )
+        keepalive.start()
         log.info("projector_worker_started", worker=self.id, projections=sorted(self.projections))
         horizon_wait = _HORIZON_RECHECK_MIN
         try:
             while not self.stopping.is_set():
+                if self.outage.failing() and not self._wait_for_database():
+                    break
                 if self.work_once():
                     horizon_wait = _HORIZON_RECHECK_MIN
                     continue
@@ -98,8 +119,7 @@ class ProjectorWorker:
         finally:
             self.stopping.set()
             self._wake.set()
-            heartbeat.join(timeout=5)
-            listener.join(timeout=5)
+            keepalive.stop()
             self.release_all()
             log.info("projector_worker_stopped", worker=self.id)
 
@@ -107,10 +127,20 @@ class ProjectorWorker:
         self.stopping.set()
         self._wake.set()
 
+    def database_state(self) -> OutageState:
+        """Whether this worker is waiting for the database, for health reports."""
+        return self.outage.snapshot()
+
+    def _wait_for_database(self) -> bool:
+        return wait_until_available(self.store.pool, self.outage, self.stopping)
+
     def _waiting_on_horizon(self) -> bool:
         try:
             return self.store.events_beyond_horizon()
-        except DatabaseUnavailableError:
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            self.outage.failed(exc)
             return False
 
     def prepare(self) -> None:
@@ -122,18 +152,29 @@ class ProjectorWorker:
                 tables.ensure_live_tables(conn, projection)
 
     def work_once(self) -> bool:
-        """Take free leases and apply one batch per held projection. True if there may be more work."""
+        """Take free leases and apply one batch per held projection. True if there may be more work.
+
+        A database outage is reported (the caller waits it out); any other failure is confined to the
+        projection it came from, which is tried again after a back-off."""
         try:
             self.acquire_free_leases()
             busy = False
             for name in list(self._runners):
                 if self.stopping.is_set():
                     break
-                busy |= self._step(name)
+                if self._resting(name):
+                    continue
+                try:
+                    busy |= self._step(name)
+                except Exception as exc:
+                    if is_unavailable(exc):
+                        raise
+                    self._failed(name, "projection_step_failed")
             return busy
-        except DatabaseUnavailableError as exc:
-            log.warning("projector_database_unavailable", error=str(exc))
-            self.stopping.wait(self.settings.poll_interval)
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            self.outage.failed(exc)
             return False
 
     def run_until_caught_up(self, timeout: float = 60.0) -> None:
@@ -143,7 +184,7 @@ class ProjectorWorker:
         deadline = time.monotonic() + timeout
         next_heartbeat = time.monotonic() + self.settings.heartbeat_interval
         while time.monotonic() < deadline:
-            if time.monotonic() >= next_heartbeat:  # no heartbeat thread here: renew the leases inline
+            if time.monotonic() >= next_heartbeat:  # no keepalive thread here: renew the leases inline
                 self.heartbeat()
                 next_heartbeat = time.monotonic() + self.settings.heartbeat_interval
             self.acquire_free_leases()
@@ -159,37 +200,72 @@ class ProjectorWorker:
 
     def _step(self, name: str) -> bool:
         runner = self._runners.get(name)
-        if runner is None:  # the heartbeat thread found the lease lost meanwhile
+        if runner is None:  # the heartbeat found the lease lost meanwhile
             return False
         try:
             result = runner.step()
         except LeaseLost:
             log.warning("projection_lease_lost", projection=name, worker=self.id)
-            self._drop(name, "stopped")
+            self._lost(name)
             return False
+        self._not_before.pop(name, None)
         return not result.caught_up and not result.blocked
+
+    def _resting(self, name: str) -> bool:
+        rest = self._not_before.get(name)
+        return rest is not None and time.monotonic() < rest[0]
+
+    def _failed(self, name: str, event: str) -> None:
+        """Log a projection's failure (with its traceback: it is a bug or a broken projection, not an
+        outage) and rest that projection, doubling the rest each time it fails again."""
+        log.exception(event, projection=name, worker=self.id, retry_in=self._rest(name))
 
     # -- leases ---------------------------------------------------------------------------------------
 
     def acquire_free_leases(self) -> None:
         for name, projection in self.projections.items():
-            if name in self._runners or self.stopping.is_set():
+            if name in self._runners or self.stopping.is_set() or self._resting(name):
                 continue
-            with self.store.pool.connection() as conn:
-                epoch = state.acquire_lease(conn, name, self.id, self.settings.lease_ttl)
-            if epoch is not None:
+            epoch = self._leases.get(name)  # taken before, but its runner did not start (an outage)
+            if epoch is None:
+                with self.store.pool.connection() as conn:
+                    epoch = state.acquire_lease(conn, name, self.id, self.settings.lease_ttl)
+                if epoch is None:
+                    continue
+                with self._lock:
+                    self._leases[name] = epoch
+                log.info("projection_lease_acquired", projection=name, worker=self.id, epoch=epoch)
+            try:
                 self._take(projection, epoch)
+            except ConflictError as exc:
+                # Someone else rebuilds it (an operator, or a worker that died mid-rebuild whose run
+                # is not yet marked abandoned): hand the lease back and look again later.
+                log.warning("projection_take_deferred", projection=name, worker=self.id, reason=str(exc))
+                self._release(name, epoch)
+                self._rest(name)
+            except Exception as exc:
+                if is_unavailable(exc):
+                    raise
+                self._failed(name, "projection_take_failed")
+                self._release(name, epoch)
+
+    def _rest(self, name: str) -> float:
+        """Leave `name` alone for a while, twice as long as last time; returns how long."""
+        previous = self._not_before.get(name)
+        delay = min(_FAILED_RETRY_MAX, previous[1] * 2) if previous else _FAILED_RETRY_MIN
+        self._not_before[name] = (time.monotonic() + delay, delay)
+        return delay
 
     def _take(self, projection: Projection, epoch: int) -> None:
         name = projection.name
         with self.store.pool.connection() as conn, conn.transaction():
             current = state.ensure_cursor(conn, name, projection.version)
             tables.ensure_live_tables(conn, projection)
-        log.info("projection_lease_acquired", projection=name, worker=self.id, epoch=epoch)
         if current.version != projection.version:
             log.info(
                 "projection_version_changed", projection=name, stored=current.version, code=projection.version
             )
+            # The keepalive renews the lease (it is in self._leases) for as long as this takes.
             rebuild(
                 self.store,
                 projection,
@@ -221,7 +297,15 @@ class ProjectorWorker:
             catch_up_run=(run_id, target),
         )
         with self._lock:
-            self._runners[name] = runner
+            if self._leases.get(name) == epoch:  # not lost while the runner was being set up
+                self._runners[name] = runner
+                return
+        runner.close("stopped")
+
+    def _lost(self, name: str) -> None:
+        with self._lock:
+            self._leases.pop(name, None)
+        self._drop(name, "stopped")
 
     def _drop(self, name: str, status: state.RunStatus) -> None:
         with self._lock:
@@ -229,35 +313,40 @@ class ProjectorWorker:
         if runner is not None:
             try:
                 runner.close(status)
-            except (psycopg.Error, DatabaseUnavailableError):
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    raise
                 log.warning("projection_run_not_closed", projection=name)
 
+    def _release(self, name: str, epoch: int) -> None:
+        with self._lock:
+            self._leases.pop(name, None)
+        try:
+            with self.store.pool.connection() as conn:
+                state.release_lease(conn, name, self.id, epoch)
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            log.warning("projection_lease_not_released", projection=name)
+
     def release_all(self) -> None:
-        for name in list(self._runners):
-            runner = self._runners[name]
-            try:
-                with self.store.pool.connection() as conn:
-                    state.release_lease(conn, name, self.id, runner.epoch)
-            except psycopg.Error:
-                log.warning("projection_lease_not_released", projection=name)
+        with self._lock:
+            held = dict(self._leases)
+        for name, epoch in held.items():
+            self._release(name, epoch)
             self._drop(name, "stopped")
             log.info("projection_lease_released", projection=name, worker=self.id)
 
-    def _heartbeat_loop(self) -> None:
-        """Renews leases and run heartbeats, and marks other owners' dead runs abandoned."""
-        interval = self.settings.heartbeat_interval
-        while not self.stopping.wait(interval):
-            try:
-                self.heartbeat()
-            except (psycopg.Error, DatabaseUnavailableError) as exc:
-                log.warning("projector_heartbeat_failed", error=str(exc))
-
     def heartbeat(self) -> None:
+        """Renew every lease held (also those of projections being rebuilt) and run heartbeats, and mark
+        other owners' dead runs abandoned."""
+        with self._lock:
+            held = dict(self._leases)
         with self.store.pool.connection() as conn:
-            for name, runner in list(self._runners.items()):
-                if not state.renew_lease(conn, name, self.id, runner.epoch, self.settings.lease_ttl):
+            for name, epoch in held.items():
+                if not state.renew_lease(conn, name, self.id, epoch, self.settings.lease_ttl):
                     log.warning("projection_lease_lost", projection=name, worker=self.id)
-                    self._drop(name, "stopped")
+                    self._lost(name)
             state.heartbeat_runs(conn, self.id)
             for run_id, projection, kind, owner in state.mark_abandoned_runs(
                 conn, self.settings.abandoned_after
@@ -265,18 +354,3 @@ class ProjectorWorker:
                 log.warning(
                     "projection_run_abandoned", run_id=run_id, projection=projection, kind=kind, owner=owner
                 )
-
-    def _listen_loop(self) -> None:
-        """Wakes the main loop when events are appended, instead of waiting out the poll interval."""
-        while not self.stopping.is_set():
-            try:
-                with psycopg.connect(
-                    self.store.url, autocommit=True, application_name="ledgerflow-projector-listener"
-                ) as conn:
-                    conn.execute(_EVENTSTORE_Q["listen"])
-                    while not self.stopping.is_set():
-                        for _ in conn.notifies(timeout=0.5, stop_after=1):
-                            self._wake.set()
-            except psycopg.Error as exc:
-                log.warning("projector_listener_lost", error=str(exc))
-                self.stopping.wait(1.0)

@@ -6,6 +6,10 @@ worker that lost its lease would go on working as if it had not.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
+from eventstore.db import Translation
+from eventstore.db import wrap_exceptions as _wrap_exceptions
 from eventstore.errors import ConflictError, LedgerflowError
 
 # SQLSTATEs raised by ledgerflow.wf_fence (migrations/0003_workflows.sql).
@@ -37,3 +41,16 @@ class RunStateError(ConflictError):
     """The run is not in a state that allows the request (e.g. retrying a run that succeeded)."""
 
     code = "run_state_conflict"
+
+
+#: The workflow SQL's own SQLSTATEs, as the signals a node's worker acts on.
+SQLSTATES: dict[str, Translation] = {
+    LEASE_LOST: lambda exc: NodeLeaseLost(str(exc.diag.message_detail)),
+    RUN_CANCELLED: lambda exc: RunCancelled(str(exc.diag.message_detail)),
+}
+
+
+def wrap_exceptions() -> AbstractContextManager[None]:
+    """The boundary between psycopg and the workflows package: driver errors become ledgerflow errors,
+    and the fence's SQLSTATEs the signals above (`__cause__` is the driver's error)."""
+    return _wrap_exceptions(SQLSTATES)

@@ -12,7 +12,6 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import structlog
 
 from eventstore import ANY, NewEvent, StreamAppend, WrongExpectedVersionError
@@ -21,7 +20,7 @@ from workflows import events as ev
 from workflows import queue
 from workflows.definition import Workflow
 from workflows.engine import Engine, release_key_appends
-from workflows.errors import LEASE_LOST, RUN_CANCELLED, NodeLeaseLost, RunCancelled
+from workflows.errors import wrap_exceptions
 from workflows.queue import Claim, Claimant
 from workflows.scheduler import NodeStatus, run_outcome, runnable_nodes
 from workflows.state import RunState
@@ -46,14 +45,8 @@ def claimed_event(claim: Claim, worker_id: str) -> NewEvent:
 def fence(conn: Any, claim: Claim, *, check_cancel: bool = True) -> None:
     """In `conn`'s transaction: fail with NodeLeaseLost unless `claim` still holds its node (and, with
     `check_cancel`, with RunCancelled if its run is being cancelled)."""
-    try:
+    with wrap_exceptions():
         queue.fence(conn, claim.run_id, claim.node, claim.token, check_cancel=check_cancel)
-    except psycopg.Error as exc:
-        if exc.sqlstate == LEASE_LOST:
-            raise NodeLeaseLost(str(exc.diag.message_detail)) from None
-        if exc.sqlstate == RUN_CANCELLED:
-            raise RunCancelled(str(exc.diag.message_detail)) from None
-        raise
 
 
 class Lifecycle:

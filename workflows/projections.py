@@ -17,6 +17,11 @@ from workflows import events as ev
 workflow_tables = Projection(
     name="workflow_tables",
     version=1,
+    # Shared: workflow_nodes rows carry no tenant, so only a server administrator rebuilds the tables.
+    per_tenant=False,
+    # Inserts and counters (nodes_done, crashes, checkpoints) cannot be applied twice: a replay of these
+    # tables is carried out as a rebuild.
+    replay_in_place=False,
     event_types=[
         ev.RUN_STARTED,
         ev.NODES_READY,

@@ -9,21 +9,20 @@ from __future__ import annotations
 import uuid
 from typing import Any, LiteralString
 
-import psycopg.errors
 from psycopg.rows import dict_row
 
 from eventstore import EventStore
-from eventstore.db import translate_errors
+from eventstore.errors import MissingRelationError
+from workflows.errors import wrap_exceptions
 from workflows.queue import Q
 
 
 def _rows(store: EventStore, query: LiteralString, params: dict[str, Any]) -> list[dict[str, Any]]:
-    with translate_errors():
-        try:
-            with store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                return cur.execute(query, params).fetchall()
-        except psycopg.errors.UndefinedTable:
-            return []  # no projector has created the tables yet: no runs to show
+    try:
+        with wrap_exceptions(), store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            return cur.execute(query, params).fetchall()
+    except MissingRelationError:
+        return []  # no projector has created the tables yet: no runs to show
 
 
 def list_runs(

@@ -5,6 +5,12 @@ across restarts (hostname by default; give each worker on a host its own `--name
 back, at once, the nodes its previous process held, instead of waiting for their leases to lapse.
 On stop it claims nothing more, lets running nodes reach their next context call, and hands them back
 so another worker resumes them at once.
+
+Node leases are renewed, and the claim loop woken, by the keepalive that projector workers use too
+(`eventstore.keepalive`). A worker never ends because of the database: an outage is logged once and
+waited out with back-off. A node interrupted by an outage (its own writes, or the recording of its end,
+could not reach the database) is not counted as a failed attempt: once the database answers, the node
+is recorded as it ended if its lease still holds, or handed back to be run again.
 """
 
 from __future__ import annotations
@@ -13,16 +19,18 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
-import psycopg
 import structlog
 from opentelemetry import trace
 
-from eventstore import ANY, DatabaseUnavailableError, LedgerflowError, NewEvent, StreamAppend
+from eventstore import ANY, NewEvent, StreamAppend
 from eventstore._validation import dump_json_object
-from eventstore.sqlfile import load_queries
+from eventstore.keepalive import Beat, Keepalive
+from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
 from workflows import events as ev
 from workflows import metrics, queue
 from workflows.context import NodeContext
@@ -36,7 +44,12 @@ from workflows.state import RunState
 
 log = structlog.get_logger(__name__)
 _tracer = trace.get_tracer("ledgerflow.workflows")
-_LISTEN = load_queries("eventstore")["listen"]
+T = TypeVar("T")
+
+
+class _DatabaseGone(Exception):
+    """The database stayed unavailable until the worker stopped; the node's lease lapses and recovery
+    takes it back."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,7 @@ class WorkflowWorker:
         self.instance = uuid.uuid4().hex[:12]
         self.lifecycle = Lifecycle(engine)
         self.stopping = threading.Event()
+        self.outage = Outage(worker=self.id, role="workflow_worker")
         self._wake = threading.Event()
         self._running: dict[int, tuple[Claim, NodeContext | None]] = {}
         self._lock = threading.Lock()
@@ -84,23 +98,51 @@ class WorkflowWorker:
         log.info("workflow_worker_started", worker=self.id, workflows=self.registry.names())
         if self.settings.recovery:
             self.recover("startup")
-        threads = [
-            threading.Thread(target=self._heartbeat_loop, daemon=True, name="ledgerflow-heartbeat"),
-            threading.Thread(target=self._listen_loop, daemon=True, name="ledgerflow-wf-listener"),
-        ]
-        for t in threads:
-            t.start()
+        beats = [Beat("workflow_heartbeat", self.settings.heartbeat_interval, self.heartbeat)]
+        if self.settings.recovery:
+            beats.append(Beat("workflow_recovery", self.settings.recovery_interval, self._periodic_recovery))
+        keepalive = Keepalive(
+            self.engine.store.url,
+            self._wake,
+            self.outage,
+            beats,
+            application_name="ledgerflow-workflow-listener",
+        )
+        keepalive.start()
         try:
             while not self.stopping.is_set():
+                if self.outage.failing() and not self._wait_for_database():
+                    break
                 if not self.claim_and_start():
                     self._wake.wait(self.settings.poll_interval)
                     self._wake.clear()
         finally:
             self._shutdown()
+            keepalive.stop()
 
     def stop(self) -> None:
         self.stopping.set()
         self._wake.set()
+
+    def database_state(self) -> OutageState:
+        """Whether this worker is waiting for the database, for health reports."""
+        return self.outage.snapshot()
+
+    def _wait_for_database(self) -> bool:
+        return wait_until_available(self.engine.store.pool, self.outage, self.stopping)
+
+    def _through_outage(self, fn: Callable[[], T]) -> T:
+        """`fn()`, tried again after each outage until it gets through; _DatabaseGone if the worker
+        stops first."""
+        while True:
+            try:
+                return fn()
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    raise
+                self.outage.failed(exc)
+            if not self._wait_for_database():
+                raise _DatabaseGone
 
     def claim_and_start(self) -> bool:
         """Claim as many nodes as there are free slots and start them; True if any was claimed."""
@@ -109,15 +151,21 @@ class WorkflowWorker:
             return False
         try:
             claims = self._claim(free)
-        except (psycopg.Error, LedgerflowError) as exc:
-            log.exception("workflow_claim_failed", error=str(exc))
-            self.stopping.wait(self.settings.poll_interval)
+        except Exception as exc:
+            if is_unavailable(exc):
+                self.outage.failed(exc)  # the loop waits for the database before claiming again
+            else:
+                log.exception("workflow_claim_failed", error=str(exc))
+                self.stopping.wait(self.settings.poll_interval)
             return False
         try:
             states = self._load_claimed(claims)
-        except (psycopg.Error, LedgerflowError) as exc:
-            log.warning("workflow_claimed_runs_not_loaded", error=str(exc))  # each node loads its own
-            states = {}
+        except Exception as exc:
+            if is_unavailable(exc):
+                self.outage.failed(exc)
+            else:
+                log.warning("workflow_claimed_runs_not_loaded", error=str(exc))
+            states = {}  # each node loads its own
         for claim in claims:
             with self._lock:
                 self._running[claim.token] = (claim, None)
@@ -191,9 +239,11 @@ class WorkflowWorker:
                 wf = self.registry.get(claim.workflow)
                 if claim.cancel_requested:
                     outcome = "cancelled"
-                    self.lifecycle.cancelled(claim, wf)
+                    self._through_outage(lambda: self.lifecycle.cancelled(claim, wf))
                     return None
-                run = loaded or self.engine.load(claim.run_id, tenant=claim.tenant)
+                run = loaded or self._through_outage(
+                    lambda: self.engine.load(claim.run_id, tenant=claim.tenant)
+                )
                 spec = wf.nodes[claim.node]
                 ctx = NodeContext(self.engine, run, claim, spec, worker=self.id, stopping=self.stopping)
                 with self._lock:
@@ -206,16 +256,29 @@ class WorkflowWorker:
                 except (NodeLeaseLost, RunCancelled, WorkerStopping):
                     raise
                 except Exception as exc:
-                    outcome = "retry" if self.lifecycle.failed(claim, wf, exc) else "failed"
+                    if is_unavailable(exc):
+                        outcome = self._interrupted(claim, exc)
+                        return None
+                    try:
+                        outcome = "retry" if self.lifecycle.failed(claim, wf, exc) else "failed"
+                    except Exception as recording:
+                        if not is_unavailable(recording):
+                            raise
+                        # The failure cannot be recorded: most likely the outage made the node fail.
+                        outcome = self._interrupted(claim, recording)
+                        return None
                     if outcome == "retry":
                         metrics.node_retries.add(1, {"workflow": wf.name, "node": claim.node})
                     return None
-                successor = self.lifecycle.succeeded(
-                    claim,
-                    wf,
-                    output,
-                    time.monotonic() - started,
-                    claim_next=None if self.stopping.is_set() else self._claimant,
+                duration = time.monotonic() - started
+                successor = self._through_outage(
+                    lambda: self.lifecycle.succeeded(
+                        claim,
+                        wf,
+                        output,
+                        duration,
+                        claim_next=None if self.stopping.is_set() else self._claimant,
+                    )
                 )
                 if successor is not None:
                     with self._lock:  # heartbeats cover it from now on
@@ -226,14 +289,26 @@ class WorkflowWorker:
                 log.warning("workflow_node_lease_lost")
             except RunCancelled:
                 outcome = "cancelled"
-                self.lifecycle.cancelled(claim, self.registry.get(claim.workflow))
+                self._through_outage(
+                    lambda: self.lifecycle.cancelled(claim, self.registry.get(claim.workflow))
+                )
             except WorkerStopping:
                 outcome = "released"
-                self.lifecycle.release(claim, self.id)
-                log.info("workflow_node_released")
-            except Exception:
+                try:
+                    self.lifecycle.release(claim, self.id)
+                    log.info("workflow_node_released")
+                except Exception as exc:
+                    if not is_unavailable(exc):
+                        raise
+                    self.outage.failed(exc)  # the lease lapses and recovery takes it back
+            except _DatabaseGone:
+                outcome = "database_unavailable"  # the lease lapses and recovery takes it back
+            except Exception as exc:
                 outcome = "error"
-                log.exception("workflow_node_crashed")  # the lease lapses and recovery takes it back
+                if is_unavailable(exc):
+                    self.outage.failed(exc)  # the lease lapses and recovery takes it back
+                else:
+                    log.exception("workflow_node_crashed")  # the lease lapses and recovery takes it back
             finally:
                 with self._lock:
                     self._running.pop(claim.token, None)
@@ -244,6 +319,15 @@ class WorkflowWorker:
                 if successor is None:
                     self._wake.set()  # a slot is free, and other nodes may be ready now
         return successor
+
+    def _interrupted(self, claim: Claim, exc: BaseException) -> str:
+        """The database went away under a running node: once it answers, hand the node back so it runs
+        again (in this worker or another), without counting a failed attempt. Its memoized steps and
+        checkpoints are kept."""
+        self.outage.failed(exc)
+        self._through_outage(lambda: self.lifecycle.release(claim, self.id))
+        log.info("workflow_node_interrupted", error=str(exc))
+        return "interrupted"
 
     # -- leases and recovery --------------------------------------------------------------------------
 
@@ -263,35 +347,14 @@ class WorkflowWorker:
     def recover(self, trigger: str = "periodic") -> None:
         try:
             sweep(self.engine, self.registry, worker_name=self.name, instance=self.instance, trigger=trigger)
-        except (psycopg.Error, DatabaseUnavailableError) as exc:
-            log.warning("workflow_recovery_failed", error=str(exc))
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            self.outage.failed(exc)
 
-    def _heartbeat_loop(self) -> None:
-        next_recovery = time.monotonic() + self.settings.recovery_interval
-        while not self.stopping.wait(self.settings.heartbeat_interval):
-            try:
-                self.heartbeat()
-            except (psycopg.Error, DatabaseUnavailableError) as exc:
-                log.warning("workflow_heartbeat_failed", error=str(exc))
-            if self.settings.recovery and time.monotonic() >= next_recovery:
-                self.recover()
-                next_recovery = time.monotonic() + self.settings.recovery_interval
-                self._wake.set()
-
-    def _listen_loop(self) -> None:
-        """Wakes the claim loop when events are appended (new runs, nodes made ready)."""
-        while not self.stopping.is_set():
-            try:
-                with psycopg.connect(
-                    self.engine.store.url, autocommit=True, application_name="ledgerflow-workflow-listener"
-                ) as conn:
-                    conn.execute(_LISTEN)
-                    while not self.stopping.is_set():
-                        for _ in conn.notifies(timeout=0.5, stop_after=1):
-                            self._wake.set()
-            except psycopg.Error as exc:
-                log.warning("workflow_listener_lost", error=str(exc))
-                self.stopping.wait(1.0)
+    def _periodic_recovery(self) -> None:
+        self.recover()
+        self._wake.set()
 
     def _shutdown(self) -> None:
         """Stop claiming; give running nodes the grace period to reach a context call (which raises
@@ -299,7 +362,12 @@ class WorkflowWorker:
         self.stopping.set()
         deadline = time.monotonic() + self.settings.shutdown_grace
         while self._running and time.monotonic() < deadline:
-            self.heartbeat()
+            try:
+                self.heartbeat()
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    raise
+                self.outage.failed(exc)
             self._wake.wait(0.05)
             self._wake.clear()
         with self._lock:
@@ -307,7 +375,9 @@ class WorkflowWorker:
         for claim in leftover:
             try:
                 self.lifecycle.release(claim, self.id)
-            except (psycopg.Error, DatabaseUnavailableError):
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    raise
                 log.warning("workflow_node_not_released", run_id=str(claim.run_id), node=claim.node)
         self._pool.shutdown(wait=False, cancel_futures=True)
         log.info("workflow_worker_stopped", worker=self.id, released=len(leftover))

@@ -1,21 +1,26 @@
 """The HTTP API: `create_app(services)` gives the ASGI application.
 
 Versioned routes live under `/api/v1`; the probes `/api/healthz` and `/api/readyz` and the OpenAPI
-document `/api/openapi.json` (browsable at `/api/docs`) sit beside them.
+document `/api/openapi.json` (browsable at `/api/docs`) sit beside them. The document names the bearer
+security scheme and, for each operation, the scope it requires (`x-required-scope`).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import structlog
 from fastapi import APIRouter, FastAPI
 
 from ops.api import errors, events, failures, health, projections, recovery, runs, workflows
+from ops.api.deps import SECURITY_SCHEME
+from ops.api.docs import mount_docs
 from ops.api.errors import COMMON_RESPONSES
+from ops.api.guard import RequestGuardMiddleware
 from ops.api.jobs import BackgroundJobs
-from ops.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from ops.api.middleware import BodyLimitMiddleware, RequestContextMiddleware, SecurityHeadersMiddleware
 from ops.api.settings import ApiSettings
 from ops.console import mount_console
 from ops.services import Services
@@ -45,9 +50,12 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
     app = FastAPI(
         title="ledgerflow",
         version=API_VERSION,
-        description="Append and read events, start and steer workflow runs, operate projections.",
+        description="Append and read events, start and steer workflow runs, operate projections.\n\n"
+        "Every operation under /api/v1 needs a bearer token; `x-required-scope` names the scopes any one "
+        "of which it needs (`admin` holds every scope). `server_admin` is a server administrator's "
+        "token (`ledgerflow tokens create --server-admin`).",
         openapi_url="/api/openapi.json",
-        docs_url="/api/docs",
+        docs_url=None,
         redoc_url=None,
         lifespan=lifespan,
     )
@@ -55,14 +63,43 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
     app.state.api_settings = settings
     app.state.jobs = jobs
     errors.install(app)
-    # Outermost first: the request id is bound before the size check, so a 413 is logged with it.
+    # The last added runs first: the request id is bound before the size check, so a 413 is logged with
+    # it, and the security headers go on every answer, the 413 included.
+    app.add_middleware(RequestGuardMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(RequestContextMiddleware)
+    app.add_middleware(SecurityHeadersMiddleware)
 
     v1 = APIRouter(prefix=f"/api/{API_VERSION}", responses=COMMON_RESPONSES)
     for module in (events, workflows, runs, projections, failures, recovery):
         v1.include_router(module.router)
     app.include_router(v1)
     app.include_router(health.router, prefix="/api")
+    mount_docs(app)
     mount_console(app)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = FastAPI.openapi(app)
+            name_required_scopes(schema)
+        return app.openapi_schema  # type: ignore[return-value]  # set by FastAPI.openapi above
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def name_required_scopes(schema: dict[str, Any]) -> None:
+    """Each guarded operation's security requirement lists the scopes its guard declared; any one of them
+    suffices, so it becomes one requirement per scope, `x-required-scope` names them, and a sentence in the
+    description says so."""
+    for item in schema.get("paths", {}).values():
+        for operation in item.values():
+            scopes = [s for r in operation.get("security", []) for s in r.get(SECURITY_SCHEME, [])]
+            if not scopes:
+                continue
+            operation["security"] = [{SECURITY_SCHEME: [s]} for s in scopes]
+            operation.setdefault("x-required-scope", scopes)
+            needs = " or ".join(f"`{s}`" for s in operation["x-required-scope"])
+            sentence = operation.pop("x-required-scope-note", None) or f"Requires a token with scope {needs}."
+            description = operation.get("description", "")
+            operation["description"] = f"{description}\n\n{sentence}".strip()

@@ -1,30 +1,34 @@
 """Request dependencies: the shared services, and who is calling with which scopes.
 
 Routes declare what they need as a type, e.g. `principal: Reader`; a request without a live bearer token
-is refused with 401 before the route runs, one without the scope with 403.
+is refused with 401 before the route runs, one without the scope (or role) with 403. Each guard declares
+its scopes as a security requirement, so the OpenAPI document names them per operation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Final
 
 import structlog
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from ops.api.jobs import BackgroundJobs
 from ops.api.settings import ApiSettings
-from ops.auth import AuthenticationError, Principal, authenticate
+from ops.auth import SERVER_ADMIN, AuthenticationError, Principal, authenticate
 from ops.services import Services
 
 log = structlog.get_logger(__name__)
 
+#: The security scheme's name in the OpenAPI document (FastAPI's name for HTTPBearer).
+SECURITY_SCHEME: Final = "HTTPBearer"
 _bearer = HTTPBearer(
     auto_error=False,
     bearerFormat="lf_<id>_<secret>",
-    description="An API token created with `ledgerflow tokens create`.",
+    description="An API token created with `ledgerflow tokens create` (a tenant's) or "
+    "`ledgerflow tokens create --server-admin` (a server administrator's).",
 )
 
 
@@ -77,13 +81,22 @@ def requires(*any_of: str) -> Callable[[Principal], Principal]:
     return check
 
 
+def require_server_admin(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+    """A dependency: the caller, who must hold a server administrator's token."""
+    principal.require_server_admin("this request")
+    return principal
+
+
 #: Reads: events, runs, workflows, projection health.
-Reader = Annotated[Principal, Depends(requires("read"))]
+Reader = Annotated[Principal, Security(requires("read"), scopes=["read"])]
 #: Appending events.
-Appender = Annotated[Principal, Depends(requires("append"))]
+Appender = Annotated[Principal, Security(requires("append"), scopes=["append"])]
 #: Starting runs: producers (append) and operators alike.
-Starter = Annotated[Principal, Depends(requires("append", "operate"))]
+Starter = Annotated[Principal, Security(requires("append", "operate"), scopes=["append", "operate"])]
 #: Cancelling, retrying and refreshing runs.
-Operator = Annotated[Principal, Depends(requires("operate"))]
-#: Operator actions on projections and failures, which span tenants.
-Admin = Annotated[Principal, Depends(requires("admin"))]
+Operator = Annotated[Principal, Security(requires("operate"), scopes=["operate"])]
+#: Operator actions on the tenant's failures and per-tenant projections (a server administrator: every
+#: tenant's, and the shared projections too).
+Admin = Annotated[Principal, Security(requires("admin"), scopes=["admin"])]
+#: What only a server administrator may do, whatever the projection (e.g. `/metrics`).
+ServerAdmin = Annotated[Principal, Security(require_server_admin, scopes=[SERVER_ADMIN])]

@@ -41,7 +41,9 @@ NEXT: dict[str, str] = {
     "duplicate_event_id": "use a fresh event_id, or an Idempotency-Key to retry an append safely",
     "run_state_conflict": "GET the run to see its status",
     "conflict": "retry the request",
+    "run_in_progress": "wait for the run named in details.run_id to end, then ask again",
     "invalid_input": "fix the request as the message says and send it again",
+    "invalid_utf8": "send text as UTF-8 (percent-encode UTF-8 bytes in paths and queries)",
     "event_too_large": "store large payloads elsewhere and append a reference",
     "unknown_event_type": "fix the event type as the message says",
     INVALID_REQUEST: "fix the request (details.errors lists the fields, where known) and send it again",
@@ -73,6 +75,10 @@ Responses = dict[int | str, dict[str, Any]]
 
 #: Error statuses every authenticated route may answer with, for the OpenAPI document.
 COMMON_RESPONSES: Responses = {
+    400: _response(
+        "Text that is not UTF-8 (in the path, the query, a header the API reads or a JSON body), or a NUL "
+        "character in the path or query; nothing was written."
+    ),
     401: _response("Missing, malformed, unknown or revoked bearer token."),
     403: _response("The token lacks the scope the request needs."),
     413: _response("The request body is over the size limit."),

@@ -6,22 +6,58 @@ event types, JSON, expected version, idempotency key) before the store is called
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
+import weakref
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Query, Response
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
+from starlette.concurrency import run_in_threadpool
 
-from eventstore import ANY, NO_STREAM, STREAM_EXISTS, Cursor, InvalidInputError, NewEvent, RecordedEvent
+from eventstore import (
+    ANY,
+    NO_STREAM,
+    STREAM_EXISTS,
+    Cursor,
+    EventStore,
+    InvalidInputError,
+    NewEvent,
+    jsonvalue,
+)
 from eventstore._validation import EVENT_TYPE_PATTERN, IDEMPOTENCY_KEY_PATTERN, check_stream_id
 from eventstore.errors import NotFoundError
-from eventstore.events import ExpectedVersion
+from eventstore.events import EncodedEvent, ExpectedVersion
 from ops.api.deps import Appender, Reader, ServicesDep
 from ops.api.errors import CONFLICT, NOT_FOUND
 from workflows import events as wf_events
 
-router = APIRouter(tags=["events"])
+
+class _ExactJsonRequest(Request):
+    """A request whose JSON body keeps every number's exact value (see `eventstore.jsonvalue`)."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            # The guard middleware has refused bodies that are not UTF-8.
+            self._json = jsonvalue.loads((await self.body()).decode("utf-8"))
+        return self._json
+
+
+class _ExactJsonRoute(APIRoute):
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def exact(request: Request) -> Response:
+            return await handler(_ExactJsonRequest(request.scope, request.receive))
+
+        return exact
+
+
+router = APIRouter(tags=["events"], route_class=_ExactJsonRoute)
 
 MAX_PAGE = 1000
 _MAX_BIGINT = 2**63 - 1
@@ -36,7 +72,7 @@ class EventIn(BaseModel):
     data: dict[str, Any]
     metadata: dict[str, Any] = Field(default_factory=dict)
     event_id: uuid.UUID | None = Field(
-        default=None, description="Unique across the log; generated if absent."
+        default=None, description="Unique within the tenant's log; generated if absent."
     )
     correlation_id: uuid.UUID | None = None
     causation_id: uuid.UUID | None = None
@@ -92,31 +128,74 @@ class EventOut(BaseModel):
     causation_id: uuid.UUID | None
     recorded_at: datetime
 
-    @classmethod
-    def of(cls, e: RecordedEvent) -> EventOut:
-        return cls(
-            position=e.position,
-            cursor=str(e.cursor),
-            stream_id=e.stream_id,
-            stream_version=e.stream_version,
-            event_id=e.event_id,
-            type=e.type,
-            data=e.data,
-            metadata=e.metadata,
-            correlation_id=e.correlation_id,
-            causation_id=e.causation_id,
-            recorded_at=e.recorded_at,
-        )
-
 
 class StreamPage(BaseModel):
     events: list[EventOut]
+    next_version: int | None = Field(
+        description="Where the next page starts (`from_version=`); null when this page reached the "
+        "stream's end in its direction."
+    )
 
 
 class LogPage(BaseModel):
     events: list[EventOut]
     cursor: str = Field(description="Resume from here (`after=`); it may lie beyond the last event.")
-    caught_up: bool
+    caught_up: bool = Field(
+        description="Everything readable now was read; false when the page stopped at its count or "
+        "byte limit, so more follows at once."
+    )
+
+
+_DATETIME = TypeAdapter(datetime)
+
+
+def _event_json(e: EncodedEvent) -> bytes:
+    """One event of an answer, its data and metadata passed on as the JSON text PostgreSQL wrote, never
+    decoded into Python objects (which would take several times their size in memory)."""
+    return b"".join(
+        (
+            b'{"position":%d,"cursor":"%s","stream_id":%s,"stream_version":%d,"event_id":"%s","type":%s,'
+            % (
+                e.position,
+                str(e.cursor).encode(),
+                json.dumps(e.stream_id, ensure_ascii=False).encode(),
+                e.stream_version,
+                str(e.event_id).encode(),
+                json.dumps(e.type).encode(),
+            ),
+            b'"data":',
+            e.data_json.encode(),
+            b',"metadata":',
+            e.metadata_json.encode(),
+            b',"correlation_id":%s,"causation_id":%s,"recorded_at":%s}'
+            % (
+                b"null" if e.correlation_id is None else b'"%s"' % str(e.correlation_id).encode(),
+                b"null" if e.causation_id is None else b'"%s"' % str(e.causation_id).encode(),
+                _DATETIME.dump_json(e.recorded_at),
+            ),
+        )
+    )
+
+
+#: Pages being read or answered at once, per store. Each holds up to a page's size (LEDGERFLOW_MAX_PAGE_BYTES
+#: and one event more) a few times over (the rows, the answer's parts, the answer), and a database
+#: connection while it reads; the rest wait here, holding neither a worker thread nor a connection, so
+#: probes and writes are served meanwhile however many readers come.
+_GATES: weakref.WeakKeyDictionary[EventStore, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _gate(store: EventStore) -> asyncio.Semaphore:
+    gate = _GATES.get(store)
+    if gate is None:
+        gate = _GATES[store] = asyncio.Semaphore(max(1, store.pool.max_size // 3))
+    return gate
+
+
+def _page_response(events: Sequence[EncodedEvent], tail: dict[str, Any]) -> Response:
+    """`{"events": [...], **tail}` built from the events' JSON text."""
+    parts = [b'{"events":[', b",".join(_event_json(e) for e in events), b"],"]
+    parts.append(json.dumps(tail, separators=(",", ":")).encode()[1:])
+    return Response(b"".join(parts), media_type="application/json")
 
 
 def parse_if_match(value: str | None) -> ExpectedVersion:
@@ -228,22 +307,31 @@ def append_events(
 
 
 @router.get("/streams/{stream_id:path}", response_model=StreamPage, responses=NOT_FOUND)
-def read_stream(
+async def read_stream(
     stream_id: StreamId,
     principal: Reader,
     services: ServicesDep,
-    from_version: Annotated[int | None, Query(ge=1, le=_MAX_BIGINT)] = None,
+    from_version: Annotated[int | None, Query(ge=1, le=_MAX_BIGINT - 1)] = None,
     backward: bool = False,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-) -> StreamPage:
-    """A stream's events from `from_version` (inclusive), oldest first or, with `backward`, newest first."""
+) -> Response:
+    """A stream's events from `from_version` (inclusive), oldest first or, with `backward`, newest first.
+
+    A page holds at most `limit` events and stops early once they pass the server's page size
+    (LEDGERFLOW_MAX_PAGE_BYTES, always with at least one event); continue from `next_version`."""
     stream_id = check_stream_id(stream_id)
-    events = services.store.read_stream(
-        stream_id, tenant=principal.tenant, from_version=from_version, backward=backward, limit=limit
-    )
-    if not events and services.store.stream_version(stream_id, tenant=principal.tenant) is None:
-        raise NotFoundError(f"no stream {stream_id!r} in this tenant")
-    return StreamPage(events=[EventOut.of(e) for e in events])
+    store = services.store
+
+    def answer() -> Response:
+        page = store.read_stream_page(
+            stream_id, tenant=principal.tenant, from_version=from_version, backward=backward, limit=limit
+        )
+        if not page.events and store.stream_version(stream_id, tenant=principal.tenant) is None:
+            raise NotFoundError(f"no stream {stream_id!r} in this tenant")
+        return _page_response(page.events, {"next_version": page.next_version})
+
+    async with _gate(store):
+        return await run_in_threadpool(answer)
 
 
 def _cursor(text: str | None) -> Cursor:
@@ -256,7 +344,7 @@ def _cursor(text: str | None) -> Cursor:
 
 
 @router.get("/events", response_model=LogPage)
-def read_log(
+async def read_log(
     principal: Reader,
     services: ServicesDep,
     after: Annotated[
@@ -269,14 +357,21 @@ def read_log(
         list[Category],
         Query(max_length=50, description="Only streams of these categories (`order` of `order-42`)."),
     ] = [],  # noqa: B006
-) -> LogPage:
-    """The tenant's events in the global log's resume order, gap-free: resume from `cursor`."""
+) -> Response:
+    """The tenant's events in the global log's resume order, gap-free: resume from `cursor`.
+
+    A page holds at most `limit` events and stops early once they pass the server's page size
+    (LEDGERFLOW_MAX_PAGE_BYTES, always with at least one event); such a page is not `caught_up`."""
     for name in category:
         if not name.isprintable():
             raise InvalidInputError(f"category {name!r} contains control characters")
-    page = services.store.read_all(
-        _cursor(after), limit=limit, tenant=principal.tenant, types=type or None, categories=category or None
-    )
-    return LogPage(
-        events=[EventOut.of(e) for e in page.events], cursor=str(page.cursor), caught_up=page.caught_up
-    )
+    cursor, store = _cursor(after), services.store
+
+    def answer() -> Response:
+        page = store.read_all_encoded(
+            cursor, limit=limit, tenant=principal.tenant, types=type or None, categories=category or None
+        )
+        return _page_response(page.events, {"cursor": str(page.cursor), "caught_up": page.caught_up})
+
+    async with _gate(store):
+        return await run_in_threadpool(answer)

@@ -1,6 +1,7 @@
 """Projection failures (`/api/v1/failures`): events a projection could not apply, to retry or skip.
 
-Failures name streams and errors of any tenant, so listing and resolving them needs `admin`.
+A failure is its event's tenant's data: a tenant's `admin` token lists, retries and skips only its own
+tenant's failures (another tenant's is not found), a server administrator's every tenant's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from eventstore.db import translate_errors
 from eventstore.errors import NotFoundError
 from ops.api.deps import Admin, ServicesDep
 from ops.api.errors import NOT_FOUND
+from ops.auth import Principal
 from ops.services import Services
 from projector import state as projector_state
 from projector.registry import find
@@ -67,19 +69,30 @@ def list_failures(
     all: Annotated[bool, Query(description="Include resolved and skipped failures.")] = False,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> FailureList:
-    """Open failures (with `all`, resolved and skipped ones too), newest first."""
+    """Open failures (with `all`, resolved and skipped ones too), newest first: the token's tenant's, or
+    every tenant's for a server administrator."""
     name = find(services.projections, projection).name if projection is not None else None
     with translate_errors(), services.store.pool.connection() as conn:
-        found = projector_state.list_failures(conn, name, include_closed=all, limit=limit)
+        found = projector_state.list_failures(
+            conn, name, include_closed=all, limit=limit, tenant=_tenant_scope(principal)
+        )
     return FailureList(failures=[FailureOut.of(f) for f in found])
 
 
-def _resolve(services: Services, failure_id: int, action: Literal["retry", "skip"], actor: str) -> None:
+def _tenant_scope(principal: Principal) -> str | None:
+    return None if principal.server_admin else principal.tenant
+
+
+def _resolve(
+    services: Services, failure_id: int, action: Literal["retry", "skip"], principal: Principal
+) -> None:
     request = (
         projector_state.request_failure_retry if action == "retry" else projector_state.request_failure_skip
     )
+    actor = f"api:{principal.token_id}"
     with translate_errors(), services.store.pool.connection() as conn:
-        if not request(conn, failure_id, actor):
+        # Scoped in the statement itself: another tenant's failure is not found, and nothing changes.
+        if not request(conn, failure_id, actor, tenant=_tenant_scope(principal)):
             raise NotFoundError(
                 f"no open failure #{failure_id}; list them with GET /api/v1/failures?all=true"
             )
@@ -88,12 +101,12 @@ def _resolve(services: Services, failure_id: int, action: Literal["retry", "skip
 @router.post("/failures/{failure_id}/retry", response_model=FailureActionOut, responses=NOT_FOUND)
 def retry_failure(failure_id: FailureId, principal: Admin, services: ServicesDep) -> FailureActionOut:
     """Ask the projector holding the lease to apply the failed event again."""
-    _resolve(services, failure_id, "retry", f"api:{principal.token_id}")
+    _resolve(services, failure_id, "retry", principal)
     return FailureActionOut(id=failure_id, requested="retry")
 
 
 @router.post("/failures/{failure_id}/skip", response_model=FailureActionOut, responses=NOT_FOUND)
 def skip_failure(failure_id: FailureId, principal: Admin, services: ServicesDep) -> FailureActionOut:
     """Ask the projector holding the lease to skip the failed event (recorded, never silent)."""
-    _resolve(services, failure_id, "skip", f"api:{principal.token_id}")
+    _resolve(services, failure_id, "skip", principal)
     return FailureActionOut(id=failure_id, requested="skip")

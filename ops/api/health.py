@@ -2,11 +2,14 @@
 
 healthz: the process runs and the database answers `SELECT 1`. readyz: every migration is applied (then
 200, else 503); it also reports whether projectors and workflow workers are seen at work, which an
-operator wants to know but which does not make this API unready (it serves without them).
+operator wants to know but which does not make this API unready (it serves without them). Both list
+the worker roles run by this process (`ledgerflow serve`): running, waiting for the database (since
+when, and why), or restarting after dying (how often, and why).
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 import structlog
@@ -18,15 +21,31 @@ from eventstore import LedgerflowError
 from eventstore.db import translate_errors
 from ops.api import probes
 from ops.api.deps import ApiSettingsDep, ServicesDep
+from ops.services import Services
 from projector.health import projection_health
 
 log = structlog.get_logger(__name__)
 router = APIRouter(tags=["health"])
 
 
+class RoleOut(BaseModel):
+    """A worker role run by this process (`ledgerflow serve`)."""
+
+    name: str
+    state: Literal["starting", "running", "waiting_for_database", "restarting", "stopped"]
+    restarts: int = Field(description="How often the role died and was started again.")
+    last_error: str | None = Field(default=None, description="Why it last died, if it did.")
+    waiting_for_database_since: datetime | None = None
+    waiting_seconds: float | None = None
+    database_error: str | None = None
+
+
 class HealthOut(BaseModel):
     status: Literal["ok", "unavailable"]
     reason: str | None = None
+    roles: list[RoleOut] | None = Field(
+        default=None, description="The worker roles this process runs; absent when it runs none."
+    )
 
 
 class MigrationOut(BaseModel):
@@ -55,10 +74,34 @@ class ReadyOut(BaseModel):
     migrations: MigrationsOut | None = None
     projectors: ProjectorsOut | None = None
     workers: WorkersOut | None = None
+    roles: list[RoleOut] | None = Field(
+        default=None, description="The worker roles this process runs; absent when it runs none."
+    )
 
 
-def _json(model: BaseModel, status: int) -> JSONResponse:
-    return JSONResponse(model.model_dump(mode="json"), status_code=status)
+def _json(model: HealthOut | ReadyOut, status: int) -> JSONResponse:
+    body = model.model_dump(mode="json", exclude={"roles"} if model.roles is None else None)
+    return JSONResponse(body, status_code=status)
+
+
+def _roles(services: Services) -> list[RoleOut] | None:
+    if not services.roles:
+        return None
+    out = []
+    for role in services.roles:
+        r = role.report()
+        out.append(
+            RoleOut(
+                name=r.name,
+                state=r.state,
+                restarts=r.restarts,
+                last_error=r.last_error,
+                waiting_for_database_since=r.database.since,
+                waiting_seconds=r.database.seconds if r.database.waiting else None,
+                database_error=r.database.error,
+            )
+        )
+    return out
 
 
 @router.get(
@@ -67,13 +110,14 @@ def _json(model: BaseModel, status: int) -> JSONResponse:
     responses={503: {"model": HealthOut, "description": "The database does not answer."}},
 )
 def healthz(services: ServicesDep, settings: ApiSettingsDep) -> JSONResponse:
-    """200 when the API runs and the database answers; 503 otherwise."""
+    """200 when the API runs and the database answers; 503 otherwise. Lists the worker roles this
+    process runs, with their state (a role waiting for the database says since when)."""
     try:
         probes.ping(services.store, settings.probe_timeout)
     except LedgerflowError as exc:
         log.warning("api_health_failed", error=str(exc))
-        return _json(HealthOut(status="unavailable", reason=str(exc)), 503)
-    return _json(HealthOut(status="ok"), 200)
+        return _json(HealthOut(status="unavailable", reason=str(exc), roles=_roles(services)), 503)
+    return _json(HealthOut(status="ok", roles=_roles(services)), 200)
 
 
 @router.get(
@@ -101,13 +145,14 @@ def readyz(services: ServicesDep, settings: ApiSettingsDep) -> JSONResponse:
         )
     except LedgerflowError as exc:
         log.warning("api_readiness_failed", error=str(exc))
-        return _json(ReadyOut(status="unavailable", reason=str(exc)), 503)
+        return _json(ReadyOut(status="unavailable", reason=str(exc), roles=_roles(services)), 503)
     owned = [h.name for h in health if h.owner is not None]
     body = ReadyOut(
         status="ready",
         migrations=_migrations_out(migrations),
         projectors=ProjectorsOut(active=bool(owned), projections_with_live_owner=owned),
         workers=WorkersOut(active=bool(workers), live=len(workers)),
+        roles=_roles(services),
     )
     return _json(body, 200)
 

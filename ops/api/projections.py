@@ -1,28 +1,36 @@
 """Projections for operators: health and the safe horizon, runs, rebuild, verify and replay.
 
-Health is global (it names no tenant's data) and needs `read`; actions change what every tenant sees,
-so they need `admin`. Rebuild and verify run in a background thread and answer 202 at once: the run
-they record appears in `/projections/{name}/runs`.
+Who may pull which lever:
+- Health and runs need `read`. A tenant's token sees its own tenant's failure count, and the runs over
+  every tenant (without their error text, which may carry any tenant's data) beside its tenant's own;
+  a server administrator's sees everything.
+- Rebuild, verify and replay need `admin`. A projection every tenant reads (not `per_tenant`) needs a
+  server administrator's token: a tenant's admin is refused with 403 and nothing changes. A per-tenant
+  projection may be operated by a tenant's admin on that tenant's rows alone; a server administrator acts
+  on every tenant's rows.
+
+Each lever records its run at once and answers 202 with the run's id, kind and a note (a replay that
+cannot happen in place runs as a rebuild); the work runs in a background thread and the run appears in
+`/projections/{name}/runs`. One rebuild, replay or verify per projection and scope runs at a time: a
+second request is refused with 409 naming the running run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Path, Query
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from eventstore import Cursor
 from eventstore.db import translate_errors
-from eventstore.errors import ConflictError
 from ops.api.deps import Admin, JobsDep, Reader, ServicesDep
 from ops.api.errors import CONFLICT, NOT_FOUND
-from ops.api.jobs import BackgroundJobs
-from ops.auth import Principal
+from ops.auth import SERVER_ADMIN, Principal
 from ops.services import Services
-from projector import Projection, rebuild, replay, verify
+from projector import PendingRun, Projection, start_rebuild, start_replay, start_verify
 from projector import state as projector_state
 from projector.health import projection_health
 from projector.registry import find
@@ -31,6 +39,19 @@ router = APIRouter(tags=["projections"])
 
 ProjectionName = Annotated[str, Path(max_length=41)]
 _CURSOR_PATTERN = r"^[0-9]{1,19}:[0-9]{1,19}$"
+# RFC 3339 date-time with a time zone offset (`T`, `t` or a space between date and time).
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+_HIDDEN_ERROR: Final = "(shown to server administrators only: this run covered every tenant)"
+#: What the OpenAPI document says the levers need.
+_LEVER_SCOPE: Final[dict[str, Any]] = {
+    "x-required-scope": ["admin"],
+    "x-shared-projection-requires": SERVER_ADMIN,
+    "x-required-scope-note": "Requires a token with scope `admin`. For a projection every tenant reads "
+    "(not per tenant), only a server administrator's token (`server_admin`); for a per-tenant projection, "
+    "a tenant's admin acts on its own tenant's rows and a server administrator on every tenant's.",
+}
 
 
 class ProjectionHealthOut(BaseModel):
@@ -72,6 +93,7 @@ class ProjectionRunOut(BaseModel):
     trigger: str
     actor: str
     status: str
+    tenant: str | None = Field(description="The tenant whose rows the run touched; null: every tenant's.")
     events_processed: int
     rate: float = Field(description="Events per second.")
     start_cursor: str
@@ -81,13 +103,18 @@ class ProjectionRunOut(BaseModel):
     heartbeat_at: datetime
     ended_at: datetime | None
     digest: str | None
-    error: str | None
+    error: str | None = Field(
+        description="Why the run failed. A run over every tenant shows it to server administrators only."
+    )
 
     @classmethod
-    def of(cls, r: projector_state.Run) -> ProjectionRunOut:
+    def of(cls, r: projector_state.Run, principal: Principal) -> ProjectionRunOut:
         def cursor(tx: int | None, position: int | None) -> str | None:
             return None if tx is None or position is None else str(Cursor(tx, position))
 
+        error = r.error
+        if error is not None and r.tenant is None and not principal.server_admin:
+            error = _HIDDEN_ERROR
         return cls(
             id=r.id,
             projection=r.projection,
@@ -95,6 +122,7 @@ class ProjectionRunOut(BaseModel):
             trigger=r.trigger,
             actor=r.actor,
             status=r.status,
+            tenant=r.tenant,
             events_processed=r.events_processed,
             rate=r.rate,
             start_cursor=str(Cursor(r.start_tx, r.start_position)),
@@ -104,7 +132,7 @@ class ProjectionRunOut(BaseModel):
             heartbeat_at=r.heartbeat_at,
             ended_at=r.ended_at,
             digest=r.digest,
-            error=r.error,
+            error=error,
         )
 
 
@@ -112,8 +140,10 @@ class ProjectionRunList(BaseModel):
     runs: list[ProjectionRunOut]
 
 
-class Accepted(BaseModel):
-    accepted: bool
+class RunAccepted(BaseModel):
+    run_id: int = Field(description="The run; follow it in /projections/{name}/runs.")
+    kind: str = Field(description="What runs: rebuild, verify or replay (a replay may run as a rebuild).")
+    note: str | None = Field(description="Anything the caller should know, e.g. why a replay rebuilds.")
 
 
 class ReplayRequest(BaseModel):
@@ -122,7 +152,19 @@ class ReplayRequest(BaseModel):
     after: str | None = Field(
         default=None, pattern=_CURSOR_PATTERN, description="Re-apply events after this cursor."
     )
-    since: AwareDatetime | None = Field(default=None, description="Re-apply events recorded since this time.")
+    since: AwareDatetime | None = Field(
+        default=None,
+        description="Re-apply events recorded since this time: RFC 3339 with an offset, "
+        "e.g. 2024-05-01T12:00:00Z (numbers are refused).",
+    )
+
+    @field_validator("since", mode="before")
+    @classmethod
+    def _rfc3339(cls, value: object) -> object:
+        # Before pydantic's own parsing, which would also take a number (or a string of digits) as Unix time.
+        if value is not None and not (isinstance(value, str) and _RFC3339.fullmatch(value)):
+            raise ValueError("'since' is an RFC 3339 time with an offset, e.g. 2024-05-01T12:00:00Z")
+        return value
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ReplayRequest:
@@ -131,16 +173,22 @@ class ReplayRequest(BaseModel):
         return self
 
 
-class ReplayOut(BaseModel):
-    run_id: int
+def _tenant_scope(principal: Principal) -> str | None:
+    """The tenant whose data a caller sees: None (every tenant's) for a server administrator."""
+    return None if principal.server_admin else principal.tenant
 
 
 @router.get("/projections", response_model=ProjectionsOut)
 def projections(principal: Reader, services: ServicesDep) -> ProjectionsOut:
-    """Every projection's state, cursor, lag, owner and failures, and the log's safe horizon."""
+    """Every projection's state, cursor, lag, owner and failures, and the log's safe horizon.
+
+    A tenant's token sees its own tenant's open failures and last run; a server administrator's, all."""
     with translate_errors():
         health = projection_health(
-            services.store, services.projections, abandoned_after=services.settings.abandoned_after
+            services.store,
+            services.projections,
+            abandoned_after=services.settings.abandoned_after,
+            tenant=_tenant_scope(principal),
         )
     horizon = services.store.horizon()
     return ProjectionsOut(
@@ -167,90 +215,105 @@ def projection_runs(
     services: ServicesDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 20,
 ) -> ProjectionRunList:
-    """The projection's recent catch-up, replay, rebuild and verify runs, newest first."""
+    """The projection's recent catch-up, replay, rebuild and verify runs, newest first: for a tenant's
+    token, the runs over every tenant and its own tenant's, never another tenant's."""
     projection = find(services.projections, name)
     with translate_errors(), services.store.pool.connection() as conn:
-        runs = projector_state.list_runs(conn, projection.name, limit)
-    return ProjectionRunList(runs=[ProjectionRunOut.of(r) for r in runs])
+        runs = projector_state.list_runs(conn, projection.name, limit, tenant=_tenant_scope(principal))
+    return ProjectionRunList(runs=[ProjectionRunOut.of(r, principal) for r in runs])
 
 
-def _refuse_if_running(services: Services, projection: Projection, *kinds: projector_state.RunKind) -> None:
-    """A fast, friendly 409. (Two requests racing past it still cannot both rebuild: the database allows
-    one running rebuild or replay per projection, and the loser's job fails and is logged.)"""
-    with translate_errors(), services.store.pool.connection() as conn:
-        for kind in kinds:
-            running = projector_state.active_run(conn, projection.name, kind)
-            if running is not None:
-                raise ConflictError(
-                    f"a {kind} of {projection.name!r} is already running (run {running[0]}); "
-                    "wait for it to finish"
-                )
+def _operated_scope(projection: Projection, principal: Principal, lever: str) -> str | None:
+    """The tenant whose rows the lever touches (None: every tenant's); 403 for a tenant's token on a
+    projection every tenant reads."""
+    if principal.server_admin:
+        return None
+    if not projection.per_tenant:
+        principal.require_server_admin(f"{lever} {projection.name!r}, which every tenant reads,")
+    return principal.tenant
 
 
-def _in_background(
-    kind: str,
-    operation: Callable[..., object],
-    name: str,
-    principal: Principal,
-    services: Services,
-    jobs: BackgroundJobs,
-    exclusive: tuple[projector_state.RunKind, ...],
-) -> Accepted:
-    """Start a rebuild or verify of `name` in a job thread, unless one that excludes it is running."""
-    projection = find(services.projections, name)
-    _refuse_if_running(services, projection, *exclusive)
-    actor = f"api:{principal.token_id}"
-    batch = services.settings.projector_batch_size
-    jobs.submit(
-        kind,
-        lambda: operation(services.store, projection, actor=actor, batch_size=batch),
-        projection=projection.name,
-    )
-    return Accepted(accepted=True)
+def _accept(pending: PendingRun, services: Services, jobs: JobsDep) -> RunAccepted:
+    """Carry the recorded run out in a job thread; answer with the run at once. Its heartbeat starts now,
+    so a run that waits for a free job thread is not taken for abandoned."""
+    pending.start_heartbeats()
+    jobs.submit(pending.kind, pending.execute, projection=pending.projection.name, run_id=pending.run_id)
+    return RunAccepted(run_id=pending.run_id, kind=pending.kind, note=pending.note)
+
+
+_LEVER_RESPONSES = {**NOT_FOUND, **CONFLICT}
 
 
 @router.post(
     "/projections/{name}/rebuild",
     status_code=202,
-    response_model=Accepted,
-    responses={**NOT_FOUND, **CONFLICT},
+    response_model=RunAccepted,
+    responses=_LEVER_RESPONSES,
+    openapi_extra=_LEVER_SCOPE,
 )
 def rebuild_projection(
     name: ProjectionName, principal: Admin, services: ServicesDep, jobs: JobsDep
-) -> Accepted:
+) -> RunAccepted:
     """Rebuild from the whole log in a shadow schema and swap it in atomically (in the background)."""
-    return _in_background("rebuild", rebuild, name, principal, services, jobs, ("rebuild", "replay"))
+    projection = find(services.projections, name)
+    tenant = _operated_scope(projection, principal, "rebuilding")
+    with translate_errors():
+        pending = start_rebuild(
+            services.store,
+            projection,
+            actor=f"api:{principal.token_id}",
+            tenant=tenant,
+            batch_size=services.settings.projector_batch_size,
+        )
+    return _accept(pending, services, jobs)
 
 
 @router.post(
     "/projections/{name}/verify",
     status_code=202,
-    response_model=Accepted,
-    responses={**NOT_FOUND, **CONFLICT},
+    response_model=RunAccepted,
+    responses=_LEVER_RESPONSES,
+    openapi_extra=_LEVER_SCOPE,
 )
 def verify_projection(
     name: ProjectionName, principal: Admin, services: ServicesDep, jobs: JobsDep
-) -> Accepted:
+) -> RunAccepted:
     """Rebuild in a scratch schema and compare digests with the live tables (in the background)."""
-    return _in_background("verify", verify, name, principal, services, jobs, ("verify",))
+    projection = find(services.projections, name)
+    tenant = _operated_scope(projection, principal, "verifying")
+    with translate_errors():
+        pending = start_verify(
+            services.store,
+            projection,
+            actor=f"api:{principal.token_id}",
+            tenant=tenant,
+            batch_size=services.settings.projector_batch_size,
+        )
+    return _accept(pending, services, jobs)
 
 
 @router.post(
     "/projections/{name}/replay",
     status_code=202,
-    response_model=ReplayOut,
-    responses={**NOT_FOUND, **CONFLICT},
+    response_model=RunAccepted,
+    responses=_LEVER_RESPONSES,
+    openapi_extra=_LEVER_SCOPE,
 )
 def replay_projection(
-    name: ProjectionName, body: ReplayRequest, principal: Admin, services: ServicesDep
-) -> ReplayOut:
-    """Move the cursor back; the projector holding the lease re-applies from there and completes the run."""
+    name: ProjectionName, body: ReplayRequest, principal: Admin, services: ServicesDep, jobs: JobsDep
+) -> RunAccepted:
+    """Re-apply the events after a cursor (or since a time). A projection that cannot be replayed in
+    place, or one tenant's rows, are rebuilt instead (`kind` and `note` say so)."""
     projection = find(services.projections, name)
-    run_id = replay(
-        services.store,
-        projection,
-        after=Cursor.parse(body.after) if body.after is not None else None,
-        since=body.since,
-        actor=f"api:{principal.token_id}",
-    )
-    return ReplayOut(run_id=run_id)
+    tenant = _operated_scope(projection, principal, "replaying")
+    with translate_errors():
+        pending = start_replay(
+            services.store,
+            projection,
+            after=Cursor.parse(body.after) if body.after is not None else None,
+            since=body.since,
+            actor=f"api:{principal.token_id}",
+            tenant=tenant,
+            batch_size=services.settings.projector_batch_size,
+        )
+    return _accept(pending, services, jobs)

@@ -117,12 +117,18 @@ def test_serve_is_healthy_after_a_crash_and_restart(
             timeout=90,
             what="the interrupted runs to complete",
         )
-        projections = client.get("/api/v1/projections")
-        assert projections.status_code == 200
-        body = projections.json()
-        states = {p["name"]: p["state"] for p in body["projections"]}
+        # The killed process's projector leases lapse after their TTL (2 s here); then the new process's
+        # projector holds them. (Runs may complete sooner: workers take their own nodes back at once.)
+        states = wait_until(
+            lambda: (
+                (s := _projection_states(client))
+                and all(v in ("running", "catching_up") for v in s.values())
+                and s
+            ),
+            timeout=30,
+            what="the projections to run again",
+        )
         assert set(states) >= {"stream_catalogue", "workflow_tables"}
-        assert all(s in ("running", "catching_up") for s in states.values()), states
         failures = client.get("/api/v1/failures")
         assert failures.status_code == 200
         assert failures.json()["failures"] == [], "a failure blocks normal operation"
@@ -135,6 +141,12 @@ def test_serve_is_healthy_after_a_crash_and_restart(
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) == 0
+
+
+def _projection_states(client: httpx.Client) -> dict[str, str]:
+    projections = client.get("/api/v1/projections")
+    assert projections.status_code == 200
+    return {p["name"]: p["state"] for p in projections.json()["projections"]}
 
 
 def _any_node(run: dict[str, Any], status: str) -> bool:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import uuid
+from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -212,3 +216,152 @@ def test_a_token_name_shows_who_acted(client: TestClient, services: Services) ->
         if e.type == "wf.RunCancelRequested"
     ]
     assert requested.data["actor"] == f"api:{token_id}"
+
+
+def _token_row(database_url: str, token_id: str) -> tuple[Any, ...]:
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            "SELECT role, expires_at - created_at, last_used_at FROM ledgerflow.api_tokens WHERE id = %s",
+            (token_id,),
+        ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_server_administrators_tokens_hold_admin(services: Services, database_url: str) -> None:
+    token_id, secret = create_token(
+        services.store, tenant="default", scopes=["admin"], name="ops", server_admin=True
+    )
+    principal = authenticate(services.store, secret)
+    assert (principal.server_admin, principal.tenant) == (True, "default")
+    assert _token_row(database_url, token_id)[0] == "server"
+    assert not authenticate(
+        services.store, create_token(services.store, tenant="default", scopes=["admin"], name="t")[1]
+    ).server_admin
+    with pytest.raises(InvalidInputError, match="admin scope"):
+        create_token(services.store, tenant="default", scopes=["read"], name="x", server_admin=True)
+    with pytest.raises(PermissionDeniedError) as refused:
+        authenticate(
+            services.store, create_token(services.store, tenant="a", scopes=["admin"], name="a")[1]
+        ).require_server_admin("rebuilding 'workflow_tables'")
+    assert refused.value.details() == {"required_any_of": ["server_admin"], "granted": ["admin"]}
+
+
+def test_tokens_expire(client: TestClient, services: Services, database_url: str) -> None:
+    token_id, secret = create_token(
+        services.store, tenant="acme", scopes=["read"], name="short", expires_in=timedelta(days=30)
+    )
+    assert _token_row(database_url, token_id)[1] == timedelta(days=30)
+    headers = {"Authorization": f"Bearer {secret}"}
+    assert client.get("/api/v1/runs", headers=headers).status_code == 200
+    [info] = list_tokens(services.store)
+    assert (info.status, info.active) == ("active", True)
+
+    with psycopg.connect(database_url) as conn:  # thirty days later
+        conn.execute(
+            "UPDATE ledgerflow.api_tokens SET created_at = created_at - interval '31 days', "
+            "expires_at = expires_at - interval '31 days', last_used_at = NULL WHERE id = %s",
+            (token_id,),
+        )
+    response = client.get("/api/v1/runs", headers=headers)
+    assert response.status_code == 401
+    error = response.json()["error"]
+    assert error["code"] == "unauthenticated"
+    assert "expired" in error["message"]
+    with pytest.raises(AuthenticationError, match="expired"):
+        authenticate(services.store, secret)
+    [info] = list_tokens(services.store)
+    assert (info.status, info.active, info.last_used_at) == ("expired", False, None)  # not touched
+
+
+@pytest.mark.parametrize("lifetime", [timedelta(0), timedelta(seconds=-1), timedelta(days=4000)])
+def test_a_lifetime_out_of_range_is_refused(services: Services, lifetime: timedelta) -> None:
+    with pytest.raises(InvalidInputError, match="lifetime"):
+        create_token(services.store, tenant="acme", scopes=["read"], name="x", expires_in=lifetime)
+    assert list_tokens(services.store) == []
+
+
+def test_last_use_is_recorded_at_most_once_a_minute(
+    client: TestClient, services: Services, database_url: str
+) -> None:
+    token_id, secret = create_token(services.store, tenant="acme", scopes=["read"], name="x")
+    headers = {"Authorization": f"Bearer {secret}"}
+    assert _token_row(database_url, token_id)[2] is None
+    assert client.get("/api/v1/runs", headers=headers).status_code == 200
+    first = _token_row(database_url, token_id)[2]
+    assert first is not None
+    for _ in range(5):
+        assert client.get("/api/v1/runs", headers=headers).status_code == 200
+    assert _token_row(database_url, token_id)[2] == first  # not a write per request
+
+    with psycopg.connect(database_url) as conn:  # a minute and a bit later
+        conn.execute(
+            "UPDATE ledgerflow.api_tokens SET last_used_at = last_used_at - interval '61 seconds' "
+            "WHERE id = %s",
+            (token_id,),
+        )
+    assert client.get("/api/v1/runs", headers=headers).status_code == 200
+    assert _token_row(database_url, token_id)[2] > first - timedelta(seconds=61)
+    # A wrong secret for the same token id is refused and records nothing.
+    before = _token_row(database_url, token_id)[2]
+    forged = {"Authorization": f"Bearer lf_{token_id}_{'A' * 43}"}
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "UPDATE ledgerflow.api_tokens SET last_used_at = last_used_at - interval '61 seconds' "
+            "WHERE id = %s",
+            (token_id,),
+        )
+    assert client.get("/api/v1/runs", headers=forged).status_code == 401
+    assert _token_row(database_url, token_id)[2] == before - timedelta(seconds=61)
+
+
+def test_the_cli_creates_and_lists_tokens_readably(database_url: str) -> None:
+    from click.testing import CliRunner
+
+    from ops.cli import cli
+
+    runner = CliRunner()
+    env = {"LEDGERFLOW_DATABASE_URL": database_url}
+    created = runner.invoke(
+        cli, ["tokens", "create", "--server-admin", "--expires-in", "30d", "--name", "ops"], env=env
+    )
+    assert created.exit_code == 0, created.output
+    assert "server administrator" in created.output
+    secret = created.output.strip().splitlines()[-1]
+    assert secret.startswith("lf_")
+    tenant = runner.invoke(cli, ["tokens", "create", "--tenant", "acme", "--scope", "read"], env=env)
+    assert tenant.exit_code == 0, tenant.output
+    bad = runner.invoke(cli, ["tokens", "create", "--expires-in", "soon"], env=env)
+    assert bad.exit_code != 0
+    assert "duration" in bad.output
+
+    listed = runner.invoke(cli, ["tokens", "list"], env={**env, "COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
+    for text in ("server admin", "tenant", "acme", "active", "admin", "read"):
+        assert text in listed.output, text
+    for python in ("datetime.", "TokenInfo(", "('", "None"):  # no Python reprs
+        assert python not in listed.output, python
+
+    as_json = runner.invoke(cli, ["tokens", "list", "--json"], env=env)
+    assert as_json.exit_code == 0, as_json.output
+    rows = json.loads(as_json.stdout)
+    assert [(r["role"], r["scopes"], r["status"]) for r in rows] == [
+        ("server", ["admin"], "active"),
+        ("tenant", ["read"], "active"),
+    ]
+    assert rows[0]["expires_at"] is not None
+    assert rows[1]["expires_at"] is None
+
+
+def test_serve_makes_a_server_administrators_token_until_one_exists(
+    services: Services, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ops.serve import _bootstrap_token
+
+    create_token(services.store, tenant="default", scopes=["admin"], name="from before roles")
+    _bootstrap_token(services)
+    [secret] = re.findall(r"lf_[0-9a-f]{16}_\S+", capsys.readouterr().out)
+    assert authenticate(services.store, secret).server_admin
+    _bootstrap_token(services)  # one exists now: nothing more is made or shown
+    assert "lf_" not in capsys.readouterr().out
+    assert [t.role for t in list_tokens(services.store)] == ["tenant", "server"]

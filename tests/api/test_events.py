@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
+from decimal import Decimal
 
 import pytest
 from fastapi.testclient import TestClient
@@ -12,7 +14,7 @@ from eventstore import Cursor
 from ops.api import create_app
 from ops.api.settings import ApiSettings
 from ops.services import Services
-from tests.api.helpers import Headers, event_count, events_body
+from tests.api.helpers import Headers, MakeToken, event_count, events_body
 from tests.waiting import wait_until
 
 STREAM = "/api/v1/streams/order-42"
@@ -40,7 +42,10 @@ def test_append_then_read_the_stream(client: TestClient, admin: Headers) -> None
     assert [e["stream_version"] for e in backward] == [2]
     later = client.get(STREAM, params={"from_version": 2}, headers=admin).json()["events"]
     assert [e["type"] for e in later] == ["OrderPaid"]
-    assert client.get(STREAM, params={"from_version": 9}, headers=admin).json() == {"events": []}
+    assert client.get(STREAM, params={"from_version": 9}, headers=admin).json() == {
+        "events": [],
+        "next_version": None,
+    }
 
 
 def test_event_fields_are_kept(client: TestClient, admin: Headers) -> None:
@@ -290,3 +295,97 @@ def test_reading_the_log_resumes_from_the_cursor(client: TestClient, admin: Head
 def test_bad_log_queries_are_422(client: TestClient, admin: Headers, params: dict[str, str | int]) -> None:
     response = client.get("/api/v1/events", params=params, headers=admin)
     assert response.status_code == 422, response.text
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/streams/order-%FF",
+        "/api/v1/streams/order-%C3%28",
+        "/api/v1/streams/order-%ED%A0%80",  # an encoded surrogate
+    ],
+)
+def test_a_path_that_is_not_utf8_is_refused_not_folded(client: TestClient, admin: Headers, path: str) -> None:
+    for response in (
+        client.post(f"{path}/events", json=events_body(), headers=admin),
+        client.get(path, headers=admin),
+    ):
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == "invalid_utf8"
+        assert "not valid UTF-8" in error["message"]
+
+
+def test_a_query_that_is_not_utf8_is_refused(client: TestClient, admin: Headers) -> None:
+    response = client.get("/api/v1/events?category=order%FF", headers=admin)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_utf8"
+
+
+def test_a_nul_in_a_query_is_refused_with_a_message_that_says_so(client: TestClient, admin: Headers) -> None:
+    response = client.get("/api/v1/runs?status=a%00b", headers=admin)
+    assert response.status_code == 400
+    assert "NUL" in response.json()["error"]["message"]
+
+
+def test_a_body_that_is_not_utf8_is_refused(client: TestClient, admin: Headers, database_url: str) -> None:
+    body = b'{"events": [{"type": "T", "data": {"name": "caf\xe9"}}]}'
+    response = client.post(APPEND, content=body, headers={**admin, "Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert "request body is not valid UTF-8" in response.json()["error"]["message"]
+    assert event_count(database_url) == 0
+
+
+def test_json_numbers_keep_their_exact_value_end_to_end(client: TestClient, admin: Headers) -> None:
+    body = b'{"events": [{"type": "Measured", "data": {"a": 1.00000000000000000001, "b": 1e-400, "c": 0.5}}]}'
+    response = client.post(APPEND, content=body, headers={**admin, "Content-Type": "application/json"})
+    assert response.status_code == 201, response.text
+    [event] = json.loads(client.get(STREAM, headers=admin).content, parse_float=Decimal)["events"]
+    assert event["data"] == {
+        "a": Decimal("1.00000000000000000001"),
+        "b": Decimal("1e-400"),
+        "c": Decimal("0.5"),
+    }
+
+    def logged() -> list[dict[str, object]]:
+        page = json.loads(client.get("/api/v1/events", headers=admin).content, parse_float=Decimal)
+        return list(page["events"])
+
+    [from_log] = wait_until(logged, what="the event to be readable")
+    assert from_log["data"] == event["data"]
+
+
+def test_an_event_id_of_another_tenant_is_not_revealed(client: TestClient, make_token: MakeToken) -> None:
+    tenant_a, tenant_b = make_token("admin", tenant="acme"), make_token("admin", tenant="globex")
+    event_id = str(uuid.uuid4())
+    body = {"events": [{"type": "T", "data": {}, "event_id": event_id}]}
+    assert client.post(APPEND, json=body, headers=tenant_b).status_code == 201
+    assert client.post(APPEND, json=body, headers=tenant_a).status_code == 201
+    again = client.post("/api/v1/streams/order-43/events", json=body, headers=tenant_a)
+    assert again.status_code == 409
+    assert again.json()["error"]["code"] == "duplicate_event_id"
+
+
+def test_pages_stop_at_the_byte_budget_and_resume(
+    client: TestClient, admin: Headers, services: Services
+) -> None:
+    services.store.max_page_bytes = 250_000
+    for i in range(6):
+        body = {"events": [{"type": "Big", "data": {"i": i, "pad": "x" * 100_000}}]}
+        assert client.post(APPEND, json=body, headers=admin).status_code == 201
+
+    page = client.get(STREAM, params={"limit": 1000}, headers=admin).json()
+    assert [e["stream_version"] for e in page["events"]] == [1, 2, 3]
+    assert page["next_version"] == 4
+    rest = client.get(STREAM, params={"from_version": 4}, headers=admin).json()
+    assert [e["stream_version"] for e in rest["events"]] == [4, 5, 6]
+
+    wait_until(
+        lambda: len(services.store.read_all(tenant="acme", max_bytes=10**9).events) == 6,
+        what="the events to be readable",
+    )
+    log_page = client.get("/api/v1/events", headers=admin).json()
+    assert [e["data"]["i"] for e in log_page["events"]] == [0, 1, 2]
+    assert log_page["caught_up"] is False
+    more = client.get("/api/v1/events", params={"after": log_page["cursor"]}, headers=admin).json()
+    assert [e["data"]["i"] for e in more["events"]] == [3, 4, 5]

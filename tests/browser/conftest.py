@@ -20,6 +20,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from ops.api.app import create_app
 from ops.auth import create_token
 from ops.console import mount_console
+from ops.metrics_endpoint import add_metrics_route
 from ops.services import Services, open_services
 from ops.settings import Settings
 from projector import ProjectorWorker, RetrySettings
@@ -67,8 +68,12 @@ def console(database_url: str) -> Iterator[Console]:
         database_url=database_url, workflows="tests.flows:registry", projections="tests.projections:counter"
     )
     services = open_services(settings)
-    _, token = create_token(services.store, tenant="default", scopes=["admin"], name="browser")
+    # A server administrator's token: the console rebuilds projections that every tenant reads.
+    _, token = create_token(
+        services.store, tenant="default", scopes=["admin"], name="browser", server_admin=True
+    )
     app = create_app(services)
+    add_metrics_route(app)
     if not any(getattr(r, "path", None) == "/console" for r in app.routes):  # unless create_app did
         mount_console(app)
 
@@ -123,6 +128,7 @@ def page(browser: Browser, console: Console, request: pytest.FixtureRequest) -> 
     context = browser.new_context(viewport={"width": 1360, "height": 900})
     context.set_default_timeout(30_000)
     page = context.new_page()
+    violations = watch_csp(page)
     page.goto(console.url + "/")
     expect(page).to_have_url(re.compile(r"/console/#/runs$"))
     expect(page.locator("[data-testid=notice]")).to_contain_text("API token")  # asked for before anything
@@ -133,6 +139,19 @@ def page(browser: Browser, console: Console, request: pytest.FixtureRequest) -> 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{request.node.name}-end.png"), full_page=True)
     context.close()
+    assert violations == [], "the page broke its Content-Security-Policy"
+
+
+def watch_csp(page: Page) -> list[str]:
+    """The Content-Security-Policy violations the page reports on its console, as they happen."""
+    violations: list[str] = []
+    page.on(
+        "console",
+        lambda message: (
+            violations.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
+    return violations
 
 
 def shot(page: Page, name: str) -> None:

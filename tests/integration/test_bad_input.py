@@ -6,9 +6,12 @@ import math
 import uuid
 from typing import Any
 
+import psycopg.errors
 import pytest
 
 from eventstore import EventStore, EventTooLargeError, InvalidInputError, NewEvent, StreamAppend
+from eventstore.db import translate_errors, wrap_exceptions
+from eventstore.errors import DuplicateEventIdError
 from eventstore.store import DEFAULT_TENANT
 
 
@@ -108,3 +111,44 @@ def test_reads_check_tenant_and_stream(store: EventStore) -> None:
         store.read_stream("", tenant="default")
     with pytest.raises(InvalidInputError):
         store.read_all(tenant="NOT VALID")
+
+
+def test_a_nul_in_a_parameter_says_so(store: EventStore) -> None:
+    with pytest.raises(InvalidInputError, match="NUL character"):
+        store.read_all(types=["a\x00b"])
+
+
+def test_event_ids_are_unique_per_tenant_and_tell_nothing_of_other_tenants(store: EventStore) -> None:
+    event_id = uuid.uuid4()
+    store.append("order-1", [NewEvent("Placed", {}, event_id=event_id)], tenant="tenant-b")
+    # Another tenant may use the same id: the answer does not reveal that tenant-b holds it.
+    store.append("order-1", [NewEvent("Placed", {}, event_id=event_id)], tenant="tenant-a")
+    with pytest.raises(DuplicateEventIdError) as raised:
+        store.append("order-2", [NewEvent("Placed", {}, event_id=event_id)], tenant="tenant-a")
+    assert "tenant-b" not in str(raised.value)
+    assert isinstance(raised.value.__cause__, psycopg.errors.UniqueViolation)
+
+
+def test_driver_errors_keep_their_cause(store: EventStore) -> None:
+    with pytest.raises(InvalidInputError) as raised, store.pool.connection() as conn, translate_errors():
+        conn.execute("SELECT 'x'::int")
+    assert isinstance(raised.value.__cause__, psycopg.errors.InvalidTextRepresentation)
+    assert "invalid input syntax for type integer" in str(raised.value)
+
+
+def test_a_package_maps_its_own_sqlstates_and_constraints(store: EventStore) -> None:
+    class Fenced(BaseException):
+        pass
+
+    class Taken(LookupError):
+        pass
+
+    fence = {"LF099": lambda exc: Fenced(exc.diag.message_primary)}
+    with store.pool.connection() as conn:
+        with pytest.raises(Fenced) as fenced, wrap_exceptions(fence):
+            conn.execute("DO $$ BEGIN RAISE EXCEPTION 'fenced' USING ERRCODE = 'LF099'; END $$")
+        assert isinstance(fenced.value.__cause__, psycopg.Error)
+        conn.execute("CREATE TEMP TABLE t (k int CONSTRAINT t_k_unique UNIQUE)")
+        taken = {"t_k_unique": lambda exc: Taken("k taken")}
+        with pytest.raises(Taken), wrap_exceptions(constraints=taken):
+            conn.execute("INSERT INTO t VALUES (1), (1)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from decimal import Decimal
 from typing import Any
 
 from hypothesis import given, settings
@@ -116,3 +117,35 @@ def test_concurrent_retries_with_one_key_write_once(store: EventStore, writers: 
     assert sum(not r.duplicate for r in results) == 1
     assert len({r.events for r in results}) == 1
     assert len(store.read_stream(stream)) == 1
+
+
+exact_decimals = st.decimals(allow_nan=False, allow_infinity=False, places=None).filter(
+    lambda d: abs(d.adjusted()) < 1000
+)
+
+
+@given(numbers=st.lists(exact_decimals, min_size=1, max_size=5))
+@settings(max_examples=60)
+def test_json_numbers_keep_their_exact_decimal_value(store: EventStore, numbers: list[Decimal]) -> None:
+    stream = fresh_stream()
+    store.append(stream, [NewEvent("Measured", {"values": numbers})])
+    (read,) = store.read_stream(stream)
+    assert [Decimal(repr(v)) if isinstance(v, float) else Decimal(v) for v in read.data["values"]] == numbers
+
+
+@given(floats=st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=5))
+def test_floats_read_back_as_the_same_floats(store: EventStore, floats: list[float]) -> None:
+    stream = fresh_stream()
+    store.append(stream, [NewEvent("Measured", {"values": floats})])
+    (read,) = store.read_stream(stream)
+    # PostgreSQL writes 1e16 as 10000000000000000, which reads back as an int of the same value.
+    assert all(isinstance(v, float | int) for v in read.data["values"])
+    assert [float(v) for v in read.data["values"]] == floats
+
+
+def test_the_numbers_doubles_lose_are_kept(store: EventStore) -> None:
+    data = {"tiny": Decimal("1e-400"), "long": Decimal("1.00000000000000000001"), "half": 0.5}
+    store.append("n-1", [NewEvent("Measured", data)])
+    (read,) = store.read_stream("n-1")
+    assert read.data == {"tiny": Decimal("1e-400"), "long": Decimal("1.00000000000000000001"), "half": 0.5}
+    assert isinstance(read.data["half"], float)

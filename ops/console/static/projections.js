@@ -45,7 +45,9 @@ async function request(name, action, body = {}) {
   if (location.hash !== target) { // show its details first (navigating clears the banner)
     await new Promise((done) => { window.addEventListener("hashchange", done, { once: true }); location.hash = target; });
   }
-  showNotice(`${action} of ${name} requested${answer.run_id ? ` (run ${answer.run_id})` : ""}; follow it in the runs history`);
+  const runs = answer.kind && answer.kind !== action ? ` as a ${answer.kind}` : "";
+  const note = answer.note ? ` (${answer.note})` : "";
+  showNotice(`${action} of ${name} requested: run ${answer.run_id}${runs}${note}; follow it in the runs history`);
 }
 
 function horizonView(hz) {
@@ -81,7 +83,7 @@ function details(name) {
         h("td", {}, x.id), h("td", {}, x.kind), h("td", {}, h("span", { class: `status s-${x.status}` }, x.status)),
         h("td", {}, x.trigger), h("td", {}, x.actor), h("td", {}, x.events_processed), h("td", {}, Math.round(x.rate)),
         h("td", {}, when(x.started_at)), h("td", {}, when(x.ended_at)), h("td", { class: "error-text" }, x.error || ""))));
-    // Failures name any tenant's streams, so they need the admin scope; without it the rest still refreshes.
+    // Failures need the admin scope (a tenant's admin sees its tenant's); without it the rest still refreshes.
     const failRows = await get(`/failures?projection=${encodeURIComponent(name)}`).then((f) => f.failures, (err) => err);
     if (!Array.isArray(failRows)) {
       failures.replaceChildren(h("tr", {}, h("td", { class: "muted" }, `not shown: ${failRows.message}`)));

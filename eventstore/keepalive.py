@@ -1,0 +1,161 @@
+"""Keeping a worker's leases alive and waking it when events are appended: one mechanism for every kind.
+
+`Waker` holds one LISTEN connection in its own thread and sets an event on every notification, and
+after every (re)connection, since a notification sent while disconnected is lost (readers re-read
+then). `Keepalive` adds the beats: callables run on a schedule (lease renewals, sweeps) in a second
+thread, so a lost listener never delays a renewal. Both report database trouble to the worker's
+`Outage` (one warning per outage) and reconnect with tenacity's back-off; neither ever ends before
+`stop()`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
+import tenacity
+
+from eventstore.outage import Outage, backoff, is_unavailable, sleeper
+from eventstore.sqlfile import load_queries
+
+log = structlog.get_logger(__name__)
+_LISTEN = load_queries("eventstore")["listen"]
+#: How long one wait for notifications lasts, so that `stop()` is noticed promptly.
+_SLICE = 0.25
+_CONNECT_TIMEOUT = 3
+
+
+class _ListenerLost(Exception):
+    """The LISTEN connection failed; the waker connects again after a back-off."""
+
+
+class Waker:
+    """Sets `wake` whenever events are appended (and after every reconnection)."""
+
+    def __init__(
+        self,
+        url: str,
+        wake: threading.Event,
+        outage: Outage,
+        *,
+        application_name: str = "ledgerflow-listener",
+    ) -> None:
+        self._url = url
+        self._wake = wake
+        self._outage = outage
+        self._application_name = application_name
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._application_name, daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            retrying = tenacity.Retrying(
+                retry=tenacity.retry_if_exception_type(_ListenerLost),
+                wait=backoff(),
+                stop=tenacity.stop_when_event_set(self._stopping),
+                sleep=sleeper(self._stopping),
+                reraise=True,
+            )
+            try:
+                for attempt in retrying:
+                    with attempt:
+                        self._listen()
+            except _ListenerLost:
+                continue  # stopping
+
+    def _listen(self) -> None:
+        """Listen until stopped; raise _ListenerLost when the connection fails."""
+        try:
+            with psycopg.connect(
+                self._url,
+                autocommit=True,
+                application_name=self._application_name,
+                connect_timeout=_CONNECT_TIMEOUT,
+            ) as conn:
+                conn.execute(_LISTEN)
+                self._outage.succeeded("listener")
+                self._wake.set()  # anything appended while this waker was away is read now
+                while not self._stopping.is_set():
+                    for _ in conn.notifies(timeout=_SLICE, stop_after=1):
+                        self._wake.set()
+                    self._outage.settle()
+        except psycopg.Error as exc:
+            if not is_unavailable(exc):
+                log.warning("listener_failed", error=str(exc))
+            self._outage.failed(exc, "listener")
+            raise _ListenerLost from exc
+
+
+@dataclass(frozen=True)
+class Beat:
+    """`fn` runs every `interval` seconds in the keepalive thread."""
+
+    name: str
+    interval: float
+    fn: Callable[[], Any]
+
+
+class Keepalive:
+    """A worker's waker and its beats. A beat that hits an outage is reported and tried again at its
+    next time; any other exception is logged and the beat goes on."""
+
+    def __init__(
+        self,
+        url: str,
+        wake: threading.Event,
+        outage: Outage,
+        beats: Sequence[Beat] = (),
+        *,
+        application_name: str = "ledgerflow-listener",
+    ) -> None:
+        self.waker = Waker(url, wake, outage, application_name=application_name)
+        self._beats = list(beats)
+        self._outage = outage
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.waker.start()
+        if self._beats and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ledgerflow-keepalive", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        self.waker.stop(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        due = [time.monotonic() + b.interval for b in self._beats]
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            for i, beat in enumerate(self._beats):
+                if now >= due[i]:
+                    self.run_beat(beat)
+                    due[i] = time.monotonic() + beat.interval
+            self._stopping.wait(max(0.0, min(due) - time.monotonic()))
+
+    def run_beat(self, beat: Beat) -> None:
+        try:
+            beat.fn()
+        except Exception as exc:
+            if is_unavailable(exc):
+                self._outage.failed(exc)
+            else:
+                log.exception("keepalive_beat_failed", beat=beat.name)

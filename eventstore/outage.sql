@@ -1,0 +1,4 @@
+-- Statements of eventstore/outage.py.
+
+-- name: ping
+SELECT 1

@@ -1,0 +1,423 @@
+"""Database outage drill with real processes, on a PostgreSQL cluster of its own.
+
+A lease-holding and a standby `ledgerflow projector` and two `ledgerflow worker`s live through: their
+connections terminated; the server restarted fast, then immediate; every connection slot taken for a few
+seconds; and a third worker started while the server is down. No process exits, every run completes,
+every projection verifies equal to its rebuild, and each process logged one `database_unavailable`
+warning per outage, and no traceback. `ledgerflow doctor` says the workers wait while the server is
+down, and counts them once it is back.
+
+The drill restarts and stops its server, so it starts a throwaway cluster (initdb, pg_ctl) on its own
+port and data directory rather than disturb the server every other test shares; it always stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from eventstore import Cursor, DatabaseSettings, EventStore, LedgerflowError, NewEvent, open_store
+from eventstore.migrate import migrate
+from projector import state, verify
+from projector.catalogue import stream_catalogue
+from tests.flows import registry
+from tests.projections import counter
+from tests.waiting import wait_until
+from workflows import Engine, workflow_tables
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.drill
+
+MAX_CONNECTIONS = 40
+RESERVED = 5  # superuser_reserved_connections: the drill's own control connections
+WORKER_ROLE = "lf_drill"
+LEASE_TTL = 5.0
+
+
+def _pg_bin() -> Path | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    return found[-1].parent if found else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    """A throwaway PostgreSQL cluster; run as the `postgres` OS user when the tests run as root."""
+
+    bin: Path
+    root: Path
+    port: int = field(default_factory=_free_port)
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def _run(self, *args: str) -> None:
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*prefix, *args], check=True, capture_output=True, timeout=60)
+
+    def _options(self) -> str:
+        return (
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+            f"-c max_connections={MAX_CONNECTIONS} -c superuser_reserved_connections={RESERVED}"
+        )
+
+    def init(self) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres")
+        self._run(
+            str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync"
+        )
+
+    def pg_ctl(self, action: str, mode: str = "fast") -> None:
+        log = str(self.root / "server.log")
+        self._run(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            log,
+            "-m",
+            mode,
+            "-w",
+            "-o",
+            self._options(),
+            action,
+        )
+
+    def url(self, user: str = "postgres", dbname: str = "ledgerflow") -> str:
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
+
+    def running(self) -> bool:
+        try:
+            with psycopg.connect(self.url(dbname="postgres"), connect_timeout=2):
+                return True
+        except psycopg.OperationalError:
+            return False
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    pg_bin = _pg_bin()
+    if pg_bin is None:
+        pytest.skip("no PostgreSQL server binaries in /usr/lib/postgresql to start a throwaway cluster")
+    c = Cluster(pg_bin, Path(tempfile.mkdtemp(prefix="lf-outage-")))
+    try:
+        c.init()
+        c.pg_ctl("start")
+        with psycopg.connect(c.url(dbname="postgres"), autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE {WORKER_ROLE} LOGIN")
+            conn.execute(f"CREATE DATABASE ledgerflow OWNER {WORKER_ROLE}")
+        yield c
+    finally:
+        with contextlib.suppress(subprocess.SubprocessError):
+            c.pg_ctl("stop", "immediate")
+        shutil.rmtree(c.root, ignore_errors=True)
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    #: Outages that happened while this process was alive.
+    outages: int = 0
+
+    def events(self) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                parsed = json.loads(line)
+                if isinstance(parsed, dict):
+                    lines.append(parsed)
+        return lines
+
+
+def start(cluster: Cluster, tmp: Path, name: str, *args: str) -> Process:
+    env = os.environ | {
+        "LEDGERFLOW_DATABASE_URL": cluster.url(WORKER_ROLE),
+        "LEDGERFLOW_PROJECTIONS": "tests.projections:counter,workflows:workflow_tables",
+        "LEDGERFLOW_WORKFLOWS": "tests.flows:registry",
+        "LEDGERFLOW_PROJECTOR_LEASE_TTL": str(LEASE_TTL),
+        "LEDGERFLOW_PROJECTOR_HEARTBEAT_INTERVAL": str(LEASE_TTL / 4),
+        "LEDGERFLOW_WORKFLOW_LEASE_TTL": str(LEASE_TTL),
+        "LEDGERFLOW_WORKFLOW_HEARTBEAT_INTERVAL": str(LEASE_TTL / 4),
+        "LEDGERFLOW_RECOVERY_INTERVAL": "0.5",
+        "LEDGERFLOW_POOL_MAX_SIZE": "4",
+        "LEDGERFLOW_LOG_FORMAT": "json",
+    }
+    log = tmp / f"{name}.log"
+    with log.open("ab") as out:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    return Process(name, popen, log)
+
+
+def doctor(cluster: Cluster) -> tuple[int, str]:
+    env = os.environ | {
+        "LEDGERFLOW_DATABASE_URL": cluster.url(),
+        "LEDGERFLOW_PROJECTIONS": "tests.projections:counter",
+        "LEDGERFLOW_CONNECT_TIMEOUT": "1",
+        "COLUMNS": "300",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "doctor"], cwd=ROOT, env=env, capture_output=True, timeout=60
+    )
+    return done.returncode, " ".join(done.stdout.decode().split())
+
+
+def retrying(fn: Callable[[], Any], stop: threading.Event | None = None) -> Any:
+    """The drill's own client calls, tried again while the server is away."""
+    while True:
+        try:
+            return fn()
+        except (LedgerflowError, psycopg.Error):
+            if stop is not None and stop.is_set():
+                return None
+            (stop or threading.Event()).wait(0.05)
+
+
+def lease_owner(store: EventStore, name: str) -> str | None:
+    with store.pool.connection() as conn:
+        lease = state.lease_of(conn, name)
+    return lease.owner if lease is not None and lease.alive else None
+
+
+def caught_up(store: EventStore, target: Cursor) -> bool:
+    """Every projection has applied everything committed before `target`."""
+    with store.pool.connection() as conn:
+        for p in (counter, stream_catalogue, workflow_tables):
+            current = state.get_cursor(conn, p.name)
+            if current is None or current.cursor < target:
+                return False
+    return True
+
+
+def worker_backends(cluster: Cluster) -> list[int]:
+    with psycopg.connect(cluster.url(dbname="postgres"), autocommit=True) as conn:
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE usename = %s", (WORKER_ROLE,)).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def terminate_workers(cluster: Cluster) -> int:
+    with psycopg.connect(cluster.url(dbname="postgres"), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (WORKER_ROLE,)
+        ).fetchall()
+    return len(rows)
+
+
+@contextlib.contextmanager
+def slots_taken(cluster: Cluster) -> Iterator[int]:
+    """Every connection slot a non-superuser may use is taken, then the workers' own connections are
+    ended, so they must reconnect into a full server."""
+    held: list[psycopg.Connection[Any]] = []
+    try:
+        while True:
+            try:
+                held.append(psycopg.connect(cluster.url(WORKER_ROLE), autocommit=True, connect_timeout=3))
+            except psycopg.OperationalError as exc:
+                # libpq reports no SQLSTATE for a refused connection: recognise the message.
+                full = "connection slots" in str(exc) or "too many clients" in str(exc)
+                if not full:
+                    raise
+                break
+        with psycopg.connect(cluster.url(dbname="postgres"), autocommit=True) as conn:
+            mine = [c.info.backend_pid for c in held]
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE usename = %s AND pid <> ALL(%s)",
+                (WORKER_ROLE, mine),
+            )
+        yield len(held)
+    finally:
+        for c in held:
+            c.close()
+
+
+def test_workers_live_through_database_outages(cluster: Cluster, tmp_path: Path) -> None:
+    began = time.monotonic()
+    settings = DatabaseSettings(pool_min_size=1, pool_max_size=2)
+    # The drill's own client is a superuser: it gets in through the reserved slots when the rest are full.
+    migrate(cluster.url(WORKER_ROLE))  # the workers' role owns the schema, as in a deployment
+    with psycopg.connect(cluster.url(WORKER_ROLE), autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE public.calls (run_id uuid, what text, attempt int, pid int, "
+            "at timestamptz DEFAULT clock_timestamp())"
+        )
+    store = open_store(settings, url=cluster.url(), migrate=False)
+    engine = Engine(store, registry)
+
+    stop_appending = threading.Event()
+    appended = [0]
+
+    def append_forever() -> None:
+        i = 0
+        while not stop_appending.is_set():
+            if retrying(
+                lambda i=i: store.append(f"drill-{i % 7}", [NewEvent("Add", {"amount": i})]), stop_appending
+            ):
+                appended[0] += 1
+            i += 1
+            stop_appending.wait(0.01)
+
+    appender = threading.Thread(target=append_forever, daemon=True)
+    processes: list[Process] = []
+    runs: list[uuid.UUID] = []
+    resumed: dict[str, float] = {}
+
+    def start_runs(n: int) -> list[uuid.UUID]:
+        started = []
+        for k in range(n):
+            workflow, data = ("drill", {"items": 5}) if k % 2 == 0 else ("diamond", {})
+            started.append(retrying(lambda w=workflow, d=data: engine.start(w, input=d).run_id))
+        runs.extend(started)
+        return started
+
+    def runs_done(ids: list[uuid.UUID]) -> bool:
+        return all(not engine.load(r).active for r in ids)
+
+    def outage(name: str, cause: Callable[[], None]) -> None:
+        """Cause an outage, then measure how long until new work flows again: a new run completes and
+        every projection has caught up with the events appended since."""
+        for p in processes:
+            p.outages += 1
+        cause()
+        back = time.monotonic()
+        target = retrying(store.committed_so_far)
+        fresh = start_runs(2)
+        wait_until(lambda: retrying(lambda: runs_done(fresh)), timeout=30, what=f"runs after {name}")
+        wait_until(
+            lambda: retrying(lambda: caught_up(store, target)), timeout=30, what=f"projections after {name}"
+        )
+        resumed[name] = round(time.monotonic() - back, 2)
+        # Every process saw this outage end before the next one begins: one warning for each.
+        for p in processes:
+            wait_until(
+                lambda p=p: p.log.read_text().count('"database_available_again"') >= p.outages,
+                timeout=30,
+                what=f"{p.name} to see the database again after {name}",
+            )
+
+    try:
+        processes.append(start(cluster, tmp_path, "projector-a", "projector"))
+        wait_until(
+            lambda: all(lease_owner(store, p.name) for p in (counter, stream_catalogue, workflow_tables)),
+            timeout=30,
+            what="the first projector to hold every lease",
+        )
+        processes.append(start(cluster, tmp_path, "projector-b", "projector"))
+        processes.append(start(cluster, tmp_path, "worker-a", "worker", "--name", "drill-a"))
+        processes.append(start(cluster, tmp_path, "worker-b", "worker", "--name", "drill-b"))
+        wait_until(
+            lambda: all(
+                "projector_worker_started" in str(p.events()) or "workflow_worker_started" in str(p.events())
+                for p in processes
+            ),
+            timeout=30,
+            what="every process to start",
+        )
+        appender.start()
+        first = start_runs(6)
+        wait_until(lambda: runs_done(first), timeout=30, what="the first runs")
+
+        outage("terminated", lambda: terminate_workers(cluster))
+        outage("restart_fast", lambda: cluster.pg_ctl("restart", "fast"))
+        outage("restart_immediate", lambda: cluster.pg_ctl("restart", "immediate"))
+
+        def full_server() -> None:
+            with slots_taken(cluster):
+                start_runs(2)  # the drill's superuser client still gets in
+                threading.Event().wait(3.0)  # the outage itself: slots stay taken this long
+
+        outage("slots_taken", full_server)
+
+        def down_while_a_worker_starts() -> None:
+            cluster.pg_ctl("stop", "fast")
+            try:
+                late = start(cluster, tmp_path, "worker-c", "worker", "--name", "drill-c")
+                processes.append(late)
+                late.outages = 1
+                wait_until(
+                    lambda: "database_unavailable" in late.log.read_text(),
+                    timeout=20,
+                    what="the late worker to notice the database is down",
+                )
+                code, said = doctor(cluster)
+                assert code == 1
+                assert "resume by themselves" in said, said
+            finally:
+                cluster.pg_ctl("start")
+
+        outage("down_at_start", down_while_a_worker_starts)
+        late = processes[-1]
+        wait_until(
+            lambda: "workflow_worker_started" in late.log.read_text(), timeout=30, what="the late worker"
+        )
+
+        stop_appending.set()
+        appender.join(timeout=30)
+        target = store.committed_so_far()
+        start_runs(1)  # the log ends with workflow events: every projection has something to apply
+        wait_until(lambda: runs_done(runs), timeout=30, what="every run")
+        wait_until(lambda: caught_up(store, target), timeout=30, what="every projection")
+
+        _, said = doctor(cluster)
+        assert "2 projector worker(s) and 3 workflow worker(s) connected" in said, said
+        exited = {p.name: p.popen.poll() for p in processes if p.popen.poll() is not None}
+        assert exited == {}, f"processes exited: {exited}"
+        for run_id in runs:
+            run = engine.load(run_id)
+            assert run.status == "succeeded", f"run {run_id} ended {run.status}: {run.error}"
+        for projection in (counter, stream_catalogue, workflow_tables):
+            result = verify(store, projection)
+            assert result.equal, f"{projection.name}: {result.differences}"
+        with store.pool.connection() as conn:
+            row = conn.execute("SELECT count(*), max(times) FROM ledgerflow.applied").fetchone()
+        assert row is not None
+        assert row[1] == 1, "an event was applied twice"
+    finally:
+        stop_appending.set()
+        for p in processes:
+            if p.popen.poll() is None:
+                p.popen.send_signal(signal.SIGTERM)
+        codes = {p.name: p.popen.wait(timeout=30) for p in processes}
+        store.close()
+
+    assert codes == {p.name: 0 for p in processes}, codes
+    for p in processes:
+        events = p.events()
+        text = p.log.read_text(errors="replace")
+        assert "Traceback" not in text, f"{p.name} logged a traceback:\n{text[-4000:]}"
+        stray = [line for line in text.splitlines() if not line.startswith("{")]
+        assert stray == [], f"{p.name} printed lines outside its structured log: {stray}"
+        assert not [e for e in events if e.get("level") == "error"], f"{p.name} logged errors"
+        warnings = [e for e in events if e.get("event") == "database_unavailable"]
+        assert len(warnings) == p.outages, (
+            f"{p.name}: {len(warnings)} database_unavailable warnings for {p.outages} outages: "
+            f"{[(w.get('timestamp'), w.get('noticed_by'), w.get('error')) for w in warnings]}"
+        )
+    print(f"\nresumed after (s): {resumed}; drill took {time.monotonic() - began:.1f}s")
