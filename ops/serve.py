@@ -26,6 +26,7 @@ from projector import WorkerSettings as ProjectorSettings
 from workflows import WorkflowWorker
 
 log = structlog.get_logger(__name__)
+_GRACE_SECONDS = 10
 
 #: Workflows served when none are configured, so a fresh install has something to run.
 SAMPLE_WORKFLOWS = "workflows.demo:registry"
@@ -114,7 +115,11 @@ def _run_api(services: Services, host: str, port: int) -> None:
 
     signal.signal(signal.SIGTERM, note)
     signal.signal(signal.SIGINT, note)
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)).run()
+    # Requests still open after the grace period are cut: a stopping server must not wait on a slow client.
+    config = uvicorn.Config(
+        app, host=host, port=port, log_config=None, access_log=False, timeout_graceful_shutdown=_GRACE_SECONDS
+    )
+    uvicorn.Server(config).run()
 
 
 def _bootstrap_token(services: Services) -> None:

@@ -43,6 +43,20 @@ def start_worker(database_url: str, *, lease_ttl: float, log: Path) -> subproces
         )
 
 
+def _diagnosis(store: EventStore, log: Path) -> str:
+    """What an operator would look at when a takeover does not happen: the lease, the sessions of the
+    test's database with what they wait for, and the workers' last log lines."""
+    with store.pool.connection() as conn:
+        lease = state.lease_of(conn, counter.name)
+        sessions = conn.execute(
+            "SELECT pid, application_name, state, wait_event_type, wait_event,"
+            "       now() - xact_start AS in_transaction, left(query, 120)"
+            "  FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    lines = log.read_bytes().decode(errors="replace").splitlines()[-40:]
+    return "\n".join([f"lease: {lease}", *map(str, sessions), "workers' log:", *lines])
+
+
 def applied_stats(store: EventStore) -> tuple[int, int]:
     with store.pool.connection() as conn:
         row = conn.execute("SELECT count(*), coalesce(max(times), 0) FROM ledgerflow.applied").fetchone()
@@ -140,7 +154,10 @@ def test_a_worker_paused_past_its_lease_cannot_commit(
             lease = state.lease_of(conn, counter.name)
         return lease is not None and epoch_before is not None and lease.epoch > epoch_before.epoch
 
-    wait_until(taken_over, timeout=30, what="the second worker to take the lease")
+    try:
+        wait_until(taken_over, timeout=30, what="the second worker to take the lease")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_diagnosis(store, log)}") from None
     progressed = applied_stats(store)[0]
     wait_until(lambda: applied_stats(store)[0] > progressed, timeout=30, what="the new owner to apply events")
     paused.send_signal(signal.SIGCONT)

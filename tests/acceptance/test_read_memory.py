@@ -137,3 +137,6 @@ def test_concurrent_reads_of_large_events_keep_memory_bounded_and_healthz_answer
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
+            server.wait()
+            log = (tmp_path / "serve.log").read_text(errors="replace").splitlines()[-30:]
+            raise AssertionError("serve did not stop within 60 s of SIGTERM:\n" + "\n".join(log)) from None
