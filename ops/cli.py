@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -10,6 +11,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
+import psycopg
+import pydantic
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -29,7 +32,8 @@ from eventstore.db import resolve_database_url
 from eventstore.events import ExpectedVersion
 from eventstore.migrate import migrate as apply_migrations
 from ops import cli_projections, cli_tokens, cli_workflows
-from ops.cli_common import console, settings_of
+from ops.cli_common import console, err_console, settings_of
+from ops.cli_errors import explain
 from ops.settings import Settings
 from ops.telemetry import configure_logging
 
@@ -51,19 +55,29 @@ def _expected(text: str) -> ExpectedVersion:
 
 
 class LedgerflowGroup(click.Group):
-    """Turns ledgerflow errors into one readable line and exit status 1, instead of a traceback."""
+    """Turns ledgerflow errors, an unreachable database and invalid settings into a line or two that say
+    what to do, and exit status 1, instead of a traceback (`--debug` adds it)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except LedgerflowError as exc:
-            console.print(f"[bold red]error[/] ({exc.code}): {exc}", highlight=False)
+        except (LedgerflowError, psycopg.OperationalError, pydantic.ValidationError) as exc:
+            if ctx.params.get("debug"):
+                err_console.print_exception()
+            explained = explain(exc, os.environ.get("LEDGERFLOW_DATABASE_URL"))
+            if explained is None:
+                code = getattr(exc, "code", type(exc).__name__)
+                err_console.print(f"[bold red]error[/] ({code}): {exc}", highlight=False, soft_wrap=True)
+            else:
+                what, todo = explained
+                err_console.print(f"[bold red]error[/]: {what}\n  {todo}", highlight=False, soft_wrap=True)
             sys.exit(1)
 
 
 @click.group(cls=LedgerflowGroup)
+@click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
 @click.pass_context
-def cli(ctx: click.Context) -> None:
+def cli(ctx: click.Context, debug: bool) -> None:
     """ledgerflow: an event-sourced workflow engine on PostgreSQL.
 
     Uses LEDGERFLOW_DATABASE_URL, or an embedded PostgreSQL when it is unset.
@@ -257,6 +271,7 @@ def doctor(ctx: click.Context) -> None:
 
     settings = settings_of(ctx)
     try:
+        _check_reachable(settings)
         with open_store(settings, migrate=False) as store:
             projections = [*load_projections(settings.projection_paths), workflow_tables]
             findings = diagnose(store, projections, abandoned_after=settings.abandoned_after)
@@ -269,6 +284,17 @@ def doctor(ctx: click.Context) -> None:
     console.print(table)
     if any(f.level == "fail" for f in findings):
         ctx.exit(1)
+
+
+def _check_reachable(settings: Settings) -> None:
+    """One quick connection attempt with the driver's own reason, before the pool, which would retry for
+    the whole connect timeout and then only say that it timed out."""
+    url = resolve_database_url(settings)
+    try:
+        psycopg.connect(url, connect_timeout=max(1, int(settings.connect_timeout / 3))).close()
+    except psycopg.OperationalError as exc:
+        what, todo = explain(exc, url) or (str(exc), "")
+        raise DatabaseUnavailableError(f"{what}; {todo}") from exc
 
 
 @cli.command("events-demo")

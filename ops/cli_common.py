@@ -11,6 +11,8 @@ from rich.console import Console
 from ops.settings import Settings
 
 console = Console()
+#: Errors, progress and logs go to stderr, so that stdout carries only data.
+err_console = Console(stderr=True)
 
 #: How node and run states are shown in terminal tables.
 ICONS = {

@@ -33,18 +33,37 @@ def configure_logging(level: str = "info", fmt: LogFormat = "auto") -> None:
         if use_json
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
+    shared: list[structlog.types.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    _route_standard_logging(level, shared, renderer)
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
+        processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         # Not cached: the demo lowers the level after start-up, and loggers must follow.
     )
+
+
+def _route_standard_logging(
+    level: str, shared: list[structlog.types.Processor], renderer: structlog.types.Processor
+) -> None:
+    """Render the records of libraries that log through `logging` (the driver's pool, uvicorn) like our
+    own, so that a process writes one format to stderr."""
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared, structlog.processors.format_exc_info],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(level.upper())
+    # The pool warns at every failed connection attempt; an outage is reported once, by
+    # eventstore.outage, and a failure to start by the CLI: keep only the pool's errors.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 
 def configure_telemetry(service: str = "ledgerflow") -> None:

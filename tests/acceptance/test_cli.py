@@ -36,8 +36,8 @@ def test_errors_are_one_line_with_what_to_do(database_url: str) -> None:
     run(database_url, "append", "s", "--type", "T")
     result = run(database_url, "append", "s", "--type", "T", "--expected", "no-stream")
     assert result.returncode == 1
-    assert "wrong_expected_version" in result.stdout
-    assert "Re-read the stream" in result.stdout
+    assert "wrong_expected_version" in result.stderr
+    assert "Re-read the stream" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -1,0 +1,73 @@
+"""What the CLI says when it cannot start: one or two lines (what failed, what to do), never a traceback.
+
+A wrong database URL, a server that is down, a missing database and an invalid setting are the first
+things a new user meets; each gets its own advice. `ledgerflow --debug` shows the traceback as well.
+"""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+import pydantic
+
+from eventstore import DatabaseUnavailableError, LedgerflowError
+from eventstore.db import redact
+
+#: (pattern in the driver's message, advice). The first match wins.
+_CONNECT_ADVICE: list[tuple[re.Pattern[str], str]] = [
+    (
+        re.compile(r"database \"(?P<db>[^\"]+)\" does not exist"),
+        "create it (`createdb {db}` on that server) or point LEDGERFLOW_DATABASE_URL at an existing one",
+    ),
+    (
+        re.compile(r"password authentication failed|role \"[^\"]+\" does not exist|no password supplied"),
+        "check the user name and password in LEDGERFLOW_DATABASE_URL",
+    ),
+    (
+        re.compile(
+            r"Connection refused|could not translate host name|failed to resolve host|No route to host"
+            r"|timeout expired"
+        ),
+        "start PostgreSQL there, fix the host and port in LEDGERFLOW_DATABASE_URL, or unset it to use "
+        "the embedded database",
+    ),
+    (
+        re.compile(r"too many clients|remaining connection slots"),
+        "the server has no free connection slots: close idle clients or raise max_connections",
+    ),
+]
+_FALLBACK_ADVICE = "check LEDGERFLOW_DATABASE_URL (`ledgerflow doctor` checks the whole set-up)"
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # psycopg prefixes "connection failed: connection to server at ... failed: FATAL:  <reason>".
+    return lines[0].rsplit("FATAL:", 1)[-1].strip() if lines else text
+
+
+def explain(exc: BaseException, database_url: str | None) -> tuple[str, str] | None:
+    """(what failed, what to do) for the start-up errors a user can fix; None for anything else."""
+    where = redact(database_url) if database_url else "the embedded database"
+    if isinstance(exc, pydantic.ValidationError):
+        problems = "; ".join(_setting_problem(error) for error in exc.errors())
+        return f"invalid setting: {problems}", "fix the variable (or unset it to use the default)"
+    if isinstance(exc, psycopg.OperationalError | DatabaseUnavailableError):
+        message = str(exc)
+        advice = next(
+            (a.format(**m.groupdict()) for p, a in _CONNECT_ADVICE if (m := p.search(message))),
+            _FALLBACK_ADVICE,
+        )
+        return f"cannot use the database at {where}: {_first_line(message)}", advice
+    if isinstance(exc, LedgerflowError):
+        return None  # these already say what to do; the CLI prints them as they are
+    return None
+
+
+def _setting_problem(error: object) -> str:
+    assert isinstance(error, dict)
+    field = ".".join(str(part) for part in error.get("loc", ()))
+    value = error.get("input")
+    variable = f"LEDGERFLOW_{field.upper()}" if field else "a setting"
+    shown = "" if isinstance(value, dict) else f"={value}"
+    return f"{variable}{shown}: {error.get('msg', 'invalid')}"
