@@ -177,6 +177,9 @@ def read(ctx: click.Context, stream_id: str, tenant: str, backward: bool, limit:
 
 @cli.command()
 @click.option("--after", default="0:0", show_default=True, help="A cursor, <transaction_id>:<position>.")
+@click.option(
+    "--from-now", is_flag=True, help="Start at the head of the log: only events committed from now on."
+)
 @click.option("--tenant", default=None, help="Only this tenant's events.")
 @click.option(
     "--category", "categories", multiple=True, help="Only streams of this category (prefix before '-')."
@@ -184,13 +187,25 @@ def read(ctx: click.Context, stream_id: str, tenant: str, backward: bool, limit:
 @click.option("--type", "types", multiple=True, help="Only events of this type.")
 @click.pass_context
 def tail(
-    ctx: click.Context, after: str, tenant: str | None, categories: tuple[str, ...], types: tuple[str, ...]
+    ctx: click.Context,
+    after: str,
+    from_now: bool,
+    tenant: str | None,
+    categories: tuple[str, ...],
+    types: tuple[str, ...],
 ) -> None:
-    """Follow the global log from a cursor, one JSON line per event, until interrupted."""
+    """Follow the global log from a cursor, one JSON line per event, until interrupted.
+
+    On Ctrl-C it prints (on stderr) the cursor of the last event it printed: resuming from there skips
+    nothing."""
     with _store(ctx) as store:
+        # From now: below the oldest transaction still open, so that none committing later is skipped
+        # (a few events committed just before may show).
+        start = Cursor(store.horizon().xmin, 0) if from_now else Cursor.parse(after)
         subscription = store.subscribe(
-            Cursor.parse(after), tenant=tenant, categories=categories or None, types=types or None
+            start, tenant=tenant, categories=categories or None, types=types or None
         )
+        printed = start
         try:
             for e in subscription:
                 click.echo(
@@ -204,8 +219,10 @@ def tail(
                         }
                     )
                 )
+                printed = e.cursor
         except KeyboardInterrupt:
-            console.print(f"stopped; resume with --after {subscription.cursor}", highlight=False)
+            # Not the subscription's cursor: it is at the end of the page read, past events not printed.
+            err_console.print(f"stopped; resume with --after {printed}", highlight=False)
 
 
 @cli.command()
