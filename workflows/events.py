@@ -2,14 +2,21 @@
 
 A run's stream is `wf-<run id>`; a key's stream `wfkey-<workflow>:<key>` records which run holds the
 key, so that one key has at most one active run.
+
+Each event type has a frozen pydantic model naming the fields its payload carries. `event()` checks the
+fields against that model and writes them unchanged (the same JSON as ever, so existing logs keep their
+meaning); `parse()` gives a recorded event back as its model, for the fold in `workflows.state`.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, ClassVar, Literal
 
-from eventstore import NewEvent
+import pydantic
+from pydantic import BaseModel, ConfigDict
+
+from eventstore import InvalidInputError, NewEvent, RecordedEvent
 
 RUN_STARTED = "wf.RunStarted"
 NODES_READY = "wf.NodesReady"
@@ -38,6 +45,217 @@ KEY_RELEASED = "wf.KeyReleased"
 RUN_CATEGORY = "wf"
 
 
+class WorkflowEventError(InvalidInputError):
+    """A workflow event whose type is unknown or whose fields do not match its type's model."""
+
+    code = "invalid_workflow_event"
+
+
+class WorkflowEvent(BaseModel):
+    """What every workflow event carries: the run it belongs to. Unknown payload fields are ignored when
+    a recorded event is read (older or newer writers), but refused when one is built (`event()`)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    event_type: ClassVar[str]
+    run_id: uuid.UUID
+
+
+class NodeEvent(WorkflowEvent):
+    """An event about one node of the run."""
+
+    node: str
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+class RunStarted(WorkflowEvent):
+    event_type: ClassVar[str] = RUN_STARTED
+    workflow: str
+    version: str = "1"
+    key: str | None = None
+    input: Any = None
+    input_fingerprint: str
+    #: Every node, in topological order (jsonb does not keep the key order of `fingerprints`).
+    nodes: list[str]
+    fingerprints: dict[str, str]
+
+
+class NodesReady(WorkflowEvent):
+    event_type: ClassVar[str] = NODES_READY
+    nodes: list[str]
+
+
+class RunCancelRequested(WorkflowEvent):
+    event_type: ClassVar[str] = RUN_CANCEL_REQUESTED
+    actor: str | None = None
+
+
+class RunRetried(WorkflowEvent):
+    event_type: ClassVar[str] = RUN_RETRIED
+    nodes: list[str]
+    actor: str | None = None
+
+
+class RunRefreshed(WorkflowEvent):
+    event_type: ClassVar[str] = RUN_REFRESHED
+    input: Any = None
+    input_fingerprint: str
+    fingerprints: dict[str, str]
+    nodes: list[str]
+    actor: str | None = None
+
+
+class RunCompleted(WorkflowEvent):
+    event_type: ClassVar[str] = RUN_COMPLETED
+
+
+class RunFailed(WorkflowEvent):
+    event_type: ClassVar[str] = RUN_FAILED
+    node: str | None = None
+    error: str | None = None
+
+
+class RunCancelled(WorkflowEvent):
+    event_type: ClassVar[str] = RUN_CANCELLED
+
+
+class KeyClaimed(WorkflowEvent):
+    """In the key's stream: this run now holds the key."""
+
+    event_type: ClassVar[str] = KEY_CLAIMED
+
+
+class KeyReleased(WorkflowEvent):
+    """In the key's stream: this run no longer holds the key."""
+
+    event_type: ClassVar[str] = KEY_RELEASED
+
+
+# -- a node ---------------------------------------------------------------------------------------
+
+
+class NodeClaimed(NodeEvent):
+    event_type: ClassVar[str] = NODE_CLAIMED
+    attempt: int
+    token: int
+    worker: str
+
+
+class NodeProgress(NodeEvent):
+    event_type: ClassVar[str] = NODE_PROGRESS
+    current: int
+    total: int | None = None
+    message: str = ""
+
+
+class NodeCheckpoint(NodeEvent):
+    event_type: ClassVar[str] = NODE_CHECKPOINT
+    attempt: int | None = None
+    item: str
+    output: Any = None
+
+
+class StepRecorded(NodeEvent):
+    event_type: ClassVar[str] = STEP_RECORDED
+    attempt: int | None = None
+    key: str
+    result: Any = None
+
+
+class ChildStarted(NodeEvent):
+    event_type: ClassVar[str] = CHILD_STARTED
+    key: str
+    child_run_id: str
+    workflow: str | None = None
+
+
+class NodeSucceeded(NodeEvent):
+    event_type: ClassVar[str] = NODE_SUCCEEDED
+    attempt: int | None = None
+    generation: int
+    output: Any = None
+    duration_ms: float | None = None
+
+
+class NodeRetryScheduled(NodeEvent):
+    event_type: ClassVar[str] = NODE_RETRY_SCHEDULED
+    attempt: int | None = None
+    error: str
+    retry_in: float | None = None
+
+
+class NodeFailed(NodeEvent):
+    event_type: ClassVar[str] = NODE_FAILED
+    attempt: int | None = None
+    error: str
+    error_class: str | None = None
+
+
+class NodeReclaimed(NodeEvent):
+    """Its worker's lease lapsed (a crash) or it was stuck: the node is ready for another worker."""
+
+    event_type: ClassVar[str] = NODE_RECLAIMED
+    attempt: int | None = None
+    previous_worker: str | None = None
+    reason: str | None = None
+
+
+class NodeReleased(NodeEvent):
+    """Its worker handed it back (graceful shutdown): ready for another worker, and not a crash."""
+
+    event_type: ClassVar[str] = NODE_RELEASED
+    worker: str | None = None
+
+
+class NodeStuck(NodeEvent):
+    event_type: ClassVar[str] = NODE_STUCK
+    seconds: float | None = None
+    action: Literal["retry", "fail"] | None = None
+
+
+class NodeParked(NodeEvent):
+    event_type: ClassVar[str] = NODE_PARKED
+    #: Absent in a payload: the node's crash count stays as it was.
+    crashes: int | None = None
+    error: str | None = None
+
+
+class NodeCancelled(NodeEvent):
+    event_type: ClassVar[str] = NODE_CANCELLED
+
+
+MODELS: dict[str, type[WorkflowEvent]] = {
+    m.event_type: m
+    for m in (
+        RunStarted,
+        NodesReady,
+        NodeClaimed,
+        NodeProgress,
+        NodeCheckpoint,
+        StepRecorded,
+        ChildStarted,
+        NodeSucceeded,
+        NodeRetryScheduled,
+        NodeFailed,
+        NodeReclaimed,
+        NodeReleased,
+        NodeStuck,
+        NodeParked,
+        NodeCancelled,
+        RunCancelRequested,
+        RunRetried,
+        RunRefreshed,
+        RunCompleted,
+        RunFailed,
+        RunCancelled,
+        KeyClaimed,
+        KeyReleased,
+    )
+}
+
+
 def run_stream(run_id: uuid.UUID) -> str:
     return f"wf-{run_id}"
 
@@ -46,6 +264,41 @@ def key_stream(workflow: str, key: str) -> str:
     return f"wfkey-{workflow}:{key}"
 
 
+def _model(event_type: str) -> type[WorkflowEvent]:
+    model = MODELS.get(event_type)
+    if model is None:
+        raise WorkflowEventError(f"{event_type!r} is not a workflow event type")
+    return model
+
+
 def event(event_type: str, run_id: uuid.UUID, **data: Any) -> NewEvent:
-    """A workflow event; the run id also goes into the metadata as the correlation id."""
+    """A workflow event; the run id also goes into the metadata as the correlation id.
+
+    The fields are checked strictly against the type's model (no coercion: what is checked is what is
+    written), then written as given."""
+    model = _model(event_type)
+    unknown = data.keys() - model.model_fields.keys()
+    if unknown:
+        raise WorkflowEventError(f"{event_type} has no field(s) {sorted(unknown)}")
+    try:
+        model.model_validate({"run_id": run_id, **data}, strict=True)
+    except pydantic.ValidationError as error:
+        raise WorkflowEventError(f"{event_type}: {error}") from error
     return NewEvent(event_type, {"run_id": str(run_id), **data}, correlation_id=run_id)
+
+
+def is_workflow_event(e: RecordedEvent) -> bool:
+    return e.type in MODELS
+
+
+def parse(e: RecordedEvent) -> WorkflowEvent:
+    """A recorded workflow event as its model. Raises WorkflowEventError for another type or a payload
+    that does not fit its type."""
+    model = _model(e.type)
+    try:
+        return model.model_validate(e.data)
+    except pydantic.ValidationError as error:
+        raise WorkflowEventError(
+            f"event {e.event_id} ({e.type}) at {e.stream_id}@{e.stream_version} does not fit its model: "
+            f"{error}"
+        ) from error

@@ -1,27 +1,39 @@
 """The run and node tables people and schedulers read, kept by the projector from the run streams.
 
 `ledgerflow.workflow_runs` (one row per run) and `ledgerflow.workflow_nodes` (one row per node of a run:
-status, attempt, progress current/total/message, error, timings, worker). Every value comes from the
-events (times are the events' recorded times), so a rebuild gives the same rows: equal digests.
+status, attempt, progress current/total/message, error, timings, worker). The rows are the run's state
+as `workflows.state` folds it, written as columns: for each batch, the touched runs are loaded back from
+their rows, the batch's events are applied with that same fold, and the rows that changed are written
+in one statement per table. So the tables and the worker cannot disagree about what an event means, and
+a rebuild gives the same rows (every value, times included, comes from the events): equal digests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, LiteralString
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from eventstore import RecordedEvent
 from projector import ApplyContext, Projection, Table
 from workflows import events as ev
+from workflows.scheduler import NodeStatus
+from workflows.state import NodeState, RunState, apply_event
 
 workflow_tables = Projection(
     name="workflow_tables",
-    version=1,
+    # 2: rows are the fold of workflows.state (a node reclaimed has no worker, a retried node's crashes
+    # restart at 0, a refresh starts its nodes afresh, nodes_total counts nodes added by a refresh).
+    version=2,
     # Shared: workflow_nodes rows carry no tenant, so only a server administrator rebuilds the tables.
     per_tenant=False,
-    # Inserts and counters (nodes_done, crashes, checkpoints) cannot be applied twice: a replay of these
-    # tables is carried out as a rebuild.
+    # The fold counts (crashes, checkpoints): applying an event twice would count it twice, so a replay of
+    # these tables is carried out as a rebuild.
     replay_in_place=False,
+    # Every run event whose fold changes a row; memos (steps, child runs) change none and are not read.
     event_types=[
         ev.RUN_STARTED,
         ev.NODES_READY,
@@ -91,192 +103,227 @@ workflow_tables = Projection(
     ],
 )
 
-Handler = Callable[[ApplyContext, RecordedEvent, dict[str, Any]], None]
-_HANDLERS: dict[str, Handler] = {}
+# -- rows of a run's state, and a run's state from its rows ------------------------------------------
+
+RUN_COLUMNS = (
+    "run_id",
+    "tenant",
+    "workflow",
+    "key",
+    "status",
+    "current_node",
+    "nodes_total",
+    "nodes_done",
+    "input",
+    "error",
+    "cancel_requested",
+    "created_at",
+    "updated_at",
+    "finished_at",
+)
+NODE_COLUMNS = (
+    "run_id",
+    "node",
+    "position",
+    "status",
+    "attempt",
+    "crashes",
+    "generation",
+    "progress_current",
+    "progress_total",
+    "progress_message",
+    "checkpoints",
+    "worker",
+    "error",
+    "stuck",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+    "updated_at",
+)
+
+RunRow = tuple[Any, ...]
+NodeRow = tuple[Any, ...]
 
 
-def _on(*types: str) -> Callable[[Handler], Handler]:
-    def register(fn: Handler) -> Handler:
-        for t in types:
-            _HANDLERS[t] = fn
-        return fn
-
-    return register
-
-
-@workflow_tables.on_any
-def _apply(ctx: ApplyContext, e: RecordedEvent) -> None:
-    handler = _HANDLERS.get(e.type)
-    if handler is not None:
-        handler(ctx, e, e.data)
-
-
-def _node(
-    ctx: ApplyContext, e: RecordedEvent, node: str, assignments: LiteralString, params: dict[str, Any]
-) -> None:
-    # `assignments` is one of the fixed SET clauses below (a LiteralString), never built from event data.
-    ctx.execute(
-        "UPDATE {workflow_nodes} SET " + assignments + ", updated_at = %(at)s "
-        "WHERE run_id = %(run_id)s AND node = %(node)s",
-        {"run_id": e.data["run_id"], "node": node, "at": e.recorded_at, **params},
+def run_row(run: RunState) -> RunRow:
+    """The run's `workflow_runs` row, in RUN_COLUMNS order."""
+    return (
+        run.run_id,
+        run.tenant,
+        run.workflow,
+        run.key,
+        run.status,
+        run.current_node,
+        len(run.nodes),
+        run.nodes_done,
+        run.input,
+        run.error,
+        run.cancel_requested,
+        run.started_at,
+        run.updated_at,
+        run.finished_at,
     )
 
 
-def _run(ctx: ApplyContext, e: RecordedEvent, assignments: LiteralString, params: dict[str, Any]) -> None:
-    ctx.execute(
-        "UPDATE {workflow_runs} SET " + assignments + ", updated_at = %(at)s WHERE run_id = %(run_id)s",
-        {"run_id": e.data["run_id"], "at": e.recorded_at, **params},
+def node_row(run_id: uuid.UUID, n: NodeState) -> NodeRow:
+    """A node's `workflow_nodes` row, in NODE_COLUMNS order."""
+    current, total, message = n.progress if n.progress is not None else (None, None, None)
+    return (
+        run_id,
+        n.name,
+        n.position,
+        str(n.status),
+        n.attempt,
+        n.crashes,
+        n.generation,
+        current,
+        total,
+        message,
+        n.checkpoints_taken,
+        n.worker,
+        n.error,
+        n.stuck,
+        n.started_at,
+        n.finished_at,
+        n.duration_ms,
+        n.updated_at,
     )
 
 
-@_on(ev.RUN_STARTED)
-def _started(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    nodes = d["nodes"]  # in topological order (the fingerprints object's key order is not kept by jsonb)
-    ctx.execute(
-        """INSERT INTO {workflow_runs} (run_id, tenant, workflow, key, status, nodes_total, input, created_at,
-                                        updated_at)
-           VALUES (%s, %s, %s, %s, 'running', %s, %s, %s, %s)""",
-        (
-            d["run_id"],
-            e.tenant,
-            d["workflow"],
-            d.get("key"),
-            len(nodes),
-            _json(d.get("input")),
-            e.recorded_at,
-            e.recorded_at,
-        ),
+def state_from_rows(run: dict[str, Any], nodes: Sequence[dict[str, Any]]) -> RunState:
+    """The part of a run's state its rows hold: all that the fold needs to write the next rows. (What the
+    rows leave out, such as checkpoint outputs and memoized steps, no row depends on.)"""
+    state = RunState(
+        run["run_id"],
+        run["tenant"],
+        workflow=run["workflow"],
+        key=run["key"],
+        input=run["input"],
+        status=run["status"],
+        cancel_requested=run["cancel_requested"],
+        error=run["error"],
+        started_at=run["created_at"],
+        finished_at=run["finished_at"],
+        current_node=run["current_node"],
+        updated_at=run["updated_at"],
     )
-    ctx.executemany(
-        """INSERT INTO {workflow_nodes} (run_id, node, position, status, updated_at)
-           VALUES (%s, %s, %s, 'pending', %s)""",
-        [(d["run_id"], n, i, e.recorded_at) for i, n in enumerate(nodes)],
-    )
+    for r in sorted(nodes, key=lambda r: r["position"]):
+        progress = None
+        if r["progress_current"] is not None:
+            progress = (r["progress_current"], r["progress_total"], r["progress_message"])
+        state.nodes[r["node"]] = NodeState(
+            r["node"],
+            status=NodeStatus(r["status"]),
+            attempt=r["attempt"],
+            crashes=r["crashes"],
+            worker=r["worker"],
+            generation=r["generation"],
+            error=r["error"],
+            progress=progress,
+            started_at=r["started_at"],
+            finished_at=r["finished_at"],
+            position=r["position"],
+            checkpoints_taken=r["checkpoints"],
+            stuck=r["stuck"],
+            duration_ms=r["duration_ms"],
+            updated_at=r["updated_at"],
+        )
+    return state
 
 
-@_on(ev.NODES_READY)
-def _ready(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    for node in d["nodes"]:
-        _node(ctx, e, node, "status = 'ready'", {})
+# -- applying a batch -------------------------------------------------------------------------------
+
+_LOAD_RUNS = "SELECT * FROM {workflow_runs} WHERE run_id = ANY(%(ids)s)"
+_LOAD_NODES = "SELECT * FROM {workflow_nodes} WHERE run_id = ANY(%(ids)s)"
+# One statement per table and batch: the changed rows as parallel arrays, inserted or updated in place.
+_UPSERT_RUNS = """
+INSERT INTO {workflow_runs} (run_id, tenant, workflow, key, status, current_node, nodes_total, nodes_done,
+                             input, error, cancel_requested, created_at, updated_at, finished_at)
+SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::int[],
+                     %s::int[], %s::jsonb[], %s::text[], %s::bool[], %s::timestamptz[], %s::timestamptz[],
+                     %s::timestamptz[])
+ON CONFLICT (run_id) DO UPDATE
+   SET tenant = EXCLUDED.tenant, workflow = EXCLUDED.workflow, key = EXCLUDED.key, status = EXCLUDED.status,
+       current_node = EXCLUDED.current_node, nodes_total = EXCLUDED.nodes_total,
+       nodes_done = EXCLUDED.nodes_done, input = EXCLUDED.input, error = EXCLUDED.error,
+       cancel_requested = EXCLUDED.cancel_requested, created_at = EXCLUDED.created_at,
+       updated_at = EXCLUDED.updated_at, finished_at = EXCLUDED.finished_at
+"""
+_UPSERT_NODES = """
+INSERT INTO {workflow_nodes} (run_id, node, position, status, attempt, crashes, generation, progress_current,
+                              progress_total, progress_message, checkpoints, worker, error, stuck, started_at,
+                              finished_at, duration_ms, updated_at)
+SELECT * FROM unnest(%s::uuid[], %s::text[], %s::int[], %s::text[], %s::int[], %s::int[], %s::int[],
+                     %s::bigint[], %s::bigint[], %s::text[], %s::int[], %s::text[], %s::text[], %s::bool[],
+                     %s::timestamptz[], %s::timestamptz[], %s::float8[], %s::timestamptz[])
+ON CONFLICT (run_id, node) DO UPDATE
+   SET position = EXCLUDED.position, status = EXCLUDED.status, attempt = EXCLUDED.attempt,
+       crashes = EXCLUDED.crashes, generation = EXCLUDED.generation,
+       progress_current = EXCLUDED.progress_current, progress_total = EXCLUDED.progress_total,
+       progress_message = EXCLUDED.progress_message, checkpoints = EXCLUDED.checkpoints,
+       worker = EXCLUDED.worker, error = EXCLUDED.error, stuck = EXCLUDED.stuck,
+       started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at,
+       duration_ms = EXCLUDED.duration_ms, updated_at = EXCLUDED.updated_at
+"""
 
 
-@_on(ev.NODE_CLAIMED)
-def _claimed(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    _node(
-        ctx,
-        e,
-        d["node"],
-        "status = 'running', attempt = %(attempt)s, worker = %(worker)s, started_at = %(at)s, "
-        "finished_at = NULL, progress_current = NULL, progress_total = NULL, progress_message = NULL, "
-        "stuck = false",
-        {"attempt": d["attempt"], "worker": d["worker"]},
-    )
-    _run(ctx, e, "current_node = %(node)s", {"node": d["node"]})
+@workflow_tables.on_batch
+def _apply_batch(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
+    typed = [(ev.parse(e), e) for e in events if ev.is_workflow_event(e)]
+    runs = _load(ctx, _runs_to_load(typed))
+    before_runs = {run_id: run_row(run) for run_id, run in runs.items()}
+    before_nodes = {
+        (run_id, n.name): node_row(run_id, n) for run_id, run in runs.items() for n in run.nodes.values()
+    }
+    for event, e in typed:
+        run = runs.get(event.run_id)
+        if run is None:
+            if not isinstance(event, ev.RunStarted):
+                continue  # a run whose start is not in the log has no rows to change
+            run = runs[event.run_id] = RunState(event.run_id, e.tenant)
+        run.version = e.stream_version
+        apply_event(run, event, e.recorded_at)
+    changed_runs = [row for run_id, run in runs.items() if (row := run_row(run)) != before_runs.get(run_id)]
+    changed_nodes = [
+        row
+        for run_id, run in runs.items()
+        for n in run.nodes.values()
+        if (row := node_row(run_id, n)) != before_nodes.get((run_id, n.name))
+    ]
+    if changed_runs:
+        ctx.execute(_UPSERT_RUNS, _columns(changed_runs, json_column=RUN_COLUMNS.index("input")))
+    if changed_nodes:
+        ctx.execute(_UPSERT_NODES, _columns(changed_nodes))
 
 
-@_on(ev.NODE_PROGRESS)
-def _progress(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    _node(
-        ctx,
-        e,
-        d["node"],
-        "progress_current = %(current)s, progress_total = %(total)s, progress_message = %(message)s",
-        {"current": d["current"], "total": d.get("total"), "message": d.get("message", "")},
-    )
+def _runs_to_load(typed: Sequence[tuple[ev.WorkflowEvent, RecordedEvent]]) -> list[uuid.UUID]:
+    """The runs with events in this batch that did not start in it (those have rows already, if any)."""
+    seen: set[uuid.UUID] = set()
+    wanted: list[uuid.UUID] = []
+    for event, _ in typed:
+        if event.run_id not in seen:
+            seen.add(event.run_id)
+            if not isinstance(event, ev.RunStarted):
+                wanted.append(event.run_id)
+    return wanted
 
 
-@_on(ev.NODE_CHECKPOINT)
-def _checkpoint(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    _node(ctx, e, d["node"], "checkpoints = checkpoints + 1", {})
+def _load(ctx: ApplyContext, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, RunState]:
+    if not run_ids:
+        return {}
+    with ctx.conn.cursor(row_factory=dict_row) as cur:
+        runs = cur.execute(ctx.sql(_LOAD_RUNS), {"ids": run_ids}).fetchall()
+        nodes = cur.execute(ctx.sql(_LOAD_NODES), {"ids": run_ids}).fetchall()
+    nodes_of: dict[uuid.UUID, list[dict[str, Any]]] = {r["run_id"]: [] for r in runs}
+    for n in nodes:
+        nodes_of[n["run_id"]].append(n)
+    return {r["run_id"]: state_from_rows(r, nodes_of[r["run_id"]]) for r in runs}
 
 
-@_on(ev.NODE_SUCCEEDED)
-def _succeeded(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    _node(
-        ctx,
-        e,
-        d["node"],
-        "status = 'succeeded', generation = %(generation)s, finished_at = %(at)s, "
-        "duration_ms = %(duration)s, error = NULL",
-        {"generation": d["generation"], "duration": d.get("duration_ms")},
-    )
-    _run(ctx, e, "nodes_done = nodes_done + 1", {})
-
-
-@_on(ev.NODE_RETRY_SCHEDULED)
-def _retry_scheduled(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    _node(ctx, e, d["node"], "status = 'retry_scheduled', error = %(error)s", {"error": d["error"]})
-
-
-@_on(ev.NODE_FAILED)
-def _failed(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    _node(
-        ctx, e, d["node"], "status = 'failed', error = %(error)s, finished_at = %(at)s", {"error": d["error"]}
-    )
-
-
-@_on(ev.NODE_RECLAIMED, ev.NODE_RELEASED)
-def _reclaimed(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    crash = 1 if e.type == ev.NODE_RECLAIMED else 0
-    _node(
-        ctx, e, d["node"], "status = 'ready', worker = NULL, crashes = crashes + %(crash)s", {"crash": crash}
-    )
-
-
-@_on(ev.NODE_STUCK)
-def _stuck(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    _node(ctx, e, d["node"], "stuck = true", {})
-
-
-@_on(ev.NODE_PARKED)
-def _parked(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    _node(
-        ctx,
-        e,
-        d["node"],
-        "status = 'parked', error = %(error)s, crashes = %(crashes)s",
-        {"error": d.get("error"), "crashes": d.get("crashes", 0)},
-    )
-
-
-@_on(ev.NODE_CANCELLED)
-def _node_cancelled(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    _node(ctx, e, d["node"], "status = 'cancelled', finished_at = %(at)s", {})
-
-
-@_on(ev.RUN_CANCEL_REQUESTED)
-def _cancel_requested(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    _run(ctx, e, "cancel_requested = true", {})
-
-
-@_on(ev.RUN_RETRIED, ev.RUN_REFRESHED)
-def _reopened(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    for node in d["nodes"]:
-        _node(ctx, e, node, "status = 'pending', error = NULL, finished_at = NULL, stuck = false", {})
-    ctx.execute(
-        """UPDATE {workflow_runs} SET status = 'running', error = NULL, finished_at = NULL,
-                  cancel_requested = false, updated_at = %(at)s,
-                  nodes_done = (SELECT count(*) FROM {workflow_nodes} n
-                                 WHERE n.run_id = %(run_id)s AND n.status = 'succeeded')
-            WHERE run_id = %(run_id)s""",
-        {"run_id": d["run_id"], "at": e.recorded_at},
-    )
-    if e.type == ev.RUN_REFRESHED:
-        _run(ctx, e, "input = %(input)s", {"input": _json(d.get("input"))})
-
-
-@_on(ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED)
-def _ended(ctx: ApplyContext, e: RecordedEvent, d: dict[str, Any]) -> None:
-    status = {ev.RUN_COMPLETED: "succeeded", ev.RUN_FAILED: "failed", ev.RUN_CANCELLED: "cancelled"}[e.type]
-    _run(
-        ctx,
-        e,
-        "status = %(status)s, finished_at = %(at)s, error = %(error)s, current_node = NULL",
-        {"status": status, "error": d.get("error")},
-    )
-
-
-def _json(value: Any) -> Any:
-    from psycopg.types.json import Jsonb
-
-    return Jsonb(value)
+def _columns(rows: Sequence[tuple[Any, ...]], json_column: int | None = None) -> list[list[Any]]:
+    """Rows as one list per column, for `unnest`."""
+    columns = [list(c) for c in zip(*rows, strict=True)]
+    if json_column is not None:
+        columns[json_column] = [Jsonb(v) for v in columns[json_column]]
+    return columns

@@ -1,23 +1,28 @@
 """A run's state, folded from its stream. Pure: no I/O.
 
-The worker folds a run's events to know what its node may reuse (checkpoints, memoized steps, the
-outputs of its dependencies) and what to decide next; the run and node tables are the same fold,
-kept by a projection.
+This fold is the only place a workflow event changes a run. The worker folds a run's events to know what
+its node may reuse (checkpoints, memoized steps, the outputs of its dependencies) and what to decide next;
+the run and node tables (`workflows.projections`) are rows of the same state, kept by applying this fold
+to the events a projector reads.
+
+Each event type has one small function below (`_APPLY`, keyed by the event's model). Every event except
+a memo (a recorded step, a started child) also stamps `updated_at` on the run and on the nodes it names,
+with the event's recorded time: never the clock, so a rebuild gives the same rows.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from eventstore import RecordedEvent
 from workflows import events as ev
 from workflows.scheduler import NodeStatus
 
-#: Events after which a node is no longer in flight.
+#: Statuses after which a run no longer moves on its own.
 TERMINAL_RUN = {"succeeded", "failed", "cancelled"}
 
 
@@ -39,6 +44,14 @@ class NodeState:
     children: dict[str, str] = field(default_factory=dict)
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    #: Where the node stands in the run's topological order (the order of `RunStarted.nodes`).
+    position: int = 0
+    #: Checkpoint events since the node last started afresh (shown in the node table).
+    checkpoints_taken: int = 0
+    #: An operator flag: the node ran past its timeout; cleared when it is claimed or the run reopens.
+    stuck: bool = False
+    duration_ms: float | None = None
+    updated_at: datetime | None = None
 
 
 @dataclass
@@ -57,10 +70,13 @@ class RunState:
     version: int = 0
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    #: The node claimed last, until the run ends.
+    current_node: str | None = None
+    updated_at: datetime | None = None
 
     def node(self, name: str) -> NodeState:
         if name not in self.nodes:
-            self.nodes[name] = NodeState(name)
+            self.nodes[name] = NodeState(name, position=len(self.nodes))
         return self.nodes[name]
 
     @property
@@ -71,6 +87,10 @@ class RunState:
     def active(self) -> bool:
         return self.status not in TERMINAL_RUN
 
+    @property
+    def nodes_done(self) -> int:
+        return sum(1 for n in self.nodes.values() if n.status == NodeStatus.SUCCEEDED)
+
 
 def fold(run_id: uuid.UUID, tenant: str, events: Iterable[RecordedEvent]) -> RunState:
     run = RunState(run_id, tenant)
@@ -80,78 +100,193 @@ def fold(run_id: uuid.UUID, tenant: str, events: Iterable[RecordedEvent]) -> Run
 
 
 def apply(run: RunState, e: RecordedEvent) -> None:
-    d = e.data
+    """Apply one recorded event of the run's stream. Types that are not workflow events carry nothing
+    for the run; a workflow event whose payload does not fit its model raises WorkflowEventError."""
     run.version = e.stream_version
-    t = e.type
-    if t == ev.RUN_STARTED:
-        run.workflow, run.key, run.input = d["workflow"], d.get("key"), d.get("input")
-        run.input_fingerprint, run.fingerprints = d["input_fingerprint"], dict(d["fingerprints"])
-        run.started_at = e.recorded_at
-        for name in run.fingerprints:
-            run.node(name)
-        return
-    if t == ev.NODES_READY:
-        for name in d["nodes"]:
-            run.node(name).status = NodeStatus.READY
-        return
-    if t in (ev.RUN_CANCEL_REQUESTED,):
-        run.cancel_requested = True
-        return
-    if t == ev.RUN_COMPLETED:
-        run.status, run.finished_at = "succeeded", e.recorded_at
-        return
-    if t == ev.RUN_FAILED:
-        run.status, run.error, run.finished_at = "failed", d.get("error"), e.recorded_at
-        return
-    if t == ev.RUN_CANCELLED:
-        run.status, run.finished_at = "cancelled", e.recorded_at
-        return
-    if t == ev.RUN_RETRIED:
-        run.status, run.error, run.finished_at, run.cancel_requested = "running", None, None, False
-        for name in d["nodes"]:
-            n = run.node(name)
-            # Retry keeps checkpoints and memoized steps: work already paid for is not paid again.
-            n.status, n.error, n.failures, n.crashes = NodeStatus.PENDING, None, 0, 0
-        return
-    if t == ev.RUN_REFRESHED:
-        run.status, run.error, run.finished_at, run.cancel_requested = "running", None, None, False
-        run.input, run.input_fingerprint = d.get("input"), d["input_fingerprint"]
-        run.fingerprints = dict(d["fingerprints"])
-        for name in d["nodes"]:
-            # New input or new code: earlier checkpoints and steps answer another question; start afresh.
-            old = run.node(name)
-            run.nodes[name] = NodeState(name, attempt=old.attempt)
-        return
-    if t in (ev.KEY_CLAIMED, ev.KEY_RELEASED):
-        return
-    n = run.node(d["node"])
-    if t == ev.NODE_CLAIMED:
-        n.status, n.attempt, n.token, n.worker = NodeStatus.RUNNING, d["attempt"], d["token"], d["worker"]
-        n.started_at, n.progress = e.recorded_at, None
-    elif t == ev.NODE_PROGRESS:
-        n.progress = (d["current"], d.get("total"), d.get("message", ""))
-    elif t == ev.NODE_CHECKPOINT:
-        n.checkpoints[d["item"]] = d.get("output")
-    elif t == ev.STEP_RECORDED:
-        n.steps[d["key"]] = d.get("result")
-    elif t == ev.CHILD_STARTED:
-        n.children[d["key"]] = d["child_run_id"]
-    elif t == ev.NODE_SUCCEEDED:
-        n.status, n.output, n.generation = NodeStatus.SUCCEEDED, d.get("output"), d["generation"]
-        n.error, n.token, n.finished_at = None, None, e.recorded_at
-    elif t == ev.NODE_RETRY_SCHEDULED:
-        n.status, n.error, n.failures, n.token = NodeStatus.RETRY_SCHEDULED, d["error"], n.failures + 1, None
-    elif t == ev.NODE_FAILED:
-        n.status, n.error, n.token, n.finished_at = NodeStatus.FAILED, d["error"], None, e.recorded_at
-        n.failures += 1
-    elif t in (ev.NODE_RECLAIMED, ev.NODE_RELEASED):
-        n.status, n.token = NodeStatus.READY, None
-        if t == ev.NODE_RECLAIMED:
-            n.crashes += 1
-    elif t == ev.NODE_PARKED:
-        n.status, n.token, n.error = NodeStatus.PARKED, None, d.get("error")
-        n.crashes = d.get("crashes", n.crashes)
-    elif t == ev.NODE_CANCELLED:
-        n.status, n.token, n.finished_at = NodeStatus.CANCELLED, None, e.recorded_at
-    elif t == ev.NODE_STUCK:
-        pass  # a flag for operators; what follows (reclaim or failure) has its own event
+    if ev.is_workflow_event(e):
+        apply_event(run, ev.parse(e), e.recorded_at)
+
+
+def apply_event(run: RunState, event: ev.WorkflowEvent, at: datetime) -> None:
+    """Apply one typed event, recorded at `at`."""
+    change = _APPLY.get(type(event))
+    if change is None:
+        return  # key events live in the key's stream and change no run
+    if not isinstance(event, _MEMOS):
+        run.updated_at = at
+    change(run, event, at)
+
+
+# -- one function per event type ------------------------------------------------------------------
+
+E = TypeVar("E", bound=ev.WorkflowEvent)
+Change = Callable[[RunState, Any, datetime], None]
+_APPLY: dict[type[ev.WorkflowEvent], Change] = {}
+#: Memos record what a node may reuse; they change no row of the tables and are not read by them.
+_MEMOS = (ev.StepRecorded, ev.ChildStarted)
+
+
+def _on(model: type[E]) -> Callable[[Callable[[RunState, E, datetime], None]], Change]:
+    def register(fn: Callable[[RunState, E, datetime], None]) -> Change:
+        _APPLY[model] = fn
+        return fn
+
+    return register
+
+
+def _touched(run: RunState, name: str, at: datetime) -> NodeState:
+    n = run.node(name)
+    n.updated_at = at
+    return n
+
+
+@_on(ev.RunStarted)
+def _run_started(run: RunState, e: ev.RunStarted, at: datetime) -> None:
+    run.workflow, run.key, run.input = e.workflow, e.key, e.input
+    run.input_fingerprint, run.fingerprints = e.input_fingerprint, dict(e.fingerprints)
+    run.started_at = at
+    for name in [*e.nodes, *e.fingerprints]:
+        _touched(run, name, at)
+
+
+@_on(ev.NodesReady)
+def _nodes_ready(run: RunState, e: ev.NodesReady, at: datetime) -> None:
+    for name in e.nodes:
+        _touched(run, name, at).status = NodeStatus.READY
+
+
+@_on(ev.RunCancelRequested)
+def _cancel_requested(run: RunState, e: ev.RunCancelRequested, at: datetime) -> None:
+    run.cancel_requested = True
+
+
+def _ended(run: RunState, status: str, error: str | None, at: datetime) -> None:
+    run.status, run.error, run.finished_at, run.current_node = status, error, at, None
+
+
+@_on(ev.RunCompleted)
+def _run_completed(run: RunState, e: ev.RunCompleted, at: datetime) -> None:
+    _ended(run, "succeeded", None, at)
+
+
+@_on(ev.RunFailed)
+def _run_failed(run: RunState, e: ev.RunFailed, at: datetime) -> None:
+    _ended(run, "failed", e.error, at)
+
+
+@_on(ev.RunCancelled)
+def _run_cancelled(run: RunState, e: ev.RunCancelled, at: datetime) -> None:
+    _ended(run, "cancelled", None, at)
+
+
+def _reopened(run: RunState) -> None:
+    run.status, run.error, run.finished_at, run.cancel_requested = "running", None, None, False
+
+
+@_on(ev.RunRetried)
+def _run_retried(run: RunState, e: ev.RunRetried, at: datetime) -> None:
+    _reopened(run)
+    for name in e.nodes:
+        n = _touched(run, name, at)
+        # Retry keeps checkpoints and memoized steps: work already paid for is not paid again.
+        n.status, n.error, n.failures, n.crashes = NodeStatus.PENDING, None, 0, 0
+        n.finished_at, n.stuck = None, False
+
+
+@_on(ev.RunRefreshed)
+def _run_refreshed(run: RunState, e: ev.RunRefreshed, at: datetime) -> None:
+    _reopened(run)
+    run.input, run.input_fingerprint, run.fingerprints = e.input, e.input_fingerprint, dict(e.fingerprints)
+    for name in e.nodes:
+        # New input or new code: earlier checkpoints and steps answer another question; start afresh.
+        old = run.node(name)
+        run.nodes[name] = NodeState(name, attempt=old.attempt, position=old.position, updated_at=at)
+
+
+@_on(ev.NodeClaimed)
+def _node_claimed(run: RunState, e: ev.NodeClaimed, at: datetime) -> None:
+    n = _touched(run, e.node, at)
+    n.status, n.attempt, n.token, n.worker = NodeStatus.RUNNING, e.attempt, e.token, e.worker
+    n.started_at, n.finished_at, n.duration_ms, n.progress, n.stuck = at, None, None, None, False
+    run.current_node = e.node
+
+
+@_on(ev.NodeProgress)
+def _node_progress(run: RunState, e: ev.NodeProgress, at: datetime) -> None:
+    _touched(run, e.node, at).progress = (e.current, e.total, e.message)
+
+
+@_on(ev.NodeCheckpoint)
+def _node_checkpoint(run: RunState, e: ev.NodeCheckpoint, at: datetime) -> None:
+    n = _touched(run, e.node, at)
+    n.checkpoints[e.item] = e.output
+    n.checkpoints_taken += 1
+
+
+@_on(ev.StepRecorded)
+def _step_recorded(run: RunState, e: ev.StepRecorded, at: datetime) -> None:
+    run.node(e.node).steps[e.key] = e.result
+
+
+@_on(ev.ChildStarted)
+def _child_started(run: RunState, e: ev.ChildStarted, at: datetime) -> None:
+    run.node(e.node).children[e.key] = e.child_run_id
+
+
+@_on(ev.NodeSucceeded)
+def _node_succeeded(run: RunState, e: ev.NodeSucceeded, at: datetime) -> None:
+    n = _touched(run, e.node, at)
+    n.status, n.output, n.generation, n.duration_ms = (
+        NodeStatus.SUCCEEDED,
+        e.output,
+        e.generation,
+        e.duration_ms,
+    )
+    n.error, n.token, n.finished_at = None, None, at
+
+
+@_on(ev.NodeRetryScheduled)
+def _node_retry_scheduled(run: RunState, e: ev.NodeRetryScheduled, at: datetime) -> None:
+    n = _touched(run, e.node, at)
+    n.status, n.error, n.token = NodeStatus.RETRY_SCHEDULED, e.error, None
+    n.failures += 1
+
+
+@_on(ev.NodeFailed)
+def _node_failed(run: RunState, e: ev.NodeFailed, at: datetime) -> None:
+    n = _touched(run, e.node, at)
+    n.status, n.error, n.token, n.finished_at = NodeStatus.FAILED, e.error, None, at
+    n.failures += 1
+
+
+@_on(ev.NodeReclaimed)
+def _node_reclaimed(run: RunState, e: ev.NodeReclaimed, at: datetime) -> None:
+    n = _touched(run, e.node, at)
+    n.status, n.token, n.worker = NodeStatus.READY, None, None
+    n.crashes += 1
+
+
+@_on(ev.NodeReleased)
+def _node_released(run: RunState, e: ev.NodeReleased, at: datetime) -> None:
+    n = _touched(run, e.node, at)
+    n.status, n.token, n.worker = NodeStatus.READY, None, None  # a hand-over, not a crash
+
+
+@_on(ev.NodeStuck)
+def _node_stuck(run: RunState, e: ev.NodeStuck, at: datetime) -> None:
+    # A flag for operators; what follows (reclaim or failure) has its own event.
+    _touched(run, e.node, at).stuck = True
+
+
+@_on(ev.NodeParked)
+def _node_parked(run: RunState, e: ev.NodeParked, at: datetime) -> None:
+    n = _touched(run, e.node, at)
+    n.status, n.token, n.error = NodeStatus.PARKED, None, e.error
+    if e.crashes is not None:
+        n.crashes = e.crashes
+
+
+@_on(ev.NodeCancelled)
+def _node_cancelled(run: RunState, e: ev.NodeCancelled, at: datetime) -> None:
+    n = _touched(run, e.node, at)
+    n.status, n.token, n.finished_at = NodeStatus.CANCELLED, None, at
