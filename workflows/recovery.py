@@ -1,21 +1,31 @@
 """Recovery of orphaned work: nodes whose worker died, nodes of this worker's previous life, and stuck
-nodes. Runs at worker start-up and then continuously; every sweep that finds something is recorded
-(found, reclaimed, parked, stuck, failed, duration) and counted in metrics.
+nodes. Runs at worker start-up, whenever the presence watch sees a peer's session gone
+(`workflows.presence`), and periodically; every sweep that finds something is recorded (found,
+reclaimed, parked, stuck, failed, duration) and counted in metrics.
+
+A sweep is set-based whatever it finds: one statement takes back up to a thousand nodes, and their
+NodeReclaimed/NodeParked events go to the run streams in one append per tenant, in the same transaction.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from typing import Any
 
+import psycopg
 import structlog
 from opentelemetry import trace
+from psycopg.rows import class_row
 
 from eventstore import ANY, NewEvent, StreamAppend
+from eventstore.sqlfile import load_queries
 from workflows import events as ev
-from workflows import metrics, queue
+from workflows import metrics
 from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeStuckError
@@ -24,6 +34,8 @@ from workflows.queue import Claim
 
 log = structlog.get_logger(__name__)
 _tracer = trace.get_tracer("ledgerflow.workflows")
+Q = load_queries("workflows", "recovery.sql")
+Conn = psycopg.Connection[Any]
 _BATCH = 1000
 
 
@@ -35,6 +47,95 @@ class RecoveryReport:
     stuck: int
     failed: int
     duration_ms: float
+
+
+@dataclass(frozen=True)
+class Reclaimed:
+    """A node taken back from a holder that is gone: ready again, or parked."""
+
+    run_id: uuid.UUID
+    node: str
+    tenant: str
+    attempt: int
+    crashes: int
+    status: str
+    previous_worker: str | None
+    #: worker_restarted, worker_gone (its presence ended) or lease_expired
+    reason: str
+
+    def event(self) -> NewEvent:
+        if self.status == "parked":
+            return ev.event(
+                ev.NODE_PARKED,
+                self.run_id,
+                node=self.node,
+                crashes=self.crashes,
+                error=f"crashed {self.crashes} times; parked for an operator",
+            )
+        return ev.event(
+            ev.NODE_RECLAIMED,
+            self.run_id,
+            node=self.node,
+            attempt=self.attempt,
+            previous_worker=self.previous_worker,
+            reason=self.reason,
+        )
+
+
+@dataclass(frozen=True)
+class Stuck:
+    run_id: uuid.UUID
+    node: str
+    tenant: str
+    attempt: int
+    action: str
+    token: int | None
+    worker: str | None
+    seconds: float
+
+    def events(self) -> list[NewEvent]:
+        stuck = ev.event(
+            ev.NODE_STUCK, self.run_id, node=self.node, seconds=round(self.seconds, 3), action=self.action
+        )
+        if self.action != "retry":
+            return [stuck]
+        reclaimed = ev.event(
+            ev.NODE_RECLAIMED,
+            self.run_id,
+            node=self.node,
+            attempt=self.attempt,
+            previous_worker=self.worker,
+            reason="stuck",
+        )
+        return [stuck, reclaimed]
+
+
+def reclaim(conn: Conn, *, worker_name: str, instance: str, limit: int = _BATCH) -> list[Reclaimed]:
+    """In the caller's transaction: take back the nodes whose holder is gone (see `reclaim` in
+    recovery.sql), and forget the presence of processes with nothing left to take back."""
+    params = {"worker_name": worker_name, "instance": instance, "limit": limit}
+    with conn.cursor(row_factory=class_row(Reclaimed)) as cur:
+        taken = cur.execute(Q["reclaim"], params).fetchall()
+    if len(taken) < limit:
+        conn.execute(Q["forget_departed"])
+    return taken
+
+
+def find_stuck(conn: Conn, limit: int = _BATCH) -> list[Stuck]:
+    with conn.cursor(row_factory=class_row(Stuck)) as cur:
+        return cur.execute(Q["stuck"], {"limit": limit}).fetchall()
+
+
+def append_per_run(engine: Engine, conn: Conn, events: Iterable[tuple[str, uuid.UUID, NewEvent]]) -> None:
+    """Append (tenant, run id, event) triples to their run streams: one append per tenant, whatever the
+    number of runs."""
+    by_tenant: dict[str, dict[str, list[NewEvent]]] = defaultdict(lambda: defaultdict(list))
+    for tenant, run_id, event in events:
+        by_tenant[tenant][ev.run_stream(run_id)].append(event)
+    for tenant, streams in by_tenant.items():
+        engine.store.append_many(
+            [StreamAppend(s, es, ANY) for s, es in streams.items()], tenant=tenant, conn=conn
+        )
 
 
 def sweep(
@@ -62,33 +163,15 @@ def _sweep(
 ) -> RecoveryReport:
     began, started_at = time.monotonic(), datetime.now(UTC)
     reclaimed = parked = stuck_count = failed = found = 0
+    taken: list[Reclaimed] = []
+
+    def any_taken() -> bool:  # workers are woken (NOTIFY) only when nodes became ready
+        return bool(taken)
+
     while True:
-        with engine.transaction() as conn:
-            taken = queue.reclaim(conn, worker_name=worker_name, instance=instance, limit=_BATCH)
-            by_tenant: dict[str, dict[str, list[NewEvent]]] = defaultdict(lambda: defaultdict(list))
-            for r in taken:
-                if r.status == "parked":
-                    e = ev.event(
-                        ev.NODE_PARKED,
-                        r.run_id,
-                        node=r.node,
-                        crashes=r.crashes,
-                        error=f"crashed {r.crashes} times; parked for an operator",
-                    )
-                else:
-                    e = ev.event(
-                        ev.NODE_RECLAIMED,
-                        r.run_id,
-                        node=r.node,
-                        attempt=r.attempt,
-                        previous_worker=r.previous_worker,
-                        reason=r.reason,
-                    )
-                by_tenant[r.tenant][ev.run_stream(r.run_id)].append(e)
-            for tenant, streams in by_tenant.items():
-                engine.store.append_many(
-                    [StreamAppend(s, es, ANY) for s, es in streams.items()], tenant=tenant, conn=conn
-                )
+        with engine.transaction(notify=any_taken) as conn:
+            taken = reclaim(conn, worker_name=worker_name, instance=instance, limit=_BATCH)
+            append_per_run(engine, conn, ((r.tenant, r.run_id, r.event()) for r in taken))
         found += len(taken)
         parked += sum(r.status == "parked" for r in taken)
         reclaimed += sum(r.status != "parked" for r in taken)
@@ -110,67 +193,25 @@ def _sweep(
     )
     if found or trigger == "startup":
         with engine.store.pool.connection() as conn:
-            queue.record_recovery(
-                conn,
-                worker=f"{worker_name}/{instance}",
-                trigger=trigger,
-                started_at=started_at,
-                duration_ms=report.duration_ms,
-                found=report.found,
-                reclaimed=report.reclaimed,
-                parked=report.parked,
-                stuck=report.stuck,
-                failed=report.failed,
+            conn.execute(
+                Q["record_recovery"],
+                {
+                    "worker": f"{worker_name}/{instance}",
+                    "trigger": trigger,
+                    "started_at": started_at,
+                    **asdict(report),
+                },
             )
-        log.info("workflow_recovery", trigger=trigger, **report.__dict__)
+        log.info("workflow_recovery", trigger=trigger, **asdict(report))
     metrics.record_recovery(report, trigger)
     return report
 
 
 def _stuck(engine: Engine, registry: WorkflowRegistry) -> tuple[int, int]:
     """Nodes that heartbeat but report nothing past their deadline: flagged, then retried or failed."""
-    with engine.transaction() as conn:
-        found = queue.stuck(conn, _BATCH)
-        for s in found:
-            if s.action == "retry":
-                engine.store.append_many(
-                    [
-                        StreamAppend(
-                            ev.run_stream(s.run_id),
-                            [
-                                ev.event(
-                                    ev.NODE_STUCK,
-                                    s.run_id,
-                                    node=s.node,
-                                    seconds=round(s.seconds, 3),
-                                    action="retry",
-                                ),
-                                ev.event(
-                                    ev.NODE_RECLAIMED,
-                                    s.run_id,
-                                    node=s.node,
-                                    attempt=s.attempt,
-                                    previous_worker=s.worker,
-                                    reason="stuck",
-                                ),
-                            ],
-                            ANY,
-                        )
-                    ],
-                    tenant=s.tenant,
-                    conn=conn,
-                )
-            else:
-                engine.store.append(
-                    ev.run_stream(s.run_id),
-                    [
-                        ev.event(
-                            ev.NODE_STUCK, s.run_id, node=s.node, seconds=round(s.seconds, 3), action="fail"
-                        )
-                    ],
-                    tenant=s.tenant,
-                    conn=conn,
-                )
+    with engine.transaction(notify=lambda: bool(found)) as conn:
+        found = find_stuck(conn)
+        append_per_run(engine, conn, ((s.tenant, s.run_id, e) for s in found for e in s.events()))
     failed = 0
     lifecycle = Lifecycle(engine)
     for s in found:

@@ -1,0 +1,118 @@
+-- Recovery of orphaned work and worker presence. Every statement that recovery and presence run is here.
+
+-- name: reclaim
+-- Takes back, in one statement, the nodes whose holder is gone:
+--   * held by an earlier process of this worker name (a restart: that process is gone, unless it still
+--     holds its presence lock, as two live processes given one name by mistake would);
+--   * held by a process whose presence lock is gone (its session closed: it crashed);
+--   * whose lease lapsed (a hung or partitioned worker, or one without a trusted presence).
+-- A live worker keeps its nodes: its lease holds and its lock is held. SKIP LOCKED: with several
+-- recoverers, each row goes to exactly one, and a row a fenced write is committing is left for later.
+-- A node that crashed too often is parked instead.
+WITH presence AS (
+    SELECT instance, alive FROM ledgerflow.wf_worker_presence()
+), lapsed AS (
+    SELECT q.run_id, q.node,
+           CASE WHEN q.worker_name = %(worker_name)s AND q.worker_instance <> %(instance)s
+                     AND q.worker_instance NOT IN (SELECT instance FROM presence WHERE alive)
+                THEN 'worker_restarted'
+                WHEN q.worker_instance IN (SELECT instance FROM presence WHERE NOT alive)
+                THEN 'worker_gone'
+                ELSE 'lease_expired' END AS reason
+      FROM ledgerflow.workflow_queue q
+     WHERE q.status = 'claimed'
+       AND (q.lease_expires_at < clock_timestamp()
+            OR (q.worker_name = %(worker_name)s AND q.worker_instance <> %(instance)s
+                AND q.worker_instance NOT IN (SELECT instance FROM presence WHERE alive))
+            OR q.worker_instance IN (SELECT instance FROM presence WHERE NOT alive))
+     ORDER BY q.lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE OF q SKIP LOCKED
+)
+UPDATE ledgerflow.workflow_queue q
+   SET status = CASE WHEN q.crashes + 1 > q.max_crashes THEN 'parked' ELSE 'ready' END,
+       crashes = q.crashes + 1, ready_at = clock_timestamp(), token = NULL, worker_instance = NULL,
+       lease_expires_at = NULL
+  FROM lapsed
+ WHERE q.run_id = lapsed.run_id AND q.node = lapsed.node
+RETURNING q.run_id, q.node, q.tenant, q.attempt, q.crashes, q.status, q.worker_name AS previous_worker,
+          lapsed.reason
+
+-- name: forget_departed
+-- A dead process's presence row goes once none of its nodes is left to take back.
+DELETE FROM ledgerflow.worker_presence p
+ WHERE p.instance IN (SELECT instance FROM ledgerflow.wf_worker_presence() WHERE NOT alive)
+   AND NOT EXISTS (SELECT 1 FROM ledgerflow.workflow_queue q
+                    WHERE q.status = 'claimed' AND q.worker_instance = p.instance)
+
+-- name: stuck
+-- Nodes whose worker still heartbeats but which have reported nothing for longer than their deadline.
+WITH stuck AS (
+    SELECT run_id, node FROM ledgerflow.workflow_queue
+     WHERE status = 'claimed' AND progress_deadline IS NOT NULL
+       AND progress_at < clock_timestamp() - make_interval(secs => progress_deadline)
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE ledgerflow.workflow_queue q
+   SET status = CASE WHEN q.on_stuck = 'retry' THEN 'ready' ELSE q.status END,
+       ready_at = clock_timestamp(), token = CASE WHEN q.on_stuck = 'retry' THEN NULL ELSE q.token END,
+       worker_instance = CASE WHEN q.on_stuck = 'retry' THEN NULL ELSE q.worker_instance END,
+       crashes = CASE WHEN q.on_stuck = 'retry' THEN q.crashes + 1 ELSE q.crashes END,
+       progress_at = clock_timestamp()
+  FROM stuck
+ WHERE q.run_id = stuck.run_id AND q.node = stuck.node
+RETURNING q.run_id, q.node, q.tenant, q.attempt, q.on_stuck AS action, q.token, q.worker_name AS worker,
+          extract(epoch FROM clock_timestamp() - q.claimed_at)::float8 AS seconds
+
+-- name: record_recovery
+INSERT INTO ledgerflow.workflow_recoveries
+       (worker, trigger, started_at, duration_ms, found, reclaimed, parked, stuck, failed)
+VALUES (%(worker)s, %(trigger)s, %(started_at)s, %(duration_ms)s, %(found)s, %(reclaimed)s, %(parked)s,
+        %(stuck)s, %(failed)s)
+
+-- name: presence_register
+-- Runs on the worker's own presence connection. The lock is taken before the row commits, so no peer
+-- ever sees the row of a live process without its lock (which would read as a crash).
+WITH fresh AS (
+    SELECT nextval('ledgerflow.worker_presence_keys')::integer AS lock_key
+), locked AS (
+    SELECT lock_key FROM fresh WHERE pg_try_advisory_lock(1279678288, lock_key)
+)
+INSERT INTO ledgerflow.worker_presence AS p (instance, worker_name, lock_key, backend_pid)
+SELECT %(instance)s, %(worker_name)s, lock_key, pg_backend_pid() FROM locked
+    ON CONFLICT (instance) DO UPDATE
+   SET lock_key = excluded.lock_key, backend_pid = excluded.backend_pid, since = clock_timestamp()
+RETURNING p.lock_key, p.backend_pid
+
+-- name: presence_seen_by_others
+-- Runs on another connection: the presence lock is held by the backend that took it, and that backend is
+-- not this one. Behind a transaction-mode pooler, client connections share backends, and one of the two
+-- fails.
+SELECT pg_backend_pid() <> %(backend_pid)s
+       AND EXISTS (SELECT 1 FROM pg_locks l
+                    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+                      AND l.classid = 1279678288::oid AND l.objid = %(lock_key)s::oid
+                      AND l.pid = %(backend_pid)s)
+
+-- name: presence_watch
+-- The peers' check, a few times a second on the presence connection itself (no pool checkout): whether
+-- this process still holds its own lock on the same backend (a pooler moves a client between backends),
+-- and whether any other registered process is gone.
+SELECT pg_backend_pid() = %(backend_pid)s
+       AND EXISTS (SELECT 1 FROM pg_locks l
+                    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+                      AND l.classid = 1279678288::oid AND l.objid = %(lock_key)s::oid
+                      AND l.pid = pg_backend_pid()) AS still_held,
+       EXISTS (SELECT 1 FROM ledgerflow.wf_worker_presence()
+                WHERE NOT alive AND instance <> %(instance)s) AS peers_gone
+
+-- name: presence_watch_only
+-- The same check for a process that cannot hold a presence of its own (it still takes dead peers over).
+SELECT EXISTS (SELECT 1 FROM ledgerflow.wf_worker_presence()
+                WHERE NOT alive AND instance <> %(instance)s) AS peers_gone
+
+-- name: presence_deregister
+-- A clean stop: the row goes first, then the lock (by closing the session), so no peer reads the stop
+-- as a crash.
+DELETE FROM ledgerflow.worker_presence WHERE instance = %(instance)s
