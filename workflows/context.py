@@ -24,10 +24,11 @@ from typing import Any, TypeVar
 from eventstore import ANY, NewEvent
 from eventstore._validation import dump_json_object
 from workflows import events as ev
+from workflows import queue
 from workflows.definition import NodeSpec
-from workflows.engine import Engine
+from workflows.engine import Engine, advance
 from workflows.errors import NodeTimeout, RunCancelled, WorkerStopping
-from workflows.lifecycle import fence
+from workflows.lifecycle import fenced_writes
 from workflows.queue import Claim
 from workflows.state import NodeState, RunState
 
@@ -52,6 +53,8 @@ class NodeContext:
         self._spec = spec
         self._stopping = stopping
         self._started = time.monotonic()
+        #: The worker's copy of the run's state: this node's writes advance it when nothing came between.
+        self._run = run
         self._state: NodeState = run.node(claim.node)
         self._last_progress = 0.0
         self.worker = worker
@@ -79,13 +82,16 @@ class NodeContext:
             raise NodeTimeout(f"node {self.node!r} exceeded its timeout of {timeout:g}s")
 
     def _write(self, events: Sequence[NewEvent]) -> None:
+        """Append under the claim's fence: one transaction, two round trips."""
         self.check()
         claim = self._claim
-        with self._engine.transaction() as conn:
-            fence(conn, claim)
-            self._engine.store.append(
+        with fenced_writes(), self._engine.pipelined_transaction() as conn:
+            recorded_at = queue.fence_at(conn, claim.run_id, claim.node, claim.token)
+            result = self._engine.store.append(
                 ev.run_stream(claim.run_id), events, expected_version=ANY, tenant=claim.tenant, conn=conn
             )
+            at = recorded_at()
+        advance(self._run, events, result, at)
         self.last_progress_at = time.monotonic()
 
     # -- progress -------------------------------------------------------------------------------------
@@ -219,8 +225,9 @@ class NodeContext:
     def cancelled(self) -> None:
         """Raise RunCancelled now if the run was cancelled (for nodes with long stretches between writes)."""
         claim = self._claim
-        with self._engine.transaction() as conn:
-            fence(conn, claim)
+        # One statement, on its own: it only reads the claim's row (and touches its progress time).
+        with fenced_writes(), self._engine.store.pool.connection() as conn:
+            queue.fence(conn, claim.run_id, claim.node, claim.token)
 
 
 __all__ = ["NodeContext", "RunCancelled"]

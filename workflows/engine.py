@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -21,6 +22,7 @@ import structlog
 from eventstore import (
     ANY,
     NO_STREAM,
+    AppendResult,
     EventStore,
     IdempotencyConflictError,
     InvalidInputError,
@@ -28,6 +30,7 @@ from eventstore import (
     RecordedEvent,
     StreamAppend,
     WrongExpectedVersionError,
+    jsonvalue,
 )
 from eventstore._validation import check_tenant
 from eventstore.errors import ConflictError, NotFoundError
@@ -36,7 +39,7 @@ from workflows import queue
 from workflows.definition import Workflow, WorkflowRegistry
 from workflows.errors import RunStateError
 from workflows.scheduler import NodeStatus, nodes_to_rerun, retry_from_failed, runnable_nodes
-from workflows.state import RunState, fold
+from workflows.state import RunState, apply, fold
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -84,6 +87,18 @@ class Engine:
                 f"no run {run_id} (tenant {tenant!r}); list runs with `ledgerflow workflows list`"
             )
         return fold(run_id, tenant, events)
+
+    def catch_up(self, run: RunState) -> RunState:
+        """Advance `run`, in place, with the events appended to its stream after the version it knows:
+        a worker that holds a run reads only what it has not seen."""
+        while True:
+            page = self.store.read_stream(
+                ev.run_stream(run.run_id), tenant=run.tenant, from_version=run.version + 1, limit=_PAGE
+            )
+            for e in page:
+                apply(run, e)
+            if len(page) < _PAGE:
+                return run
 
     def load_many(
         self, run_ids: Sequence[uuid.UUID], *, tenant: str = "default"
@@ -174,7 +189,7 @@ class Engine:
                     key_version if key_version is not None else NO_STREAM,
                 )
             )
-        with self.transaction() as conn:
+        with self.pipelined_transaction() as conn:
             result = self.store.append_many(
                 appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn
             )
@@ -330,6 +345,17 @@ class Engine:
         if notify is None or notify():
             self.store.notify_appended()
 
+    @contextmanager
+    def pipelined_transaction(
+        self, notify: Callable[[], bool] | None = None
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """`transaction()`, with its statements sent in a pipeline: two round trips when one result is
+        fetched midway (see `queue.pipelined_transaction`)."""
+        with self.store.pool.connection() as conn, queue.pipelined_transaction(conn):
+            yield conn
+        if notify is None or notify():
+            self.store.notify_appended()
+
     @staticmethod
     def _with_occ(attempt: Callable[[], None]) -> None:
         for _ in range(_OCC_ATTEMPTS):
@@ -339,6 +365,37 @@ class Engine:
             except WrongExpectedVersionError:
                 continue  # the run changed under us: read it again and decide again
         raise ConflictError("the run changed too often to apply the request; retry")
+
+
+def advance(run: RunState, events: Sequence[NewEvent], result: AppendResult, recorded_at: datetime) -> bool:
+    """Apply to `run`, in place, the `events` its holder just appended to the run's stream, as the log
+    now holds them (`result`: where they landed; `recorded_at`: their transaction's timestamp), so that the
+    holder never reads back what it wrote. Only when they directly follow the version `run` knows: True
+    then; otherwise `run` is left as it was, and `Engine.catch_up` brings it up to date when needed."""
+    stream = ev.run_stream(run.run_id)
+    landed = [a for a in result.events if a.stream_id == stream]
+    if len(landed) != len(events) or not landed or landed[0].stream_version != run.version + 1:
+        return False
+    for new, at in zip(events, landed, strict=True):
+        apply(
+            run,
+            RecordedEvent(
+                at.position,
+                at.transaction_id,
+                run.tenant,
+                stream,
+                at.stream_version,
+                new.event_id,
+                new.type,
+                # As a reader would get it back: JSON values, not the Python objects that were written.
+                jsonvalue.loads(jsonvalue.dumps(dict(new.data))),
+                jsonvalue.loads(jsonvalue.dumps(dict(new.metadata))),
+                new.correlation_id,
+                new.causation_id,
+                recorded_at,
+            ),
+        )
+    return True
 
 
 def release_key_appends(run: RunState) -> list[StreamAppend]:

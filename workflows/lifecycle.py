@@ -1,34 +1,40 @@
 """How a claimed node ends: succeeded, failed (with a retry or for good), cancelled, or handed back.
 
-Each transition is one transaction: the fencing check on the claim, the run-stream events with an
-exact expected version, and the queue changes. The decision of what runs next (and whether the run
-ended) is made from the freshly read run state; on a version conflict it is read and made again, so two
-sibling nodes finishing at the same moment cannot both miss starting their common dependent.
+Each end is one transaction of two round trips: the queue's side in one statement (the fence on the claim,
+the node's row, the newly runnable nodes, and the successor the worker hands to itself, already claimed),
+then the run-stream events with the exact version the worker knows. The decision of what runs next (and
+whether the run ended) is made from the worker's own copy of the run's state, kept up to date with the
+events it appends; if the run changed meanwhile the append fails, the worker reads only the events it has
+not seen and decides again, so two sibling nodes finishing at the same moment cannot both miss (or both
+start) their common dependent.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import structlog
 
 from eventstore import ANY, NewEvent, StreamAppend, WrongExpectedVersionError
-from eventstore.errors import ConflictError
+from eventstore.errors import ConflictError, LedgerflowError
 from workflows import events as ev
 from workflows import queue
 from workflows.definition import Workflow
-from workflows.engine import Engine, release_key_appends
-from workflows.errors import wrap_exceptions
+from workflows.engine import Engine, advance, release_key_appends
+from workflows.errors import SQLSTATES, wrap_exceptions
 from workflows.queue import Claim, Claimant
 from workflows.scheduler import NodeStatus, run_outcome, runnable_nodes
 from workflows.state import RunState
 
 log = structlog.get_logger(__name__)
 _ATTEMPTS = 50
-#: Queue changes made in a transition's transaction; they may return events to append with it.
-QueueChanges = Callable[[Any], list[NewEvent] | None]
+_TERMINAL = (ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED)
 
 
 def claimed_event(claim: Claim, worker_id: str) -> NewEvent:
@@ -42,11 +48,39 @@ def claimed_event(claim: Claim, worker_id: str) -> NewEvent:
     )
 
 
+@contextmanager
+def fenced_writes() -> Iterator[None]:
+    """The error boundary of a fenced write: driver errors become ledgerflow errors, and the fence's
+    SQLSTATEs the worker's signals (NodeLeaseLost, RunCancelled), also when a pipelined fence's error
+    surfaced inside the event store's append (which translated it as an error of its own)."""
+    try:
+        with wrap_exceptions():
+            yield
+    except LedgerflowError as exc:
+        cause = exc.__cause__
+        if not isinstance(cause, psycopg.Error):
+            raise
+        translation = SQLSTATES.get(cause.sqlstate or "")
+        if translation is None:
+            raise
+        raise translation(cause) from cause
+
+
 def fence(conn: Any, claim: Claim, *, check_cancel: bool = True) -> None:
     """In `conn`'s transaction: fail with NodeLeaseLost unless `claim` still holds its node (and, with
     `check_cancel`, with RunCancelled if its run is being cancelled)."""
     with wrap_exceptions():
         queue.fence(conn, claim.run_id, claim.node, claim.token, check_cancel=check_cancel)
+
+
+@dataclass(frozen=True)
+class _Decision:
+    """What a node's end records: the run-stream events, the queue's change, and the nodes made ready."""
+
+    events: list[NewEvent]
+    ready: list[str] = dataclasses.field(default_factory=list)
+    #: Not None: the node runs again after this many seconds.
+    retry_in: float | None = None
 
 
 class Lifecycle:
@@ -57,41 +91,78 @@ class Lifecycle:
     def _commit(
         self,
         claim: Claim,
-        decide: Callable[[RunState], tuple[list[NewEvent], QueueChanges]],
+        wf: Workflow,
+        run: RunState | None,
+        decide: Callable[[RunState], _Decision],
         *,
-        check_cancel: bool = False,
-    ) -> RunState:
-        """Read the run, decide, and commit events plus queue changes under the claim's fence, retrying the
-        whole decision on a version conflict. Queue changes may return events of their own (a claim's)."""
-        for _ in range(_ATTEMPTS):
+        claim_next: Claimant | None = None,
+    ) -> Claim | None:
+        """Decide from `run` (read if not given), then commit the events and the queue's change under the
+        claim's fence, deciding again after reading what changed on a version conflict. `run` is advanced,
+        in place, with the events committed. With `claim_next`, the first node made ready is claimed for
+        the caller in the same transaction: its claim is returned."""
+        if run is None:
             run = self.engine.load(claim.run_id, tenant=claim.tenant)
-            events, queue_changes = decide(run)
-            terminal = any(e.type in (ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED) for e in events)
-            appends = [StreamAppend(ev.run_stream(claim.run_id), events, run.version)]
-            if terminal:
-                appends += release_key_appends(run)
+        for _ in range(_ATTEMPTS):
+            decision = decide(run)
+            events = list(decision.events)
+            successor: Claim | None = None
             try:
-                with self.engine.transaction() as conn:
-                    fence(conn, claim, check_cancel=check_cancel)
-                    more = queue_changes(conn) or []
-                    if more:
-                        appends[0] = StreamAppend(appends[0].stream_id, [*events, *more], run.version)
-                    self.store.append_many(appends, tenant=claim.tenant, conn=conn)
-                return run
+                with fenced_writes(), self.engine.pipelined_transaction() as conn:
+                    handoff = None
+                    if claim_next is not None and decision.ready:
+                        node = decision.ready[0]
+                        successor = Claim(
+                            claim.run_id,
+                            node,
+                            claim.tenant,
+                            wf.name,
+                            run.node(node).attempt + 1,
+                            claim_next.tokens.take(conn),
+                            cancel_requested=False,
+                            crashes=0,
+                        )
+                        handoff = queue.Successor(claim_next, successor.token)
+                        events.append(claimed_event(successor, claim_next.worker_id))
+                    ended = queue.end_node(
+                        conn,
+                        claim,
+                        retry_in=decision.retry_in,
+                        ready=[wf.nodes[n] for n in decision.ready],
+                        attempts={n: run.node(n).attempt for n in decision.ready},
+                        successor=handoff,
+                    )
+                    appends = [StreamAppend(ev.run_stream(claim.run_id), events, run.version)]
+                    if any(e.type in _TERMINAL for e in events):
+                        appends += release_key_appends(run)
+                    result = self.store.append_many(appends, tenant=claim.tenant, conn=conn)
+                    outcome = ended()
             except WrongExpectedVersionError:
+                self.engine.catch_up(run)
                 continue
+            advance(run, events, result, outcome.recorded_at)
+            if successor is not None:
+                successor = dataclasses.replace(successor, crashes=outcome.successor_crashes)
+            return successor
         raise ConflictError(
             f"run {claim.run_id}: too many concurrent changes while ending node {claim.node!r}"
         )
 
     def succeeded(
-        self, claim: Claim, wf: Workflow, output: Any, duration: float, *, claim_next: Claimant | None = None
+        self,
+        claim: Claim,
+        wf: Workflow,
+        output: Any,
+        duration: float,
+        *,
+        claim_next: Claimant | None = None,
+        run: RunState | None = None,
     ) -> Claim | None:
         """Record the node's success and queue what became runnable. With `claim_next`, also claim one of
-        those nodes for the caller in the same transaction and return its claim."""
-        successor: Claim | None = None
+        those nodes for the caller in the same transaction and return its claim. `run`, the caller's copy
+        of the run's state, is advanced with what was recorded."""
 
-        def decide(run: RunState) -> tuple[list[NewEvent], QueueChanges]:
+        def decide(run: RunState) -> _Decision:
             statuses = run.statuses
             statuses[claim.node] = NodeStatus.SUCCEEDED
             events = [
@@ -111,33 +182,18 @@ class Lifecycle:
             if ready:
                 events.append(ev.event(ev.NODES_READY, claim.run_id, nodes=ready))
             events += self._run_end(run, wf, statuses)
+            return _Decision(events, ready)
 
-            def changes(conn: Any) -> list[NewEvent]:
-                nonlocal successor
-                queue.finish(conn, claim.run_id, claim.node)
-                queue.enqueue(
-                    conn,
-                    claim.run_id,
-                    claim.tenant,
-                    wf.name,
-                    [wf.nodes[n] for n in ready],
-                    attempts={n: run.node(n).attempt for n in ready},
-                )
-                successor = None
-                if claim_next is None or not ready:
-                    return []
-                successor = queue.claim_node(conn, claim.run_id, ready[0], claim_next)
-                if successor is None:
-                    return []
-                return [claimed_event(successor, claim_next.worker_id)]
-
-            return events, changes
-
-        self._commit(claim, decide)
-        return successor
+        return self._commit(claim, wf, run, decide, claim_next=claim_next)
 
     def failed(
-        self, claim: Claim, wf: Workflow, error: BaseException, *, rng: random.Random | None = None
+        self,
+        claim: Claim,
+        wf: Workflow,
+        error: BaseException,
+        *,
+        rng: random.Random | None = None,
+        run: RunState | None = None,
     ) -> bool:
         """Record a failed attempt: schedule a retry if the policy allows, else fail the node. Returns
         True when a retry was scheduled."""
@@ -145,7 +201,7 @@ class Lifecycle:
         message = f"{type(error).__name__}: {error}"[:2000]
         retrying = False
 
-        def decide(run: RunState) -> tuple[list[NewEvent], QueueChanges]:
+        def decide(run: RunState) -> _Decision:
             nonlocal retrying
             failures = run.node(claim.node).failures + 1
             retrying = spec.retry.is_retryable(error) and failures < spec.retry.max_attempts
@@ -159,7 +215,7 @@ class Lifecycle:
                     error=message,
                     retry_in=round(delay, 3),
                 )
-                return [event], lambda conn: queue.schedule_retry(conn, claim.run_id, claim.node, delay)
+                return _Decision([event], retry_in=delay)
             retrying = False
             statuses = run.statuses
             statuses[claim.node] = NodeStatus.FAILED
@@ -174,9 +230,9 @@ class Lifecycle:
                 )
             ]
             events += self._run_end(run, wf, statuses, failed_node=claim.node, error=message)
-            return events, lambda conn: queue.finish(conn, claim.run_id, claim.node)
+            return _Decision(events)
 
-        self._commit(claim, decide)
+        self._commit(claim, wf, run, decide)
         log.warning(
             "workflow_node_failed",
             run_id=str(claim.run_id),
@@ -187,15 +243,15 @@ class Lifecycle:
         )
         return retrying
 
-    def cancelled(self, claim: Claim, wf: Workflow) -> None:
-        def decide(run: RunState) -> tuple[list[NewEvent], QueueChanges]:
+    def cancelled(self, claim: Claim, wf: Workflow, *, run: RunState | None = None) -> None:
+        def decide(run: RunState) -> _Decision:
             statuses = run.statuses
             statuses[claim.node] = NodeStatus.CANCELLED
             events = [ev.event(ev.NODE_CANCELLED, claim.run_id, node=claim.node)]
             events += self._run_end(run, wf, statuses)
-            return events, lambda conn: queue.finish(conn, claim.run_id, claim.node)
+            return _Decision(events)
 
-        self._commit(claim, decide)
+        self._commit(claim, wf, run, decide)
         log.info("workflow_node_cancelled", run_id=str(claim.run_id), node=claim.node)
 
     def release(self, claim: Claim, worker: str) -> None:

@@ -17,13 +17,22 @@ ON CONFLICT (run_id, node) DO UPDATE
 
 -- name: claim
 -- Exactly one winner per node: SKIP LOCKED hands each ready row to one claimer, and the token, fresh
--- from a sequence, fences every later write of this claim.
+-- from a sequence, fences every later write of this claim. Bounded whatever the backlog: for each of the
+-- worker's workflows, the walk of the ready index (workflow, ready_at) stops after %(limit)s unlocked rows
+-- (statement_timestamp(), unlike clock_timestamp(), can bound the index scan). Rows a workflow's walk
+-- locked beyond the overall limit stay unclaimed and are unlocked at commit.
 WITH picked AS (
-    SELECT run_id, node FROM ledgerflow.workflow_queue
-     WHERE status = 'ready' AND ready_at <= clock_timestamp() AND workflow = ANY (%(workflows)s::text[])
-     ORDER BY ready_at
+    SELECT r.run_id, r.node
+      FROM unnest(%(workflows)s::text[]) AS w(name)
+     CROSS JOIN LATERAL (
+          SELECT q.run_id, q.node, q.ready_at FROM ledgerflow.workflow_queue q
+           WHERE q.status = 'ready' AND q.workflow = w.name AND q.ready_at <= statement_timestamp()
+           ORDER BY q.ready_at
+           LIMIT %(limit)s
+             FOR UPDATE SKIP LOCKED
+     ) r
+     ORDER BY r.ready_at
      LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
 )
 UPDATE ledgerflow.workflow_queue q
    SET status = 'claimed', attempt = q.attempt + 1, token = nextval('ledgerflow.workflow_fencing_tokens'),
@@ -34,28 +43,33 @@ UPDATE ledgerflow.workflow_queue q
  WHERE q.run_id = picked.run_id AND q.node = picked.node
 RETURNING q.run_id, q.node, q.tenant, q.workflow, q.attempt, q.token, q.cancel_requested, q.crashes
 
--- name: claim_node
--- The successor hand-off: the worker that finishes a node claims one newly ready node of the same run in
--- the same transaction, so it runs next without a claim round trip or a wake-up.
-UPDATE ledgerflow.workflow_queue q
-   SET status = 'claimed', attempt = q.attempt + 1, token = nextval('ledgerflow.workflow_fencing_tokens'),
-       worker_name = %(worker_name)s, worker_instance = %(instance)s, claimed_at = clock_timestamp(),
-       heartbeat_at = clock_timestamp(), progress_at = clock_timestamp(),
-       lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
- WHERE q.run_id = %(run_id)s AND q.node = %(node)s AND q.status = 'ready' AND q.ready_at <= clock_timestamp()
-RETURNING q.run_id, q.node, q.tenant, q.workflow, q.attempt, q.token, q.cancel_requested, q.crashes
+-- name: fencing_tokens
+-- A block of fencing tokens for the claims a worker makes itself at a node's end (see FencingTokens).
+SELECT nextval('ledgerflow.workflow_fencing_tokens') FROM generate_series(1, %(count)s)
 
 -- name: fence
 SELECT ledgerflow.wf_fence(%(run_id)s, %(node)s, %(token)s, %(check_cancel)s)
 
--- name: finish
-DELETE FROM ledgerflow.workflow_queue WHERE run_id = %(run_id)s AND node = %(node)s
+-- name: fence_at
+-- The fence of a node's write, with the transaction's timestamp (the recorded_at of the events it appends).
+SELECT now() FROM ledgerflow.wf_fence(%(run_id)s, %(node)s, %(token)s, %(check_cancel)s)
 
--- name: schedule_retry
-UPDATE ledgerflow.workflow_queue
-   SET status = 'ready', ready_at = clock_timestamp() + make_interval(secs => %(delay)s), token = NULL,
-       worker_name = NULL, worker_instance = NULL, lease_expires_at = NULL
- WHERE run_id = %(run_id)s AND node = %(node)s
+-- name: end_node
+-- A node's end for the queue, in one statement; see ledgerflow.wf_end_node for the guarantees.
+SELECT crashes, recorded_at
+  FROM ledgerflow.wf_end_node(%(run_id)s, %(node)s, %(token)s, %(check_cancel)s, %(retry_in)s, %(tenant)s,
+                              %(workflow)s, %(ready)s::text[], %(attempts)s::int[], %(max_crashes)s::int[],
+                              %(progress_deadlines)s::float8[], %(on_stuck)s::text[], %(claim_token)s,
+                              %(worker_name)s, %(instance)s, %(ttl)s)
+
+-- name: begin
+BEGIN
+
+-- name: commit
+COMMIT
+
+-- name: rollback
+ROLLBACK
 
 -- name: release
 -- Graceful hand-over on shutdown: the node is ready again at once, and it does not count as a crash.

@@ -6,13 +6,17 @@ queue change commits in the same transaction as the run-stream event that causes
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from eventstore.sqlfile import load_queries
 from workflows.definition import NodeSpec
@@ -105,6 +109,25 @@ def claim(
     return [Claim(*r) for r in rows]
 
 
+class FencingTokens:
+    """Fencing tokens drawn from the database's sequence a block at a time, so that a worker that hands a
+    successor node to itself knows the token before its transaction (the NodeClaimed event carries it) and
+    draws it without a round trip of its own. A token only has to differ from every other claim's token
+    of the same node; tokens left unused when a process ends are simply never seen."""
+
+    def __init__(self, block: int = 64) -> None:
+        self._block = block
+        self._tokens: deque[int] = deque()
+        self._lock = threading.Lock()
+
+    def take(self, conn: Conn) -> int:
+        with self._lock:
+            if not self._tokens:
+                rows = conn.execute(Q["fencing_tokens"], {"count": self._block}).fetchall()
+                self._tokens.extend(int(r[0]) for r in rows)
+            return self._tokens.popleft()
+
+
 @dataclass(frozen=True)
 class Claimant:
     """Who claims: a worker's name and process instance, its id for events, and its lease length."""
@@ -113,32 +136,113 @@ class Claimant:
     instance: str
     worker_id: str
     ttl: float
+    tokens: FencingTokens = field(default_factory=FencingTokens, compare=False)
 
 
-def claim_node(conn: Conn, run_id: uuid.UUID, node: str, claimant: Claimant) -> Claim | None:
-    row = conn.execute(
-        Q["claim_node"],
-        {
-            "run_id": run_id,
-            "node": node,
-            "worker_name": claimant.worker_name,
-            "instance": claimant.instance,
-            "ttl": claimant.ttl,
-        },
-    ).fetchone()
-    return None if row is None else Claim(*row)
+@contextmanager
+def pipelined_transaction(conn: Conn) -> Iterator[Conn]:
+    """A transaction on an autocommit connection whose statements travel together: BEGIN goes with the
+    first statements and COMMIT with the final sync, so a transaction that fetches one result midway costs
+    two round trips. Whatever goes wrong inside (a driver error, or a check of the caller's that raises
+    without the server knowing), nothing of it commits."""
+    committed = False
+    try:
+        with conn.pipeline():
+            conn.execute(Q["begin"])
+            yield conn
+            conn.execute(Q["commit"])
+        committed = True
+    finally:
+        if not committed and not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+            # On a broken connection the server rolls back by itself, and the pool discards it.
+            with suppress(psycopg.Error):
+                conn.execute(Q["rollback"])
 
 
 def fence(conn: Conn, run_id: uuid.UUID, node: str, token: int, *, check_cancel: bool = True) -> None:
     conn.execute(Q["fence"], {"run_id": run_id, "node": node, "token": token, "check_cancel": check_cancel})
 
 
-def finish(conn: Conn, run_id: uuid.UUID, node: str) -> None:
-    conn.execute(Q["finish"], {"run_id": run_id, "node": node})
+def fence_at(
+    conn: Conn, run_id: uuid.UUID, node: str, token: int, *, check_cancel: bool = True
+) -> Callable[[], datetime]:
+    """`fence`, sent without waiting for its answer (in a pipeline); the returned call gives the
+    transaction's timestamp, the recorded_at of events appended with it."""
+    cursor = conn.execute(
+        Q["fence_at"], {"run_id": run_id, "node": node, "token": token, "check_cancel": check_cancel}
+    )
+
+    def recorded_at() -> datetime:
+        row = cursor.fetchone()
+        assert row is not None
+        return row[0]  # type: ignore[no-any-return]
+
+    return recorded_at
 
 
-def schedule_retry(conn: Conn, run_id: uuid.UUID, node: str, delay: float) -> None:
-    conn.execute(Q["schedule_retry"], {"run_id": run_id, "node": node, "delay": delay})
+@dataclass(frozen=True)
+class Successor:
+    """A newly runnable node that the finishing worker claims for itself with `token`."""
+
+    claimant: Claimant
+    token: int
+
+
+@dataclass(frozen=True)
+class NodeEnded:
+    #: Crashes counted so far for the claimed successor (0 for a node queued for the first time).
+    successor_crashes: int
+    #: The transaction's timestamp: the recorded_at of events appended with the change.
+    recorded_at: datetime
+
+
+def end_node(
+    conn: Conn,
+    claim: Claim,
+    *,
+    retry_in: float | None = None,
+    ready: Sequence[NodeSpec] = (),
+    attempts: Mapping[str, int] | None = None,
+    successor: Successor | None = None,
+    check_cancel: bool = False,
+) -> Callable[[], NodeEnded]:
+    """Every queue change of a node's end in one statement (see ledgerflow.wf_end_node): the fence, the
+    node's row gone (or ready again after `retry_in` seconds), the `ready` nodes queued, the first of them
+    claimed by `successor`. Sent without waiting for its answer, so that the run-stream append follows it
+    in the same round trip; the returned call gives the outcome once the answer is in."""
+    attempts = attempts or {}
+    claimed_first = successor is not None and bool(ready)
+    cursor = conn.execute(
+        Q["end_node"],
+        {
+            "run_id": claim.run_id,
+            "node": claim.node,
+            "token": claim.token,
+            "check_cancel": check_cancel,
+            "retry_in": retry_in,
+            "tenant": claim.tenant,
+            "workflow": claim.workflow,
+            "ready": [s.name for s in ready],
+            # A claimed successor's row holds its claim's attempt; a ready one's, the attempts so far.
+            "attempts": [
+                attempts.get(s.name, 0) + (1 if claimed_first and i == 0 else 0) for i, s in enumerate(ready)
+            ],
+            "max_crashes": [s.max_crashes for s in ready],
+            "progress_deadlines": [s.progress_deadline for s in ready],
+            "on_stuck": [s.on_stuck for s in ready],
+            "claim_token": successor.token if claimed_first and successor else None,
+            "worker_name": successor.claimant.worker_name if successor else None,
+            "instance": successor.claimant.instance if successor else None,
+            "ttl": successor.claimant.ttl if successor else None,
+        },
+    )
+
+    def outcome() -> NodeEnded:
+        row = cursor.fetchone()
+        assert row is not None
+        return NodeEnded(int(row[0]), row[1])
+
+    return outcome
 
 
 def release(conn: Conn, run_id: uuid.UUID, node: str, token: int) -> bool:

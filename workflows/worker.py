@@ -15,6 +15,7 @@ is recorded as it ended if its lease still holds, or handed back to be run again
 
 from __future__ import annotations
 
+import copy
 import socket
 import threading
 import time
@@ -166,16 +167,16 @@ class WorkflowWorker:
             else:
                 log.warning("workflow_claimed_runs_not_loaded", error=str(exc))
             states = {}  # each node loads its own
-        for claim in claims:
+        for claim, state in zip(claims, self._own_copies(claims, states), strict=True):
             with self._lock:
                 self._running[claim.token] = (claim, None)
-            self._pool.submit(self._execute, claim, states.get(claim.run_id))
+            self._pool.submit(self._execute, claim, state)
         return bool(claims)
 
     def _claim(self, limit: int) -> list[Claim]:
         # No wake-up when nothing was claimed: this worker's own listener would take it and claim
-        # again at once, spinning on empty claims.
-        with self.engine.transaction(notify=lambda: bool(claims)) as conn:
+        # again at once, spinning on empty claims. Pipelined: an empty claim costs two round trips.
+        with self.engine.pipelined_transaction(notify=lambda: bool(claims)) as conn:
             claims = queue.claim(
                 conn,
                 worker_name=self.name,
@@ -211,15 +212,31 @@ class WorkflowWorker:
             states.update(self.engine.load_many(run_ids, tenant=tenant))
         return states
 
+    @staticmethod
+    def _own_copies(claims: list[Claim], states: dict[uuid.UUID, RunState]) -> list[RunState | None]:
+        """Each claimed node's own copy of its run's state: every node's thread advances its copy with
+        what it writes, so two nodes of one run never share one."""
+        seen: set[uuid.UUID] = set()
+        copies: list[RunState | None] = []
+        for c in claims:
+            state = states.get(c.run_id)
+            copies.append(copy.deepcopy(state) if state is not None and c.run_id in seen else state)
+            seen.add(c.run_id)
+        return copies
+
     def _execute(self, claim: Claim, run: RunState | None = None) -> None:
-        """Run the claimed node, then, as long as finishing one hands this worker its successor, that one."""
+        """Run the claimed node, then, as long as finishing one hands this worker its successor, that one.
+        The run's state is read once, at the claim: each end advances it with the events it recorded."""
         next_claim: Claim | None = claim
         while next_claim is not None:
-            next_claim = self._execute_one(next_claim, run)
-            run = None  # a successor's run state includes the events just written: read it again
+            next_claim, run = self._execute_one(next_claim, run)
 
-    def _execute_one(self, claim: Claim, loaded: RunState | None = None) -> Claim | None:
+    def _execute_one(
+        self, claim: Claim, loaded: RunState | None = None
+    ) -> tuple[Claim | None, RunState | None]:
+        """Run one node; returns the successor this worker claimed at its end, with the run's state."""
         successor: Claim | None = None
+        run = loaded
         bound = structlog.contextvars.bound_contextvars(
             run_id=str(claim.run_id), node=claim.node, attempt=claim.attempt, worker=self.id
         )
@@ -239,13 +256,13 @@ class WorkflowWorker:
                 wf = self.registry.get(claim.workflow)
                 if claim.cancel_requested:
                     outcome = "cancelled"
-                    self._through_outage(lambda: self.lifecycle.cancelled(claim, wf))
-                    return None
-                run = loaded or self._through_outage(
-                    lambda: self.engine.load(claim.run_id, tenant=claim.tenant)
-                )
+                    self._through_outage(lambda: self.lifecycle.cancelled(claim, wf, run=run))
+                    return None, None
+                if run is None:
+                    run = self._through_outage(lambda: self.engine.load(claim.run_id, tenant=claim.tenant))
+                held = run
                 spec = wf.nodes[claim.node]
-                ctx = NodeContext(self.engine, run, claim, spec, worker=self.id, stopping=self.stopping)
+                ctx = NodeContext(self.engine, held, claim, spec, worker=self.id, stopping=self.stopping)
                 with self._lock:
                     self._running[claim.token] = (claim, ctx)
                 try:
@@ -258,18 +275,18 @@ class WorkflowWorker:
                 except Exception as exc:
                     if is_unavailable(exc):
                         outcome = self._interrupted(claim, exc)
-                        return None
+                        return None, None
                     try:
-                        outcome = "retry" if self.lifecycle.failed(claim, wf, exc) else "failed"
+                        outcome = "retry" if self.lifecycle.failed(claim, wf, exc, run=held) else "failed"
                     except Exception as recording:
                         if not is_unavailable(recording):
                             raise
                         # The failure cannot be recorded: most likely the outage made the node fail.
                         outcome = self._interrupted(claim, recording)
-                        return None
+                        return None, None
                     if outcome == "retry":
                         metrics.node_retries.add(1, {"workflow": wf.name, "node": claim.node})
-                    return None
+                    return None, None
                 duration = time.monotonic() - started
                 successor = self._through_outage(
                     lambda: self.lifecycle.succeeded(
@@ -278,6 +295,7 @@ class WorkflowWorker:
                         output,
                         duration,
                         claim_next=None if self.stopping.is_set() else self._claimant,
+                        run=held,
                     )
                 )
                 if successor is not None:
@@ -289,8 +307,9 @@ class WorkflowWorker:
                 log.warning("workflow_node_lease_lost")
             except RunCancelled:
                 outcome = "cancelled"
+                # The run's copy may be behind by what the node wrote: the end reads what it misses.
                 self._through_outage(
-                    lambda: self.lifecycle.cancelled(claim, self.registry.get(claim.workflow))
+                    lambda: self.lifecycle.cancelled(claim, self.registry.get(claim.workflow), run=run)
                 )
             except WorkerStopping:
                 outcome = "released"
@@ -318,7 +337,7 @@ class WorkflowWorker:
                 metrics.node_duration.record(elapsed_ms, {"workflow": claim.workflow, "node": claim.node})
                 if successor is None:
                     self._wake.set()  # a slot is free, and other nodes may be ready now
-        return successor
+        return successor, run
 
     def _interrupted(self, claim: Claim, exc: BaseException) -> str:
         """The database went away under a running node: once it answers, hand the node back so it runs
