@@ -10,10 +10,11 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from eventstore.db import translate_errors
+from eventstore.errors import NotFoundError
 from ops.api.deps import Operator, Reader, ServicesDep
 from ops.api.errors import CONFLICT, NOT_FOUND
 from ops.services import Services
@@ -89,6 +90,14 @@ class RunDetailOut(BaseModel):
     edges: list[EdgeOut]
 
 
+class NodeDetailOut(NodeOut):
+    run_id: uuid.UUID
+    output: Any = Field(
+        description="What the node returned (its latest success); null until it succeeds, and after a "
+        "refresh or retry re-opens it."
+    )
+
+
 class RefreshRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -100,11 +109,11 @@ class RefreshOut(BaseModel):
     rerun: list[str] = Field(description="The nodes that run again; empty when nothing changed.")
 
 
-def _node_out(n: NodeState, depends_on: list[str]) -> NodeOut:
+def _node_fields(n: NodeState, depends_on: list[str]) -> dict[str, Any]:
     progress = None
     if n.progress is not None:
         progress = ProgressOut(current=n.progress[0], total=n.progress[1], message=n.progress[2])
-    return NodeOut(
+    return dict(
         name=n.name,
         status=str(n.status),
         attempt=n.attempt,
@@ -121,14 +130,25 @@ def _node_out(n: NodeState, depends_on: list[str]) -> NodeOut:
     )
 
 
+def _node_out(n: NodeState, depends_on: list[str]) -> NodeOut:
+    return NodeOut(**_node_fields(n, depends_on))
+
+
+def _definition_edges(run: RunState, services: Services) -> dict[str, list[str]] | None:
+    """Each node's dependencies from the workflow's definition; None when this server lacks it."""
+    if run.workflow not in services.registry.names():
+        return None
+    return {name: list(spec.depends_on) for name, spec in services.registry.get(run.workflow).nodes.items()}
+
+
 def run_detail(run: RunState, services: Services) -> RunDetailOut:
     """The run with every node, in DAG order, and the DAG's edges when the definition is known."""
-    known = run.workflow in services.registry.names()
-    deps: dict[str, list[str]] = {}
+    edges = _definition_edges(run, services)
+    known = edges is not None
+    deps = edges or {}
     order = list(run.nodes)
     if known:
         wf = services.registry.get(run.workflow)
-        deps = {name: list(spec.depends_on) for name, spec in wf.nodes.items()}
         order = [n for n in wf.topological_order() if n in run.nodes]
         order += [n for n in run.nodes if n not in order]  # nodes since removed from the definition
     return RunDetailOut(
@@ -171,6 +191,20 @@ def list_runs(
 def get_run(run_id: uuid.UUID, principal: Reader, services: ServicesDep) -> RunDetailOut:
     """One run, exact: folded from its events, with every node and the DAG's edges."""
     return run_detail(services.engine.load(run_id, tenant=principal.tenant), services)
+
+
+@router.get("/runs/{run_id}/nodes/{node}", response_model=NodeDetailOut, responses=NOT_FOUND)
+def get_node(
+    run_id: uuid.UUID, node: Annotated[str, Path(max_length=200)], principal: Reader, services: ServicesDep
+) -> NodeDetailOut:
+    """One node of a run with its output (exact: folded from the run's events). The run detail leaves
+    outputs out, since it is polled while the run is active and outputs may be large."""
+    run = services.engine.load(run_id, tenant=principal.tenant)
+    if node not in run.nodes:
+        raise NotFoundError(f"run {run_id} has no node {node!r}; its nodes: {', '.join(run.nodes)}")
+    deps = _definition_edges(run, services) or {}
+    state = run.nodes[node]
+    return NodeDetailOut(run_id=run_id, output=state.output, **_node_fields(state, deps.get(node, [])))
 
 
 @router.post("/runs/{run_id}/cancel", response_model=RunDetailOut, responses={**NOT_FOUND, **CONFLICT})
