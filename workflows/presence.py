@@ -219,9 +219,12 @@ class Presence:
     def _fall_back_to_leases(self, why: str) -> None:
         """Session locks do not work on this connection: deregister, so that peers wait for this
         process's leases, and say so once."""
-        conn = self._conn
-        if conn is not None:
+        conn, registration = self._conn, self._registration
+        if conn is not None and registration is not None:
             conn.execute(Q["presence_deregister"], {"instance": self._instance})
+            # Behind a pooler the lock stays with a backend other clients use: give it back if this
+            # statement reaches that backend (elsewhere it is a no-op).
+            conn.execute(Q["presence_unlock"], {"lock_key": registration.lock_key})
         self._registration = None
         self._pooled = True
         log.warning(

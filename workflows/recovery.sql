@@ -116,3 +116,8 @@ SELECT EXISTS (SELECT 1 FROM ledgerflow.wf_worker_presence()
 -- A clean stop: the row goes first, then the lock (by closing the session), so no peer reads the stop
 -- as a crash.
 DELETE FROM ledgerflow.worker_presence WHERE instance = %(instance)s
+
+-- name: presence_unlock
+SELECT pg_advisory_unlock(1279678288, %(lock_key)s) FROM pg_locks l
+ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = 1279678288::oid
+   AND l.objid = %(lock_key)s::oid AND l.pid = pg_backend_pid()

@@ -1,0 +1,296 @@
+"""Worker presence: a process whose session closed is taken over at once; a live one never is.
+
+Processes that hold a presence and then "crash" are real child processes, SIGKILLed: the database sees
+exactly what it sees when a worker dies. The transaction-mode pooler is a real PgBouncer when one is
+installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from structlog.testing import capture_logs
+
+from eventstore import EventStore
+from tests.flows import registry
+from tests.waiting import wait_until
+from workflows import Engine, WorkerSettings, WorkflowWorker
+from workflows import events as ev
+from workflows.presence import Presence, PresenceMode
+from workflows.recovery import sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+LONG_LEASE = WorkerSettings(lease_ttl=3600)
+HOLD_PRESENCE = """
+import sys, threading
+from workflows.presence import Presence
+presence = Presence(sys.argv[1], worker_name=sys.argv[2], instance=sys.argv[3], on_peers_gone=lambda: None)
+presence.start()
+threading.Event().wait(600)
+"""
+
+
+@pytest.fixture
+def engine(store: EventStore) -> Engine:
+    return Engine(store, registry)
+
+
+def registered(store: EventStore, instance: str) -> bool:
+    with store.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM ledgerflow.worker_presence WHERE instance = %s", (instance,)
+        ).fetchone()
+    return row == (1,)
+
+
+@pytest.fixture
+def presence_processes(store: EventStore) -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        p.kill()
+        p.wait()
+
+
+def hold_presence_elsewhere(
+    store: EventStore, worker: WorkflowWorker, started: list[subprocess.Popen[bytes]]
+) -> subprocess.Popen[bytes]:
+    """A child process holds `worker`'s presence, as the worker's own process would."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLD_PRESENCE, store.url, worker.name, worker.instance], cwd=ROOT
+    )
+    started.append(p)
+    wait_until(lambda: registered(store, worker.instance), timeout=30, what="the presence to register")
+    return p
+
+
+def watcher(store: EventStore, gone: threading.Event | None = None) -> Presence:
+    peer = Presence(
+        store.url,
+        worker_name="peer",
+        instance=uuid.uuid4().hex[:12],
+        on_peers_gone=(gone or threading.Event()).set,
+        interval=3600,  # the tests call watch_once themselves
+    )
+    peer.start()
+    return peer
+
+
+def reclaim_reasons(store: EventStore, run_id: uuid.UUID) -> list[str]:
+    events = store.read_stream(ev.run_stream(run_id))
+    return [e.data["reason"] for e in events if e.type == ev.NODE_RECLAIMED]
+
+
+def test_a_crashed_process_is_taken_over_before_its_lease_lapses(
+    store: EventStore, engine: Engine, presence_processes: list[subprocess.Popen[bytes]]
+) -> None:
+    run_id = engine.start("linear").run_id
+    dies = WorkflowWorker(engine, registry, LONG_LEASE, name="dies")
+    process = hold_presence_elsewhere(store, dies, presence_processes)
+    assert len(dies._claim(1)) == 1
+    peer = watcher(store)
+    try:
+        # Alive: its lease lasts an hour and its lock is held, so nothing is taken.
+        assert peer.watch_once() is False
+        assert sweep(engine, registry, worker_name="peer", instance="p1").reclaimed == 0
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        wait_until(peer.watch_once, timeout=10, what="the watch to see the process gone")
+        assert sweep(engine, registry, worker_name="peer", instance="p1").reclaimed == 1
+    finally:
+        peer.stop()
+    assert reclaim_reasons(store, run_id) == ["worker_gone"]
+    assert not registered(store, dies.instance), "the dead process's presence is forgotten"
+
+
+def test_the_watch_asks_for_a_takeover_when_a_peer_dies(
+    store: EventStore, presence_processes: list[subprocess.Popen[bytes]]
+) -> None:
+    dies = WorkflowWorker(Engine(store, registry), registry, LONG_LEASE, name="dies")
+    process = hold_presence_elsewhere(store, dies, presence_processes)
+    gone = threading.Event()
+    peer = Presence(store.url, worker_name="peer", instance="peer1", on_peers_gone=gone.set, interval=0.05)
+    peer.start()
+    try:
+        assert peer.mode is PresenceMode.SESSION
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        wait_until(gone.is_set, timeout=10, what="the watch to call for a takeover")
+    finally:
+        peer.stop()
+
+
+def test_a_clean_stop_is_not_read_as_a_crash(store: EventStore) -> None:
+    leaving = Presence(store.url, worker_name="leaving", instance="l1", on_peers_gone=lambda: None)
+    leaving.start()
+    assert registered(store, "l1")
+    peer = watcher(store)
+    try:
+        leaving.stop()
+        assert not registered(store, "l1")
+        assert peer.watch_once() is False
+    finally:
+        peer.stop()
+
+
+def test_live_processes_sharing_a_name_keep_their_nodes(store: EventStore, engine: Engine) -> None:
+    """A restarted worker takes its earlier process's nodes at once, but not those of a live process
+    given the same name by mistake."""
+    engine.start("linear")
+    first = WorkflowWorker(engine, registry, LONG_LEASE, name="same")
+    second = WorkflowWorker(engine, registry, LONG_LEASE, name="same")
+    presences = [
+        Presence(store.url, worker_name=w.name, instance=w.instance, on_peers_gone=lambda: None)
+        for w in (first, second)
+    ]
+    for p in presences:
+        p.start()
+    try:
+        assert len(first._claim(1)) == 1
+        report = sweep(engine, registry, worker_name=second.name, instance=second.instance)
+        assert report.reclaimed == 0
+    finally:
+        for p in presences:
+            p.stop()
+
+
+def test_a_presence_taken_before_the_server_started_is_not_trusted(
+    store: EventStore, engine: Engine, presence_processes: list[subprocess.Popen[bytes]]
+) -> None:
+    """After a server restart every lock is gone, also those of live workers about to reconnect: their
+    absence says nothing until each worker registers again."""
+    engine.start("linear")
+    worker = WorkflowWorker(engine, registry, LONG_LEASE, name="before-restart")
+    process = hold_presence_elsewhere(store, worker, presence_processes)
+    assert len(worker._claim(1)) == 1
+    with store.pool.connection() as conn:
+        # What the row of a worker registered before the server's last start looks like.
+        conn.execute(
+            "UPDATE ledgerflow.worker_presence SET since = pg_postmaster_start_time() - interval '1 second'"
+            " WHERE instance = %s",
+            (worker.instance,),
+        )
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    peer = watcher(store)
+    try:
+        assert peer.watch_once() is False
+        assert sweep(engine, registry, worker_name="peer", instance="p1").reclaimed == 0
+    finally:
+        peer.stop()
+
+
+def test_a_terminated_presence_session_registers_again(store: EventStore) -> None:
+    presence = Presence(store.url, worker_name="w", instance="w1", on_peers_gone=lambda: None, interval=0.05)
+    presence.start()
+    try:
+        with store.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT backend_pid FROM ledgerflow.worker_presence WHERE instance = 'w1'"
+            ).fetchone()
+            assert row is not None
+            conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+
+        def registered_again() -> bool:
+            with store.pool.connection() as conn:
+                again = conn.execute(
+                    "SELECT backend_pid FROM ledgerflow.worker_presence WHERE instance = 'w1'"
+                ).fetchone()
+            return again is not None and again[0] != row[0]
+
+        wait_until(registered_again, timeout=10, what="the presence to register again")
+        assert presence.mode is PresenceMode.SESSION
+    finally:
+        presence.stop()
+
+
+# -- behind a transaction-mode pooler ------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def pgbouncer_url(store: EventStore) -> Iterator[str]:
+    """The test database behind a real PgBouncer in transaction mode."""
+    binary = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+    if binary is None:
+        pytest.skip("PgBouncer is not installed")
+    # PgBouncer refuses to run as root and drops to the postgres user: its files must be reachable.
+    workdir = Path(tempfile.mkdtemp(prefix="ledgerflow-pgbouncer-"))
+    workdir.chmod(0o777)
+    try:
+        yield from _run_pgbouncer(binary, store, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_pgbouncer(binary: str, store: EventStore, tmp_path: Path) -> Iterator[str]:
+    info = psycopg.conninfo.conninfo_to_dict(store.url)
+    port = free_port()
+    (tmp_path / "users.txt").write_text(f'"{info.get("user", "postgres")}" ""\n')
+    config = tmp_path / "pgbouncer.ini"
+    config.write_text(
+        "[databases]\n"
+        f"* = host={info.get('host', '127.0.0.1')} port={info.get('port', 5432)}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {tmp_path / 'users.txt'}\n"
+        "pool_mode = transaction\ndefault_pool_size = 2\nmax_client_conn = 50\n"
+        f"logfile = {tmp_path / 'pgbouncer.log'}\n"
+    )
+    for path in tmp_path.iterdir():
+        path.chmod(0o666)
+    args = [binary, str(config)]
+    if os.geteuid() == 0:
+        args[1:1] = ["-u", "postgres"]
+    bouncer = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = psycopg.conninfo.make_conninfo(store.url, host="127.0.0.1", port=str(port))
+
+    def answers() -> bool:
+        try:
+            with psycopg.connect(url, connect_timeout=1) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.OperationalError:
+            assert bouncer.poll() is None, "PgBouncer ended; see its log in " + str(tmp_path)
+            return False
+
+    try:
+        wait_until(answers, timeout=15, what="PgBouncer to accept connections")
+        yield url
+    finally:
+        bouncer.terminate()
+        bouncer.wait(timeout=10)
+
+
+def test_behind_a_transaction_pooler_the_presence_falls_back_to_leases_and_says_so(
+    store: EventStore, pgbouncer_url: str
+) -> None:
+    with capture_logs() as logs:
+        presence = Presence(pgbouncer_url, worker_name="pooled", instance="b1", on_peers_gone=lambda: None)
+        presence.start()
+        try:
+            assert presence.mode is PresenceMode.POOLED
+            assert not registered(store, "b1"), "peers must not trust a lock held by a pooled backend"
+            assert presence.watch_once() is False  # it still watches its peers
+        finally:
+            presence.stop()
+    warnings = [e for e in logs if e["event"] == "workflow_presence_pooled"]
+    assert len(warnings) == 1
+    assert "leases" in warnings[0]["consequence"]
