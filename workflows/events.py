@@ -11,7 +11,7 @@ meaning); `parse()` gives a recorded event back as its model, for the fold in `w
 from __future__ import annotations
 
 import uuid
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import pydantic
 from pydantic import BaseModel, ConfigDict
@@ -212,7 +212,8 @@ class NodeReleased(NodeEvent):
 class NodeStuck(NodeEvent):
     event_type: ClassVar[str] = NODE_STUCK
     seconds: float | None = None
-    action: Literal["retry", "fail"] | None = None
+    #: What recovery does about it: "retry" (a reclaim follows) or "fail".
+    action: str | None = None
 
 
 class NodeParked(NodeEvent):
