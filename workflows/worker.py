@@ -84,6 +84,8 @@ class WorkflowWorker:
         self.outage = Outage(worker=self.id, role="workflow_worker")
         self._wake = threading.Event()
         self._running: dict[int, tuple[Claim, NodeContext | None]] = {}
+        #: Tokens of nodes whose end is being recorded: their rows may be gone before they leave _running.
+        self._ending: set[int] = set()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="ledgerflow-node")
         self._claimant = Claimant(self.name, self.instance, self.id, self.settings.lease_ttl)
@@ -256,6 +258,7 @@ class WorkflowWorker:
                 wf = self.registry.get(claim.workflow)
                 if claim.cancel_requested:
                     outcome = "cancelled"
+                    self._mark_ending(claim)
                     self._through_outage(lambda: self.lifecycle.cancelled(claim, wf, run=run))
                     return None, None
                 if run is None:
@@ -276,6 +279,7 @@ class WorkflowWorker:
                     if is_unavailable(exc):
                         outcome = self._interrupted(claim, exc)
                         return None, None
+                    self._mark_ending(claim)
                     try:
                         outcome = "retry" if self.lifecycle.failed(claim, wf, exc, run=held) else "failed"
                     except Exception as recording:
@@ -288,6 +292,7 @@ class WorkflowWorker:
                         metrics.node_retries.add(1, {"workflow": wf.name, "node": claim.node})
                     return None, None
                 duration = time.monotonic() - started
+                self._mark_ending(claim)
                 successor = self._through_outage(
                     lambda: self.lifecycle.succeeded(
                         claim,
@@ -307,6 +312,7 @@ class WorkflowWorker:
                 log.warning("workflow_node_lease_lost")
             except RunCancelled:
                 outcome = "cancelled"
+                self._mark_ending(claim)
                 # The run's copy may be behind by what the node wrote: the end reads what it misses.
                 self._through_outage(
                     lambda: self.lifecycle.cancelled(claim, self.registry.get(claim.workflow), run=run)
@@ -331,6 +337,7 @@ class WorkflowWorker:
             finally:
                 with self._lock:
                     self._running.pop(claim.token, None)
+                    self._ending.discard(claim.token)
                 elapsed_ms = (time.monotonic() - started) * 1000
                 current.set_attribute("ledgerflow.outcome", outcome)
                 metrics.nodes_finished.add(1, {"outcome": outcome})
@@ -338,6 +345,10 @@ class WorkflowWorker:
                 if successor is None:
                     self._wake.set()  # a slot is free, and other nodes may be ready now
         return successor, run
+
+    def _mark_ending(self, claim: Claim) -> None:
+        with self._lock:
+            self._ending.add(claim.token)
 
     def _interrupted(self, claim: Claim, exc: BaseException) -> str:
         """The database went away under a running node: once it answers, hand the node back so it runs
@@ -358,8 +369,9 @@ class WorkflowWorker:
         with self.engine.store.pool.connection() as conn:
             alive = queue.heartbeat(conn, self.instance, tokens, self.settings.lease_ttl)
         with self._lock:
-            still_running = set(self._running)
-        # A node that finished meanwhile has no queue row to renew: only running ones count as lost.
+            still_running = set(self._running) - self._ending
+        # A node that finished meanwhile has no queue row to renew: only running ones count as lost. (One
+        # whose end is being recorded finds out at its fence, and says so, if its lease was really lost.)
         for token in (set(tokens) - alive) & still_running:
             log.warning("workflow_lease_lost", token=token)
 

@@ -1,0 +1,248 @@
+"""A node's end on the hot path: what it costs on the wire, what the worker keeps in memory, and that two
+siblings ending at the same moment start their common dependent exactly once."""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eventstore import DatabaseSettings, EventStore, open_store
+from tests.flows import registry
+from workflows import Engine, WorkerSettings, WorkflowWorker
+from workflows import events as ev
+from workflows.queue import Claim
+from workflows.state import RunState
+
+SETTINGS = WorkerSettings(concurrency=2, lease_ttl=30)
+
+
+@pytest.fixture
+def one_connection(database_url: str) -> Iterator[EventStore]:
+    """A store whose pool holds a single connection, so that every statement of the engine goes over it."""
+    settings = DatabaseSettings(pool_min_size=1, pool_max_size=1)
+    with open_store(settings, url=database_url, migrate=False) as opened:
+        yield opened
+
+
+@dataclass(frozen=True)
+class Wire:
+    """What went over the connection, from libpq's protocol trace."""
+
+    statements: list[str]
+    round_trips: int
+    commits: int
+
+
+@dataclass
+class Tracer:
+    store: EventStore
+    path: Path
+
+    def __enter__(self) -> Tracer:
+        self._file = self.path.open("w")
+        with self.store.pool.connection() as conn:
+            conn.pgconn.trace(self._file.fileno())
+            conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self.store.pool.connection() as conn:
+            conn.pgconn.untrace()
+        self._file.close()
+
+    def wire(self) -> Wire:
+        # One message per entry: "F|B <tab> length <tab> type <tab> fields", fields possibly spanning lines.
+        messages = re.findall(
+            r"^([FB])\t\d+\t(\w+)\t?(.*?)(?=^[FB]\t\d+\t|\Z)", self.path.read_text(), re.M | re.S
+        )
+        statements: list[str] = []
+        round_trips = commits = 0
+        previous = ""
+        for direction, message, fields in messages:
+            if direction == "F" and message == "Parse":
+                statements.append(fields.split('"')[3])
+            if direction == "B" and previous == "F":
+                round_trips += 1  # the client sent, then had to wait for the server's answer
+            if direction == "B" and message == "CommandComplete" and '"COMMIT"' in fields:
+                commits += 1
+            previous = direction
+        return Wire(statements, round_trips, commits)
+
+
+def claimed(engine: Engine, worker: WorkflowWorker, run_id: uuid.UUID) -> tuple[Claim, RunState]:
+    (claim,) = worker._claim(1)
+    assert claim.run_id == run_id
+    return claim, engine.load(run_id, tenant=claim.tenant)
+
+
+def test_a_node_success_with_its_hand_off_is_one_transaction_of_two_round_trips(
+    one_connection: EventStore, tmp_path: Path
+) -> None:
+    engine = Engine(one_connection, registry)
+    worker = WorkflowWorker(engine, registry, SETTINGS, name="counted")
+    wf = registry.get("linear")
+    run_id = engine.start("linear", input={"n": 2}).run_id
+    claim, run = claimed(engine, worker, run_id)
+
+    # The first end also draws the worker's first block of fencing tokens; count the second and third.
+    successor = worker.lifecycle.succeeded(claim, wf, {"n": 2}, 0.001, claim_next=worker._claimant, run=run)
+    assert successor is not None
+    assert successor.node == "second"
+    for node, output, follows in (("second", {"n": 4}, "third"), ("third", {"n": 5}, None)):
+        tracer = Tracer(one_connection, tmp_path / f"{node}.trace")
+        with tracer:
+            assert successor is not None
+            assert successor.node == node
+            successor = worker.lifecycle.succeeded(
+                successor, wf, output, 0.001, claim_next=worker._claimant, run=run
+            )
+        wire = tracer.wire()
+        # BEGIN, the queue's change (fence, row, successor claimed), the append, COMMIT: one transaction,
+        # two round trips, and no read of the run's stream.
+        assert len(wire.statements) == 4, wire
+        assert (wire.statements[0], wire.statements[-1]) == ("BEGIN", "COMMIT")
+        assert "ledgerflow.wf_end_node(" in wire.statements[1]
+        assert not any("FROM ledgerflow.events" in s for s in wire.statements), wire
+        assert wire.commits == 1
+        assert wire.round_trips <= 2, wire
+        assert (successor.node if successor else None) == follows
+
+    # What the worker kept in memory is what the log folds to.
+    assert run == engine.load(run_id)
+    assert run.status == "succeeded"
+
+
+def test_the_worker_keeps_the_run_it_holds_in_memory(one_connection: EventStore) -> None:
+    engine = Engine(one_connection, registry)
+    worker = WorkflowWorker(engine, registry, SETTINGS, name="memory")
+    wf = registry.get("drill")
+    run_id = engine.start("drill", input={"items": 2}).run_id
+    claim, run = claimed(engine, worker, run_id)
+    successor = worker.lifecycle.succeeded(claim, wf, [0, 1], 0.001, claim_next=worker._claimant, run=run)
+    assert successor is not None
+    # Fan-out: one successor is handed over, the other queued as ready; the copy knows both.
+    assert run == engine.load(run_id)
+    assert run.node(successor.node).token == successor.token
+    # A version it does not know (another worker's claim of the sibling) is read on the next end.
+    (sibling,) = WorkflowWorker(engine, registry, SETTINGS, name="other")._claim(1)
+    assert run.version < engine.load(run_id).version
+    worker.lifecycle.succeeded(successor, wf, 1, 0.001, run=run)
+    assert run == engine.load(run_id)
+    assert run.node(sibling.node).status == "running"
+
+
+def _finish_together(
+    engine: Engine, runs: list[tuple[WorkflowWorker, Claim, RunState]]
+) -> list[Claim | None]:
+    wf = registry.get("diamond")
+    barrier = threading.Barrier(len(runs))
+    results: list[Claim | None] = [None] * len(runs)
+    errors: list[BaseException] = []
+
+    def finish(index: int, worker: WorkflowWorker, claim: Claim, run: RunState) -> None:
+        try:
+            barrier.wait()
+            results[index] = worker.lifecycle.succeeded(
+                claim, wf, 1, 0.001, claim_next=worker._claimant, run=run
+            )
+        except BaseException as exc:  # reported by the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=finish, args=(i, w, c, r)) for i, (w, c, r) in enumerate(runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return results
+
+
+@given(order=st.permutations([0, 1]))
+def test_two_siblings_ending_at_once_start_their_dependent_exactly_once(
+    store: EventStore, order: list[int]
+) -> None:
+    engine = Engine(store, registry)
+    workers = [WorkflowWorker(engine, registry, SETTINGS, name=f"sibling-{i}") for i in range(2)]
+    run_id = engine.start("diamond").run_id
+    (source,) = workers[0]._claim(1)
+    workers[0].lifecycle.succeeded(source, registry.get("diamond"), [1, 2, 3], 0.001)
+    # Both siblings claimed, and both workers know the run at the same version before either ends.
+    held = []
+    for index in order:
+        (claim,) = workers[index]._claim(1)
+        held.append((workers[index], claim))
+    version = engine.load(run_id).version
+    runs = [(w, c, engine.load(run_id)) for w, c in held]
+    assert all(r.version == version for _, _, r in runs)
+
+    successors = _finish_together(engine, runs)
+
+    assert [s.node for s in successors if s is not None] == ["join"]
+    events = engine.store.read_stream(ev.run_stream(run_id))
+    readied = [e for e in events if e.type == ev.NODES_READY and "join" in e.data["nodes"]]
+    claims = [e for e in events if e.type == ev.NODE_CLAIMED and e.data["node"] == "join"]
+    assert len(readied) == 1
+    assert len(claims) == 1
+    with engine.store.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT status FROM ledgerflow.workflow_queue WHERE run_id = %s AND node = 'join'", (run_id,)
+        ).fetchall()
+    assert rows == [("claimed",)]
+    # The one that lost the race read what it missed and holds the log's fold; the other one's copy is
+    # the fold of a prefix of the log, and catches up to it.
+    latest = engine.load(run_id)
+    for (_, _, run), successor in zip(runs, successors, strict=True):
+        assert (run == latest) == (successor is not None)
+        assert engine.catch_up(run) == latest
+
+
+def _claim_plan(conn: psycopg.Connection[Any], ready: int) -> dict[str, int]:
+    """EXPLAIN (ANALYZE, BUFFERS) of a worker's claim of 8 nodes with `ready` rows waiting, rolled back."""
+    conn.execute(
+        "INSERT INTO ledgerflow.workflow_queue (run_id, node, tenant, workflow, max_crashes, ready_at) "
+        "SELECT gen_random_uuid(), 'first', 'default', w, 3, clock_timestamp() - make_interval(secs => i) "
+        "  FROM generate_series(1, %s) AS i, unnest(ARRAY['linear', 'diamond']) AS w",
+        (ready,),
+    )
+    conn.execute("ANALYZE ledgerflow.workflow_queue")
+    from workflows.queue import Q
+
+    query = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + Q["claim"]
+    params = {"worker_name": "w", "instance": "i", "workflows": ["linear"], "limit": 8, "ttl": 30.0}
+    ((plan,),) = conn.execute(query, params).fetchall()
+    top = plan[0]["Plan"]
+    buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+    scanned = _index_rows(plan[0]["Plan"])
+    conn.rollback()
+    return {"buffers": buffers, "index_rows": scanned, "claimed": top["Actual Rows"]}
+
+
+def _index_rows(node: dict[str, object]) -> int:
+    """Rows the plan read from the ready index."""
+    own = 0
+    if node.get("Index Name") == "workflow_queue_ready_by_workflow":
+        own = int(node["Actual Rows"]) * int(node.get("Actual Loops", 1))  # type: ignore[call-overload]
+    children = node.get("Plans", [])
+    assert isinstance(children, list)
+    return own + sum(_index_rows(child) for child in children)
+
+
+def test_the_claim_reads_a_bounded_number_of_entries_whatever_the_backlog(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        small = _claim_plan(conn, 1_000)
+        large = _claim_plan(conn, 10_000)
+    assert small["claimed"] == large["claimed"] == 8
+    # Only the claimed rows are read from the index, whether 1,000 or 10,000 wait (and those of the
+    # other workflow are never stepped over).
+    assert small["index_rows"] == large["index_rows"] == 8
+    assert large["buffers"] <= small["buffers"] + 5
