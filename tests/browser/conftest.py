@@ -10,6 +10,7 @@ import re
 import socket
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from ops.services import Services, open_services
 from ops.settings import Settings
 from projector import ProjectorWorker, RetrySettings
 from projector import WorkerSettings as ProjectorSettings
+from tests.browser.console_projections import REBUILDS_MAY_PASS
 from tests.flows import GATES
 from tests.projections import POISONED
 from tests.waiting import wait_until
@@ -62,10 +64,27 @@ class Console:
     services: Services
 
 
+#: The workflows and projections every console test serves.
+WORKFLOWS = "tests.flows:registry,tests.browser.console_flows:registry"
+PROJECTIONS = "tests.projections:counter"
+
+
 @pytest.fixture
 def console(database_url: str) -> Iterator[Console]:
+    with serve_console(database_url) as served:
+        yield served
+
+
+@contextmanager
+def serve_console(
+    database_url: str, *, projections: str = PROJECTIONS, batch_size: int = 1000
+) -> Iterator[Console]:
+    """The app, a workflow worker and a projector worker on `database_url`, stopped at the end."""
     settings = Settings(
-        database_url=database_url, workflows="tests.flows:registry", projections="tests.projections:counter"
+        database_url=database_url,
+        workflows=WORKFLOWS,
+        projections=projections,
+        projector_batch_size=batch_size,
     )
     services = open_services(settings)
     # A server administrator's token: the console rebuilds projections that every tenant reads.
@@ -89,7 +108,11 @@ def console(database_url: str) -> Iterator[Console]:
     projector = ProjectorWorker(
         services.store,
         services.projections,
-        ProjectorSettings(poll_interval=0.1, retry=RetrySettings(initial_backoff=0.001, max_backoff=0.01)),
+        ProjectorSettings(
+            poll_interval=0.1,
+            batch_size=batch_size,
+            retry=RetrySettings(initial_backoff=0.001, max_backoff=0.01),
+        ),
     )
     threads = [
         threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="api", daemon=True),
@@ -104,6 +127,7 @@ def console(database_url: str) -> Iterator[Console]:
     finally:
         for gate in list(GATES.values()):
             gate.set()  # let gated nodes end so the worker can stop
+        REBUILDS_MAY_PASS.set()  # and held rebuilds, so the API's jobs can end
         POISONED.clear()
         server.should_exit = True
         worker.stop()
@@ -132,14 +156,28 @@ def page(browser: Browser, console: Console, request: pytest.FixtureRequest) -> 
     page.goto(console.url + "/")
     expect(page).to_have_url(re.compile(r"/console/#/runs$"))
     expect(page.locator("[data-testid=notice]")).to_contain_text("API token")  # asked for before anything
-    page.fill("#token-input", console.token)
-    page.click("#token-save")
-    page.wait_for_selector("#token-state:has-text('token set')")
+    sign_in(page, console.token)
     yield page
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{request.node.name}-end.png"), full_page=True)
     context.close()
     assert violations == [], "the page broke its Content-Security-Policy"
+
+
+def sign_in(page: Page, token: str) -> None:
+    """Enter `token` in the token form; return once the API accepted it."""
+    page.fill("#token-input", token)
+    page.click("#token-save")  # the state reads "checking" from here until the API answers
+    expect(page.locator("#token-state")).to_have_attribute("data-state", "accepted")
+
+
+def confirm(page: Page, *, names: str) -> None:
+    """Accept the confirmation the last click opened, after checking that it names `names`."""
+    dialog = page.locator("[data-testid=confirm-dialog]")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text(names)
+    page.click("[data-testid=confirm-ok]")
+    expect(dialog).to_be_hidden()
 
 
 def watch_csp(page: Page) -> list[str]:

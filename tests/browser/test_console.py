@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import Locator, Page, expect
 
 from eventstore import NewEvent
-from tests.browser.conftest import Console, shot
+from tests.browser.conftest import Console, confirm, shot
 from tests.flows import GATES
 from tests.projections import POISONED
 
@@ -27,6 +27,12 @@ def start_run(page: Page, workflow: str, input: object = None, key: str = "") ->
     page.click("#start-submit")
     expect(page).to_have_url(re.compile(r"#/runs/[0-9a-f-]{36}$"))
     return page.url.rsplit("/", 1)[1]
+
+
+def at(locator: Locator) -> tuple[float, float]:
+    """Where a DAG node is drawn: its (x, y) translation."""
+    x, y = re.findall(r"-?[\d.]+", locator.get_attribute("transform") or "")[:2]
+    return float(x), float(y)
 
 
 def node(page: Page, name: str) -> Locator:
@@ -66,11 +72,10 @@ def test_a_run_started_from_the_console_is_drawn_to_completion(
         expect(node(page, "items").locator("[data-testid=node-count]")).to_have_text("10/10")
     shot(page, f"dag-{workflow}-succeeded")
 
-    if workflow == "diamond":  # layered by depth: source | left, right | join, left to right
-        x = {
-            n: float(re.findall(r"[\d.]+", node(page, n).get_attribute("transform") or "")[0]) for n in nodes
-        }
-        assert x["source"] < x["left"] == x["right"] < x["join"]
+    if workflow == "diamond":  # layered by depth, top to bottom: source / left beside right / join
+        y = {n: at(node(page, n))[1] for n in nodes}
+        assert y["source"] < y["left"] == y["right"] < y["join"]
+        assert at(node(page, "left"))[0] < at(node(page, "right"))[0]
         expect(page.locator("[data-edge]")).to_have_count(4)
 
     page.click("nav a[data-nav=runs]")
@@ -94,6 +99,7 @@ def test_a_run_is_cancelled_from_the_console_and_retried(page: Page) -> None:
     shot(page, "dag-gated-running")
 
     page.click("#run-cancel")
+    confirm(page, names="Cancel gated run")
     expect_run(page, "cancelled")
     expect(gate).to_have_attribute("data-status", "cancelled")
     expect(gate.locator("[data-testid=node-icon]")).to_have_text("⊘")
@@ -104,6 +110,7 @@ def test_a_run_is_cancelled_from_the_console_and_retried(page: Page) -> None:
 
     GATES.setdefault(run_id, threading.Event()).set()  # the retried attempt goes through
     page.click("#run-retry")
+    confirm(page, names="Retry gated run")
     expect_run(page, "succeeded")
     expect(node(page, "after_gate")).to_have_attribute("data-status", "succeeded")
 
@@ -120,6 +127,7 @@ def test_a_failed_run_is_retried_from_the_console(page: Page) -> None:
     shot(page, "dag-flaky-failed")
 
     page.click("#run-retry")
+    confirm(page, names="its flaky node")
     expect_run(page, "succeeded")
     expect(flaky).to_contain_text("#4")
     expect(node(page, "after_flaky")).to_have_attribute("data-status", "succeeded")
@@ -132,6 +140,7 @@ def test_a_succeeded_run_is_refreshed_with_new_input(page: Page) -> None:
     expect(page.locator("#refresh-input")).to_have_value('{"n":1}')  # the run's input, to edit
     page.fill("#refresh-input", json.dumps({"n": 5}))
     page.click("#run-refresh")
+    confirm(page, names='Input: {"n":5}')
     expect(page.locator("[data-testid=notice]")).to_have_text("re-running first, second, third")
     for name in ("first", "second", "third"):  # new input: every node runs again, as attempt 2
         expect(node(page, name)).to_contain_text("#2")
@@ -147,6 +156,7 @@ def test_a_projection_rebuild_appears_in_its_runs_history(page: Page, console: C
     expect(row).to_be_visible()
     expect(page.locator("#horizon")).to_contain_text("age")
     page.click("[data-testid=rebuild-workflow_tables]")
+    confirm(page, names="Rebuild workflow_tables")
     expect(page).to_have_url(re.compile(r"#/projections/workflow_tables$"))
     expect(page.locator("[data-testid=notice]")).to_contain_text("rebuild of workflow_tables requested")
     rebuild = page.locator("[data-testid=projection-run][data-kind=rebuild]")
@@ -156,6 +166,7 @@ def test_a_projection_rebuild_appears_in_its_runs_history(page: Page, console: C
     shot(page, "projections-rebuilt")
 
     page.click("[data-testid=verify-workflow_tables]")
+    confirm(page, names="Verify workflow_tables")
     expect(page.locator("[data-testid=projection-run][data-kind=verify]").first).to_be_visible()
 
 
@@ -173,6 +184,7 @@ def test_projection_failures_are_skipped_and_retried_from_the_console(page: Page
     expect(row.locator("[data-testid=open-failures]")).to_have_text("1")
     shot(page, "projection-failure")
     failure.locator("button", has_text="Skip").click()
+    confirm(page, names="never applied to test_counter")
     expect(page.locator("[data-testid=notice]")).to_contain_text("skip of failure")
     expect(failure).to_have_count(0)
     expect(row).to_have_attribute("data-state", "running")
@@ -182,6 +194,7 @@ def test_projection_failures_are_skipped_and_retried_from_the_console(page: Page
     expect(failure).to_have_count(1)
     POISONED.clear()  # "fixed the handler": the retried event applies
     failure.locator("button", has_text="Retry").click()
+    confirm(page, names="applies the Add event")
     expect(failure).to_have_count(0)
     expect(row.locator("[data-testid=open-failures]")).to_have_text("0")
 
@@ -207,4 +220,5 @@ def test_api_errors_show_in_the_banner(page: Page) -> None:
     page.fill("#token-input", "not-a-token")
     page.click("#token-save")
     expect(banner).to_have_attribute("data-kind", "error")
+    expect(page.locator("[data-testid=error-message]")).to_contain_text("malformed")
     expect(page.locator("[data-testid=error-next]")).to_be_visible()

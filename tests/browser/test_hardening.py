@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, Route, expect
 
 from ops.auth import create_token
-from tests.browser.conftest import Console, shot, watch_csp
+from tests.browser.conftest import Console, confirm, shot, sign_in, watch_csp
 
 
 @pytest.fixture
@@ -56,11 +56,11 @@ def test_api_docs_work_with_no_internet(offline: tuple[BrowserContext, list[str]
 
 def test_a_tenant_admin_is_refused_a_shared_projection_in_the_console(page: Page, console: Console) -> None:
     _, tenant_token = create_token(console.services.store, tenant="acme", scopes=["admin"], name="acme")
-    page.fill("#token-input", tenant_token)
-    page.click("#token-save")
+    sign_in(page, tenant_token)
     page.click("nav a[data-nav=projections]")
     expect(page.locator("[data-testid=projection-row][data-name=workflow_tables]")).to_be_visible()
     page.click("[data-testid=rebuild-workflow_tables]")
+    confirm(page, names="Rebuild workflow_tables")
     banner = page.locator("[data-testid=banner]")
     expect(banner).to_have_attribute("data-kind", "error")
     expect(page.locator("[data-testid=error-code]")).to_have_text("forbidden")
@@ -68,6 +68,7 @@ def test_a_tenant_admin_is_refused_a_shared_projection_in_the_console(page: Page
     shot(page, "tenant-admin-refused-shared-projection")
     # Its own slice of a per-tenant projection is its to verify.
     page.click("[data-testid=verify-stream_catalogue]")
+    confirm(page, names="Verify stream_catalogue")
     expect(page).to_have_url(re.compile(r"#/projections/stream_catalogue$"))
     expect(page.locator("[data-testid=notice]")).to_contain_text("verify of stream_catalogue requested")
     run = page.locator("[data-testid=projection-run][data-kind=verify]").first

@@ -6,6 +6,14 @@ export const getToken = () => localStorage.getItem(TOKEN_KEY) || "";
 export const setToken = (token) =>
   token ? localStorage.setItem(TOKEN_KEY, token) : localStorage.removeItem(TOKEN_KEY);
 
+// What an operator does about a refused token, in the console's terms (the API's own `next` speaks of headers).
+export const TOKEN_NEXT = "paste a live token in the box above; create one with " +
+  "`ledgerflow tokens create --tenant <tenant> --scope admin` (or `--server-admin` for every tenant)";
+
+// Told when the API refuses the token in use (401): it expired or was revoked since it was checked.
+let onRefused = () => {};
+export const whenTokenRefused = (fn) => { onRefused = fn; };
+
 export class ApiError extends Error {
   constructor(status, code, message, next) {
     super(message);
@@ -16,8 +24,17 @@ export class ApiError extends Error {
 // Calls /api/v1<path>; returns the parsed JSON body (null for an empty one). A failure shows in the banner
 // and is thrown as an ApiError, from the body's {"error": {"code", "message", "next"}} when it has one.
 export async function api(method, path, body) {
+  const err = await attempt(method, path, body, getToken());
+  if (!(err instanceof ApiError)) return err;
+  if (err.status === 401) onRefused(err);
+  throw showError(err);
+}
+
+// One request with `token`: the parsed JSON body (null for an empty one) on success, or the ApiError it
+// failed with (from the body's {"error": {"code", "message", "next"}} when it has one), never thrown.
+export async function attempt(method, path, body, token) {
   const headers = { Accept: "application/json" };
-  if (getToken()) headers.Authorization = `Bearer ${getToken()}`;
+  if (token) headers.Authorization = `Bearer ${token}`;
   if (body !== undefined) headers["Content-Type"] = "application/json";
   let response;
   try {
@@ -25,16 +42,16 @@ export async function api(method, path, body) {
       method, headers, body: body === undefined ? undefined : JSON.stringify(body),
     });
   } catch (exc) {
-    throw showError(new ApiError(0, "unreachable", `the API did not answer: ${exc.message}`));
+    return new ApiError(0, "unreachable", `the API did not answer: ${exc.message}`,
+      "check that `ledgerflow serve` is running and reload the page");
   }
   const text = await response.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch { data = null; }
   if (response.ok) return data;
   const e = (data && data.error) || {};
-  const next = e.next || (response.status === 401 ? "enter a valid API token above" : "");
-  throw showError(new ApiError(response.status, e.code || `http_${response.status}`,
-    e.message || text || response.statusText, next));
+  const next = response.status === 401 ? TOKEN_NEXT : e.next || "";
+  return new ApiError(response.status, e.code || `http_${response.status}`, e.message || text || response.statusText, next);
 }
 
 export const get = (path) => api("GET", path);
@@ -127,4 +144,15 @@ export function poll(fn, ms) {
   };
   tick();
   return () => { stopped = true; clearTimeout(timer); };
+}
+
+export const count = (n) => Number(n).toLocaleString("en-US");
+
+// 75 -> "1 min 15 s"; 7300 -> "2 h 2 min": a time left, to the precision an operator waits by.
+export function duration(s) {
+  if (s == null || !Number.isFinite(s)) return "";
+  const t = Math.max(0, Math.round(s));
+  if (t < 60) return `${t} s`;
+  if (t < 3600) return `${Math.floor(t / 60)} min ${t % 60} s`;
+  return `${Math.floor(t / 3600)} h ${Math.floor((t % 3600) / 60)} min`;
 }

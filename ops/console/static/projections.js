@@ -1,6 +1,12 @@
 // #/projections[/<name>]: every projection's health and the safe horizon; for the chosen projection its
-// runs history, open failures (retry / skip) and a replay form. Refreshed every 2 s while shown.
-import { get, h, poll, post, seconds, showNotice, when } from "./api.js";
+// runs history with the progress of long runs, open failures (retry / skip) and a replay form. Refreshed
+// every 2 s while shown. Every lever asks for confirmation first, saying what it will do.
+import { count, get, h, poll, post, seconds, showNotice, when } from "./api.js";
+import { confirmAction } from "./confirm.js";
+import { progressView } from "./progress.js";
+
+// The last health of each projection, by name: what the confirmations estimate their work from.
+const health = new Map();
 
 export function render(root, selected) {
   const table = h("table", { id: "projections-table", "data-testid": "projections-table" });
@@ -12,6 +18,7 @@ export function render(root, selected) {
   const stop = poll(async () => {
     const data = await get("/projections");
     const rows = data.projections;
+    for (const p of rows) health.set(p.name, p);
     table.replaceChildren(head(), ...rows.map((p) => row(p, p.name === selected)));
     horizon.replaceChildren(horizonView(data.horizon));
     if (detail) await detail.load();
@@ -38,7 +45,42 @@ function row(p, chosen) {
       h("button", { "data-testid": `verify-${p.name}`, onclick: () => request(p.name, "verify") }, "Verify")));
 }
 
+// About how many events the log holds: the projection's cursor position and the events after it.
+function logSize(name) {
+  const p = health.get(name);
+  return p ? Number(p.cursor.split(":")[1]) + p.lag_events_head : null;
+}
+
+function leverConsequences(name, action, body) {
+  const n = logSize(name);
+  const events = n == null ? "" : ` (about ${count(n)} events)`;
+  if (action === "rebuild") {
+    return {
+      title: `Rebuild ${name}?`,
+      body: [`Rebuild ${name}: its tables are rebuilt from the whole log${events} in a shadow schema and swapped ` +
+        "in at the end, in one transaction. The live tables keep answering until the swap.",
+      "Its runs history below shows how far the rebuild has come and the time left."],
+      confirm: "Rebuild",
+    };
+  }
+  if (action === "verify") {
+    return {
+      title: `Verify ${name}?`,
+      body: [`Verify ${name}: a copy is rebuilt from the whole log${events} in a scratch schema and compared ` +
+        "with the live tables. It costs as much as a rebuild; the live tables are not changed."],
+      confirm: "Verify",
+    };
+  }
+  return {
+    title: `Replay ${name} after ${body.after}?`,
+    body: [`Replay ${name}: the events after cursor ${body.after} are applied again. A projection that cannot ` +
+      `be replayed in place is rebuilt from the whole log${events} instead, and swapped in at the end.`],
+    confirm: "Replay",
+  };
+}
+
 async function request(name, action, body = {}) {
+  if (!(await confirmAction(leverConsequences(name, action, body)))) return;
   let answer;
   try { answer = await post(`/projections/${encodeURIComponent(name)}/${action}`, body); } catch { return; }
   const target = `#/projections/${encodeURIComponent(name)}`;
@@ -72,16 +114,23 @@ function details(name) {
     event.preventDefault();
     request(name, "replay", { after: after.value.trim() });
   });
+  const ongoing = h("div", { id: "ongoing", class: "ongoing", "data-testid": "ongoing", hidden: true });
   const el = h("section", { id: "projection-detail", "data-name": name },
-    h("h3", {}, name), replay, h("h4", {}, "Runs"), runs, h("h4", {}, "Open failures"), failures);
+    h("h3", {}, name), ongoing, replay, h("h4", {}, "Runs"), runs, h("h4", {}, "Open failures"), failures);
 
   async function load() {
     const runRows = (await get(`/projections/${encodeURIComponent(name)}/runs`)).runs;
-    runs.replaceChildren(h("tr", {}, ["id", "kind", "status", "trigger", "actor", "events", "rate/s", "started", "ended", "error"]
+    const long = (x) => ["rebuild", "verify", "replay"].includes(x.kind);
+    const active = runRows.filter((x) => x.status === "running" && long(x));
+    ongoing.hidden = !active.length;
+    ongoing.replaceChildren(...active.map((x) => h("div", { "data-testid": "ongoing-run", "data-kind": x.kind },
+      h("strong", {}, `${x.kind} #${x.id} running `), progressView(x))));
+    runs.replaceChildren(h("tr", {}, ["id", "kind", "status", "trigger", "actor", "progress", "started", "ended", "error"]
       .map((t) => h("th", {}, t))),
-      ...runRows.map((x) => h("tr", { "data-testid": "projection-run", "data-kind": x.kind, "data-status": x.status },
+      ...runRows.map((x) => h("tr", { "data-testid": "projection-run", "data-kind": x.kind, "data-status": x.status, "data-run-id": x.id },
         h("td", {}, x.id), h("td", {}, x.kind), h("td", {}, h("span", { class: `status s-${x.status}` }, x.status)),
-        h("td", {}, x.trigger), h("td", {}, x.actor), h("td", {}, x.events_processed), h("td", {}, Math.round(x.rate)),
+        h("td", {}, x.trigger), h("td", {}, x.actor),
+        h("td", {}, long(x) ? progressView(x) : `${count(x.events_processed)} events · ${count(Math.round(x.rate))}/s`),
         h("td", {}, when(x.started_at)), h("td", {}, when(x.ended_at)), h("td", { class: "error-text" }, x.error || ""))));
     // Failures need the admin scope (a tenant's admin sees its tenant's); without it the rest still refreshes.
     const failRows = await get(`/failures?projection=${encodeURIComponent(name)}`).then((f) => f.failures, (err) => err);
@@ -94,14 +143,33 @@ function details(name) {
         h("td", {}, x.id), h("td", {}, x.event_position), h("td", {}, x.stream_id), h("td", {}, x.event_type),
         h("td", {}, x.attempts), h("td", { class: "error-text" }, `${x.error_class || ""}: ${x.error_message || ""}`),
         h("td", { class: "actions" },
-          h("button", { "data-testid": `failure-retry-${x.id}`, onclick: () => resolve(x.id, "retry") }, "Retry"),
-          h("button", { "data-testid": `failure-skip-${x.id}`, onclick: () => resolve(x.id, "skip") }, "Skip")))));
+          h("button", { "data-testid": `failure-retry-${x.id}`, onclick: () => resolve(name, x, "retry") }, "Retry"),
+          h("button", { "data-testid": `failure-skip-${x.id}`, onclick: () => resolve(name, x, "skip") }, "Skip")))));
     if (!failRows.length) failures.append(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "none")));
   }
   return { el, load };
 }
 
-async function resolve(id, action) {
-  try { await post(`/failures/${id}/${action}`); } catch { return; }
-  showNotice(`${action} of failure ${id} requested; the projector carries it out on its next step`);
+function failureConsequences(name, f, action) {
+  const event = `the ${f.event_type} event at position ${f.event_position} (stream ${f.stream_id})`;
+  if (action === "skip") {
+    return {
+      title: `Skip failure #${f.id} of ${name}?`,
+      body: [`Skip: ${event} is never applied to ${name}, and ${name} moves on past it. Its tables will not ` +
+        "reflect that event, and rebuilds skip it too."],
+      confirm: "Skip the event",
+    };
+  }
+  return {
+    title: `Retry failure #${f.id} of ${name}?`,
+    body: [`Retry: the projector applies ${event} again on its next step. If the handler fails again, the ` +
+      "failure is recorded again and stays open."],
+    confirm: "Retry the event",
+  };
+}
+
+async function resolve(name, failure, action) {
+  if (!(await confirmAction(failureConsequences(name, failure, action)))) return;
+  try { await post(`/failures/${failure.id}/${action}`); } catch { return; }
+  showNotice(`${action} of failure ${failure.id} requested; the projector carries it out on its next step`);
 }
