@@ -59,24 +59,39 @@ def check_idempotency_key(key: str) -> str:
 
 def dump_json_object(value: Mapping[str, Any], what: str) -> str:
     """Serialise a JSON object the way PostgreSQL's jsonb will accept it, or raise InvalidInputError."""
-    if not isinstance(value, Mapping):
-        raise InvalidInputError(f"{what} must be a JSON object (a mapping), not {type(value).__name__}")
-    try:
-        # NaN and Infinity are not JSON and jsonb refuses them; Decimals keep all their digits.
-        text = jsonvalue.dumps(value)
-        # Lone surrogates cannot be encoded to UTF-8 and PostgreSQL cannot store them.
-        text.encode("utf-8")
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"{what} is not valid JSON: {exc}") from None
-    if "\\u0000" in text and _ESCAPED_NUL.search(text):
-        raise InvalidInputError(
-            f"{what} contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot store"
-        )
+    text, problem = dumped_json_object(value)
+    if problem is not None:
+        raise InvalidInputError(f"{what} {problem}")
     return text
 
 
+def dumped_json_object(value: Mapping[str, Any]) -> tuple[str, str | None]:
+    """`value` as the JSON text jsonb will accept, or what is wrong with it (then the text is empty).
+
+    The hot path of every append: the message naming the value is only built by the caller, on failure.
+    """
+    if not isinstance(value, Mapping):
+        return "", f"must be a JSON object (a mapping), not {type(value).__name__}"
+    try:
+        # NaN and Infinity are not JSON and jsonb refuses them; Decimals keep all their digits.
+        text = jsonvalue.dumps(value)
+        if not text.isascii():
+            # Lone surrogates cannot be encoded to UTF-8 and PostgreSQL cannot store them. (ASCII text,
+            # the common case, is known to encode: `isascii` is a flag of the string, not a scan.)
+            text.encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        return "", f"is not valid JSON: {exc}"
+    if "\\u0000" in text and _ESCAPED_NUL.search(text):
+        return "", "contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot store"
+    return text, None
+
+
+def utf8_length(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
 def check_size(event_type: str, data_text: str, metadata_text: str, limit: int) -> None:
-    size = len(data_text.encode()) + len(metadata_text.encode())
+    size = utf8_length(data_text) + utf8_length(metadata_text)
     if size > limit:
         raise EventTooLargeError(
             f"event {event_type!r} is {size} bytes serialised; the limit is {limit} "

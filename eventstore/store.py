@@ -37,6 +37,7 @@ from eventstore.events import (
 from eventstore.eventtypes import EventTypes
 from eventstore.jsonvalue import loads
 from eventstore.notify import Notifier
+from eventstore.pinning import PinnedConnections
 from eventstore.sqlfile import load_queries
 
 if TYPE_CHECKING:
@@ -138,6 +139,7 @@ class EventStore:
         max_events_per_append: int = 10_000,
         max_page_bytes: int = 4 * 1024 * 1024,
         notifier: Notifier | None = None,
+        pinned_connections: int | None = None,
     ) -> None:
         self.pool = pool
         #: The database URL, for the dedicated connections that subscriptions LISTEN on.
@@ -149,11 +151,17 @@ class EventStore:
         #: A read page stops once its events pass this many bytes (always with at least one event).
         self.max_page_bytes = max_page_bytes
         self._notifier = notifier
+        #: Appending threads keep a pool connection (see `eventstore.pinning`); by default up to half the
+        #: pool, so that other work always finds connections.
+        self._pins = PinnedConnections(
+            pool, limit=pool.max_size // 2 if pinned_connections is None else pinned_connections
+        )
 
     def close(self) -> None:
         """Close the notifier and the pool (when the store was opened with `open_store`)."""
         if self._notifier is not None:
             self._notifier.close()
+        self._pins.close()
         self.pool.close()
 
     def __enter__(self) -> EventStore:
@@ -181,6 +189,8 @@ class EventStore:
         conn: psycopg.Connection[Any] | None = None,
     ) -> AppendResult:
         """Append `events` to one stream atomically. See `append_many` for the guarantees."""
+        if idempotency_key is None and type(events) in (list, tuple) and len(events) == 1:
+            return self._append_one(stream_id, events[0], expected_version, tenant, conn)
         return self.append_many(
             [StreamAppend(stream_id, events, expected_version)],
             idempotency_key=idempotency_key,
@@ -203,33 +213,96 @@ class EventStore:
         append's result (`duplicate=True`) and writes nothing; other content under the same key raises
         IdempotencyConflictError. Pass `conn` to append inside the caller's transaction.
         """
+        if idempotency_key is None and type(appends) in (list, tuple) and len(appends) == 1:
+            one = appends[0]
+            if isinstance(one, StreamAppend) and type(one.events) in (list, tuple) and len(one.events) == 1:
+                return self._append_one(one.stream_id, one.events[0], one.expected_version, tenant, conn)
         params = self._append_params(appends, idempotency_key, tenant)
-        query: LiteralString | sql.Composed = Q["append"]
+        query: LiteralString | bytes = Q["append"]
+        missing: tuple[str, ExpectedVersion] | None = None
         if len(appends) == 1 and idempotency_key is None:
             query, params = _one_stream(appends[0], params)
-        began = time.perf_counter()
+            missing = (appends[0].stream_id, appends[0].expected_version)
+        return self._write(query, params, tenant, len(appends), len(params["event_ids"]), conn, missing)
+
+    def _append_one(
+        self,
+        stream_id: str,
+        event: NewEvent,
+        expected: ExpectedVersion,
+        tenant: str,
+        conn: psycopg.Connection[Any] | None,
+    ) -> AppendResult:
+        """The most common append of all, one event to one stream without an idempotency key: the same
+        checks in the same order as `append_many`, one plain statement with plain parameters."""
+        check.check_tenant(tenant)
+        check.check_stream_id(stream_id)
+        p = self._prepare(event)
+        code = _expected_code(expected)
+        params = {
+            "tenant": tenant,
+            "stream_id": stream_id,
+            "count": 1,
+            "expected": code if code > 0 else None,
+            "event_id": event.event_id,
+            "type": event.type,
+            "one_data": p.data,
+            "one_metadata": p.metadata,
+            "correlation_id": event.correlation_id,
+            "causation_id": event.causation_id,
+        }
+        return self._write(_ONE_EVENT[_bump_key(expected)], params, tenant, 1, 1, conn, (stream_id, expected))
+
+    def _write(
+        self,
+        query: LiteralString | bytes,
+        params: dict[str, Any],
+        tenant: str,
+        streams: int,
+        events: int,
+        conn: psycopg.Connection[Any] | None,
+        missing: tuple[str, ExpectedVersion] | None,
+    ) -> AppendResult:
+        """Run an append statement; `missing`: the stream and expectation of a single-stream statement,
+        which writes no row (rather than raising) when the expected version does not hold."""
+        if not telemetry.tracing():
+            return self._write_untraced(query, params, tenant, conn, missing)
         with telemetry.tracer.start_as_current_span(
             "ledgerflow.append",
             attributes={
                 "ledgerflow.tenant": tenant,
-                "ledgerflow.streams": len(appends),
-                "ledgerflow.events": len(params["event_ids"]),
+                "ledgerflow.streams": streams,
+                "ledgerflow.events": events,
             },
         ):
-            try:
-                if conn is not None:
-                    with translate_errors():
-                        rows = conn.execute(query, params).fetchall()
-                        _check_one_stream(conn, appends, params, rows)
-                else:
-                    with translate_errors(), self.pool.connection() as own:
-                        rows = own.execute(query, params).fetchall()
-                        _check_one_stream(own, appends, params, rows)
-                    self.notify_appended()
-            except ConflictError as exc:
-                telemetry.append_conflicts.add(1, {"reason": exc.code})
-                raise
-        rows.sort(key=lambda r: r[2])  # by position
+            return self._write_untraced(query, params, tenant, conn, missing)
+
+    def _write_untraced(
+        self,
+        query: LiteralString | bytes,
+        params: dict[str, Any],
+        tenant: str,
+        conn: psycopg.Connection[Any] | None,
+        missing: tuple[str, ExpectedVersion] | None,
+    ) -> AppendResult:
+        began = time.perf_counter()
+        try:
+            if conn is not None:
+                with translate_errors():
+                    rows = conn.execute(query, params).fetchall()
+                    if not rows and missing is not None:
+                        _wrong_version(conn, tenant, *missing)
+            else:
+                with translate_errors(), self._pins.connection() as own:
+                    rows = own.execute(query, params).fetchall()
+                    if not rows and missing is not None:
+                        _wrong_version(own, tenant, *missing)
+                self.notify_appended()
+        except ConflictError as exc:
+            telemetry.append_conflicts.add(1, {"reason": exc.code})
+            raise
+        if len(rows) > 1:
+            rows.sort(key=lambda r: r[2])  # by position
         result = AppendResult(
             events=tuple(AppendedEvent(r[0], r[1], r[2], r[3]) for r in rows),
             duplicate=bool(rows and len(rows[0]) > 4 and rows[0][4]),
@@ -249,8 +322,12 @@ class EventStore:
         if not isinstance(event, NewEvent):
             raise InvalidInputError(f"events must be NewEvent instances, not {type(event).__name__}")
         check.check_event_type(event.type)
-        data = check.dump_json_object(event.data, f"data of event {event.type!r}")
-        metadata = check.dump_json_object(event.metadata, f"metadata of event {event.type!r}")
+        data, problem = check.dumped_json_object(event.data)
+        if problem is not None:
+            raise InvalidInputError(f"data of event {event.type!r} {problem}")
+        metadata, problem = check.dumped_json_object(event.metadata)
+        if problem is not None:
+            raise InvalidInputError(f"metadata of event {event.type!r} {problem}")
         check.check_size(event.type, data, metadata, self.max_event_bytes)
         self.types.validate(event.type, event.data)
         return _PreparedEvent(event, data, metadata)
@@ -553,11 +630,12 @@ class EventStore:
                 yield own
 
 
-def _with_bumps(query: LiteralString) -> dict[ExpectedState | None, sql.Composed]:
+def _with_bumps(query: LiteralString) -> dict[ExpectedState | None, bytes]:
     """`query` completed with each way of moving a stream's version; None: an exact version, or
-    STREAM_EXISTS (no version condition)."""
+    STREAM_EXISTS (no version condition). Rendered once to bytes: a composed query would be rendered
+    again on every execution."""
     bumps = {ExpectedState.ANY: "bump_any", ExpectedState.NO_STREAM: "bump_no_stream", None: "bump_existing"}
-    return {k: sql.SQL(query).format(bump=sql.SQL(Q[name])) for k, name in bumps.items()}
+    return {k: sql.SQL(query).format(bump=sql.SQL(Q[name])).as_bytes() for k, name in bumps.items()}
 
 
 _ONE_STREAM = _with_bumps(Q["append_one_stream"])
@@ -569,44 +647,29 @@ _STREAM_PAGE = {
 _ONE_EVENT = _with_bumps(Q["append_one_event"])
 
 
-def _one_stream(append: StreamAppend, params: dict[str, Any]) -> tuple[sql.Composed, dict[str, Any]]:
-    """The single-statement form of a one-stream append without an idempotency key."""
+def _bump_key(expected: ExpectedVersion) -> ExpectedState | None:
+    return expected if expected is ExpectedState.ANY or expected is ExpectedState.NO_STREAM else None
+
+
+def _one_stream(append: StreamAppend, params: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    """The single-statement form of a one-stream append of several events without an idempotency key."""
     expected = append.expected_version
-    key = expected if expected in (ExpectedState.ANY, ExpectedState.NO_STREAM) else None
     one = {
         **params,
         "stream_id": append.stream_id,
         "count": len(append.events),
         "expected": expected if isinstance(expected, int) and not isinstance(expected, bool) else None,
     }
-    if len(append.events) > 1:
-        return _ONE_STREAM[key], one
-    one.update(
-        event_id=params["event_ids"][0],
-        type=params["types"][0],
-        one_data=params["data"][0],
-        one_metadata=params["metadata"][0],
-        correlation_id=params["correlation_ids"][0],
-        causation_id=params["causation_ids"][0],
-    )
-    return _ONE_EVENT[key], one
+    return _ONE_STREAM[_bump_key(expected)], one
 
 
-def _check_one_stream(
-    conn: psycopg.Connection[Any], appends: Sequence[StreamAppend], params: dict[str, Any], rows: list[Any]
+def _wrong_version(
+    conn: psycopg.Connection[Any], tenant: str, stream_id: str, expected: ExpectedVersion
 ) -> None:
-    """The single statement inserts nothing when the expected version does not hold: say which it is."""
-    if rows or "stream_id" not in params:
-        return
-    append = appends[0]
-    row = conn.execute(
-        Q["stream_version"], {"tenant": params["tenant"], "stream_id": append.stream_id}
-    ).fetchone()
+    """A single-stream statement inserted nothing: the expected version does not hold; say which it is."""
+    row = conn.execute(Q["stream_version"], {"tenant": tenant, "stream_id": stream_id}).fetchone()
     raise WrongExpectedVersionError(
-        params["tenant"],
-        append.stream_id,
-        _describe(append.expected_version),
-        None if row is None else int(row[0]),
+        tenant, stream_id, _describe(expected), None if row is None else int(row[0])
     )
 
 

@@ -1,7 +1,8 @@
 """The event store's traces and metrics, through the OpenTelemetry API.
 
 Instruments come from the global providers, which `ops.telemetry` configures; without a configured SDK
-they are no-ops that cost about a microsecond.
+they are no-ops that cost about a microsecond. Spans on the hot path are only started when `tracing()`
+says someone receives them.
 """
 
 from __future__ import annotations
@@ -20,3 +21,21 @@ append_latency = _meter.create_histogram(
 append_conflicts = _meter.create_counter(
     "ledgerflow.append.conflicts", description="Appends refused for a version or idempotency conflict"
 )
+
+_SILENT_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+
+
+def tracing() -> bool:
+    """Whether a span started now would go anywhere.
+
+    Not while no tracer provider is installed (the API's proxy hands out non-recording spans), and not
+    while the SDK's provider has no span processor (it would record spans that nobody exports): then an
+    append skips building its span and attributes altogether. Asked on every call, so a provider or
+    processor installed later is used at once.
+    """
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, _SILENT_PROVIDERS):
+        return False
+    # The SDK keeps its processors here; a provider of another kind is assumed to record.
+    processors = getattr(getattr(provider, "_active_span_processor", None), "_span_processors", None)
+    return processors != ()

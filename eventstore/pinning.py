@@ -1,0 +1,218 @@
+"""One pool connection held by each appending thread, instead of a pool checkout per append.
+
+A checkout costs an append about a fifth of its client CPU (the pool's lock, its deque, the return
+bookkeeping), and sequential appends that rotate over the pool's idle connections find each backend's
+caches cold. So a thread that appends keeps the connection it took, on these terms:
+
+- At most `limit` connections are pinned (by default half the pool), so other work always finds
+  connections in the pool. A thread beyond the limit checks out per call, as before.
+- A pin goes back to the pool when its thread ends, when the store closes, and, once the limit is
+  reached, when it has been idle for `idle_seconds` and another thread needs one.
+- Before each use the connection is probed without blocking; a connection the server closed while it
+  sat idle (a terminated backend, a restart) is replaced before anything is sent, so that case never
+  makes an append fail. A connection that breaks during an append is given back (the pool discards it)
+  and the error raised as usual: whether that append committed cannot be known, exactly as without pins.
+- Connections never cross a fork: in a child process the parent's pins are neither used nor closed
+  (closing would end the parent's session), and the child checks out per call.
+- Pinned connections are autocommit connections that only ever run single statements: they never hold a
+  transaction open, so they never hold the log's safe horizon back while they sit idle.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import psycopg_pool
+
+Connection = psycopg.Connection[Any]
+
+
+class _Pin:
+    """A connection held for one thread. `lock` is held while the connection is in use, so that no other
+    thread takes it back in the middle of an append."""
+
+    __slots__ = ("conn", "last_used", "lock", "pid")
+
+    def __init__(self) -> None:
+        self.conn: Connection | None = None
+        self.lock = threading.Lock()
+        self.last_used = 0.0
+        self.pid = os.getpid()
+
+
+class _Owner:
+    """Lives in the thread-local storage of the pinning thread: when the thread ends, it is dropped and its
+    finalizer gives the connection back."""
+
+    __slots__ = ("__weakref__", "pin")
+
+    def __init__(self, pin: _Pin) -> None:
+        self.pin = pin
+
+
+class PinnedConnections:
+    """Per-thread pinned connections taken from `pool` (see the module's documentation)."""
+
+    def __init__(self, pool: psycopg_pool.ConnectionPool, *, limit: int, idle_seconds: float = 1.0) -> None:
+        self._pool = pool
+        self.limit = limit
+        self.idle_seconds = idle_seconds
+        self._pid = os.getpid()
+        self._local = threading.local()
+        #: Pins that hold a connection. Guarded by `_lock`.
+        self._held: set[_Pin] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def held(self) -> int:
+        """How many connections are pinned right now."""
+        return len(self._held)
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """This thread's pinned connection, or a connection checked out for this call only."""
+        pin = self._lock_pin()
+        if pin is None:
+            with self._pool.connection() as checked_out:
+                yield checked_out
+            return
+        try:
+            conn = pin.conn
+            assert conn is not None
+            try:
+                yield conn
+            except psycopg.OperationalError:
+                if conn.closed or conn.broken:
+                    self._unpin(pin)
+                raise
+            pin.last_used = time.monotonic()
+        finally:
+            pin.lock.release()
+
+    def _lock_pin(self) -> _Pin | None:
+        """This thread's pin, locked and holding a live connection; None when it cannot have one."""
+        if self._closed or self.limit < 1 or os.getpid() != self._pid:
+            return None
+        owner: _Owner | None = getattr(self._local, "owner", None)
+        if owner is None:
+            owner = _Owner(_Pin())
+            self._local.owner = owner
+            # A plain function with no reference to `self`: the store can be collected while the thread lives.
+            weakref.finalize(owner, _give_back, self._pool, owner.pin, self._held, self._lock)
+        pin = owner.pin
+        pin.lock.acquire()
+        try:
+            if pin.conn is not None and not _alive(pin.conn):
+                self._unpin(pin)
+            if pin.conn is None and not self._take(pin):
+                pin.lock.release()
+                return None
+        except BaseException:
+            pin.lock.release()
+            raise
+        return pin
+
+    def _take(self, pin: _Pin) -> bool:
+        """Give `pin` a connection from the pool, within the limit (reclaiming an idle pin if need be)."""
+        with self._lock:
+            if len(self._held) >= self.limit and not self._reclaim_idle():
+                return False
+            # Counted before the checkout, so two threads cannot both pass the limit.
+            self._held.add(pin)
+        try:
+            pin.conn = self._live_connection()
+        except BaseException:
+            with self._lock:
+                self._held.discard(pin)
+            raise
+        return True
+
+    def _live_connection(self) -> Connection:
+        """A connection from the pool that is still open. After a restart every idle connection of the
+        pool is dead; the pool discards each one given back and opens a new one in its place."""
+        for _ in range(self._pool.max_size):
+            conn = self._pool.getconn()
+            if _alive(conn):
+                return conn
+            self._pool.putconn(conn)
+        return self._pool.getconn()
+
+    def _reclaim_idle(self) -> bool:
+        """Give back one pin idle for `idle_seconds`, if there is one (called with `_lock` held)."""
+        now = time.monotonic()
+        for other in self._held:
+            if now - other.last_used < self.idle_seconds or not other.lock.acquire(blocking=False):
+                continue
+            try:
+                conn, other.conn = other.conn, None
+                self._held.discard(other)
+            finally:
+                other.lock.release()
+            if conn is not None:
+                self._pool.putconn(conn)
+            return True
+        return False
+
+    def _unpin(self, pin: _Pin) -> None:
+        """Give `pin`'s connection back (called with `pin.lock` held); the pool discards a broken one."""
+        conn, pin.conn = pin.conn, None
+        with self._lock:
+            self._held.discard(pin)
+        if conn is not None:
+            self._pool.putconn(conn)
+
+    def close(self) -> None:
+        """Give every pinned connection back to the pool; later calls check out per call."""
+        self._closed = True
+        if os.getpid() != self._pid:
+            return  # the pins are the parent's (see `_give_back`)
+        with self._lock:
+            pins = list(self._held)
+        for pin in pins:
+            with pin.lock:
+                self._unpin(pin)
+
+
+def _alive(conn: Connection) -> bool:
+    """Whether an idle connection is still open, without blocking and without a round trip.
+
+    An idle autocommit connection receives nothing unasked, so a readable socket means the server spoke:
+    after a terminated backend or a restart it sent its last words and closed. Reading it to the end
+    tells (libpq needs two reads: the message, then the end of the stream).
+    """
+    if conn.closed or conn.broken:
+        return False
+    pgconn = conn.pgconn
+    poller = select.poll()
+    poller.register(pgconn.socket, select.POLLIN)
+    if not poller.poll(0):
+        return True
+    try:
+        pgconn.consume_input()
+        pgconn.consume_input()
+    except psycopg.OperationalError:
+        return False
+    return pgconn.status == psycopg.pq.ConnStatus.OK
+
+
+def _give_back(pool: psycopg_pool.ConnectionPool, pin: _Pin, held: set[_Pin], lock: threading.Lock) -> None:
+    """The pinning thread ended (or the process exits): return its connection to the pool."""
+    if pin.pid != os.getpid():
+        # Inherited through a fork: the connection is the parent's, and closing it here would end the
+        # parent's session.
+        return
+    with pin.lock:
+        conn, pin.conn = pin.conn, None
+        with lock:
+            held.discard(pin)
+    if conn is not None:
+        pool.putconn(conn)

@@ -1,0 +1,157 @@
+"""Appending threads hold a pool connection: never shared between threads, never carried over a fork,
+replaced when the server ends it, given back when the thread ends, bounded so other work finds
+connections."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from eventstore import EventStore, NewEvent
+from eventstore.pinning import PinnedConnections
+from tests.waiting import wait_until
+
+
+def backend_pid(pins: PinnedConnections) -> int:
+    with pins.connection() as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def in_thread(work: Callable[[], Any]) -> Any:
+    """Run `work` in a new thread that ends afterwards; return its result."""
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(work()))
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+def alive(url: str, pid: int) -> bool:
+    with psycopg.connect(url, autocommit=True) as admin:
+        row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+    return bool(row and row[0])
+
+
+@pytest.fixture
+def pins(store: EventStore) -> Iterator[PinnedConnections]:
+    pinned = PinnedConnections(store.pool, limit=2)
+    yield pinned
+    pinned.close()
+
+
+def test_a_thread_keeps_its_connection_and_no_two_threads_share_one(pins: PinnedConnections) -> None:
+    mine = backend_pid(pins)
+    assert backend_pid(pins) == mine
+    both_holding = threading.Barrier(2)
+
+    def hold_and_report() -> int:
+        with pins.connection() as conn:
+            both_holding.wait(timeout=10)  # both threads hold their connection at this moment
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    found: list[int] = []
+    threads = [threading.Thread(target=lambda: found.append(hold_and_report())) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(found) == 2
+    assert len({mine, *found}) == 3, "each thread has a connection of its own"
+
+
+def test_the_number_of_pinned_connections_is_bounded(pins: PinnedConnections) -> None:
+    backend_pid(pins)
+    in_thread(lambda: backend_pid(pins))
+    hold = threading.Event()
+    release = threading.Event()
+
+    def pin_and_hold() -> None:
+        with pins.connection():
+            hold.set()
+            release.wait(timeout=10)
+
+    # The main thread pins; a thread that holds its connection pins the second; a third thread, beyond
+    # the limit of two, still gets a connection, checked out for the call only.
+    holder = threading.Thread(target=pin_and_hold)
+    holder.start()
+    hold.wait(timeout=10)
+    assert pins.held == 2
+    assert in_thread(lambda: backend_pid(pins)) > 0
+    assert pins.held == 2
+    release.set()
+    holder.join()
+
+
+def test_an_ended_thread_gives_its_connection_back(pins: PinnedConnections) -> None:
+    in_thread(lambda: backend_pid(pins))
+    wait_until(lambda: pins.held == 0, what="the ended thread's pin to be given back")
+
+
+def test_an_idle_pin_is_reclaimed_when_another_thread_needs_one(store: EventStore) -> None:
+    pins = PinnedConnections(store.pool, limit=1, idle_seconds=0.0)
+    try:
+        first = backend_pid(pins)  # the main thread pins and stays alive, idle
+        in_thread(lambda: backend_pid(pins))  # takes the only pin over
+        assert pins.held == 0  # ... and gave it back when it ended
+        assert backend_pid(pins) > 0
+        assert first > 0
+    finally:
+        pins.close()
+
+
+def test_a_terminated_backend_is_replaced_before_the_next_append(database_url: str) -> None:
+    store = EventStore(psycopg_pool_for(database_url), url=database_url, pinned_connections=1)
+    with store:
+        store.append("s", [NewEvent("Happened", {"n": 1})])
+        with store._pins.connection() as conn:
+            pinned = conn.info.backend_pid
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pinned,))
+        wait_until(lambda: not alive(database_url, pinned), what="the pinned backend to end")
+        # The dead connection is noticed before anything is sent: the append neither fails nor is lost.
+        store.append("s", [NewEvent("Happened", {"n": 2})])
+        assert [e.data["n"] for e in store.read_stream("s")] == [1, 2]
+        with store._pins.connection() as conn:
+            assert conn.info.backend_pid != pinned
+
+
+def test_appends_inside_the_callers_transaction_pin_nothing(store: EventStore) -> None:
+    with store.pool.connection() as conn, conn.transaction():
+        store.append("s", [NewEvent("Happened", {})], conn=conn)
+    assert store._pins.held == 0
+    store.append("s", [NewEvent("Happened", {})])
+    assert store._pins.held == 1
+
+
+def test_a_forked_child_neither_uses_nor_closes_the_parents_connection(pins: PinnedConnections) -> None:
+    before = backend_pid(pins)
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through its exit code
+        code = 1
+        try:
+            # In the child the parent's pin is not offered (a pool does not survive a fork either: a
+            # child opens its own store).
+            code = 0 if pins._lock_pin() is None else 2
+            # What a child's exit or a careless close would do must not end the parent's session.
+            pins.close()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert backend_pid(pins) == before, "the parent keeps its connection, still open"
+
+
+def psycopg_pool_for(url: str) -> Any:
+    from eventstore.db import open_pool
+    from eventstore.settings import DatabaseSettings
+
+    return open_pool(url, DatabaseSettings(database_url=url, pool_min_size=1, pool_max_size=4))
