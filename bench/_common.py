@@ -213,6 +213,45 @@ class ServerCpu:
         self._conn.close()
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds used so far by process `pid` (all its threads), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            # Fields after the ")" that closes the command name: utime and stime are 12th and 13th.
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class BackendCpu:
+    """CPU seconds of the server processes serving one database over a window, per backend.
+
+    Unlike `ServerCpu`, a backend that connects during the window counts from zero, not with whatever
+    it had used before, so pools that open connections late are accounted for. A backend that ends
+    during the window loses its share (pools in a benchmark keep theirs open to the end). This probe's
+    own backend is left out.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._conn = psycopg.connect(url, autocommit=True, application_name="bench-cpu-probe")
+        self._dbname = self._conn.info.dbname
+
+    def snapshot(self) -> dict[int, float]:
+        rows = self._conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (self._dbname,)
+        ).fetchall()
+        found = {pid: process_cpu_seconds(pid) for (pid,) in rows}
+        return {pid: cpu for pid, cpu in found.items() if cpu is not None}
+
+    @staticmethod
+    def used(before: Mapping[int, float], after: Mapping[int, float]) -> float:
+        return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+    def close(self) -> None:
+        self._conn.close()
+
+
 def load_average() -> str:
     try:
         one, five, _ = os.getloadavg()

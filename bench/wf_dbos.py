@@ -1,0 +1,196 @@
+"""DBOS Transact's side of the workflow benchmark: the same workflows as steps of DBOS workflows, run in
+child processes (`python -m bench.wf_dbos ...`).
+
+DBOS keeps one global instance per process, and the crash drills need a process to kill anyway, so
+every DBOS measurement runs in a child: `throughput` measures workload (a) and exits; `hold` starts the
+blocked workflows and waits to be killed; `serve` relaunches an executor (DBOS recovers its pending
+workflows at launch); `takeover` waits for a trigger file, then recovers another executor's workflows
+(what DBOS's commercial Conductor would call; nothing in open-source DBOS notices a dead executor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import psycopg
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import BackendCpu
+from bench.wf_marks import _NEVER, BLOCK_SECONDS, ENTER, RETURN, block_if_asked, mark
+
+APP = "ledgerflow-bench"
+WARM_UP_RUNS = 40
+# The final write of each workflow; updated_at is when it was made (ms since the epoch).
+_LAST_WRITE = "SELECT count(*), max(updated_at) FROM dbos.workflow_status WHERE workflow_uuid = ANY (%s)"
+
+
+def status() -> str | None:
+    """None when DBOS can be measured, else why not."""
+    if importlib.util.find_spec("dbos") is None:
+        return "not installed (pip install dbos, or pip install -e '.[bench]')"
+    return None
+
+
+def libpq_url(conninfo: str) -> str:
+    """A postgresql:// URL for a libpq connection string: DBOS hands its URL to SQLAlchemy, which takes
+    URLs only, while bench._common builds key=value strings."""
+    info = psycopg.conninfo.conninfo_to_dict(conninfo)
+    user = quote(str(info.get("user", "postgres")), safe="")
+    password = f":{quote(str(info['password']), safe='')}" if info.get("password") else ""
+    host = info.get("host", "127.0.0.1")
+    port = info.get("port", "5432")
+    return f"postgresql://{user}{password}@{host}:{port}/{quote(str(info.get('dbname', '')), safe='')}"
+
+
+def _flows() -> tuple[Any, Any]:
+    """The DBOS twins of the ledgerflow workflows: (three trivial steps, a blocking step then one more).
+    Defined only in DBOS children, so that the ledgerflow side never imports DBOS."""
+    from dbos import DBOS
+
+    def wf_id() -> str:
+        return str(DBOS.workflow_id)
+
+    def body(node: str, x: int) -> int:
+        mark(wf_id(), node, ENTER)
+        mark(wf_id(), node, RETURN)
+        return x + 1
+
+    @DBOS.step()
+    def step_first(x: int) -> int:
+        return body("first", x)
+
+    @DBOS.step()
+    def step_second(x: int) -> int:
+        return body("second", x)
+
+    @DBOS.step()
+    def step_third(x: int) -> int:
+        return body("third", x)
+
+    @DBOS.workflow()
+    def dbos_linear(x: int) -> int:
+        return int(step_third(step_second(step_first(x))))
+
+    @DBOS.step()
+    def step_hold(x: int) -> int:
+        mark(wf_id(), "hold", ENTER)
+        block_if_asked()
+        mark(wf_id(), "hold", RETURN)
+        return x
+
+    @DBOS.step()
+    def step_after_hold(x: int) -> int:
+        return x + 1
+
+    @DBOS.workflow()
+    def dbos_hold(x: int) -> int:
+        return int(step_after_hold(step_hold(x)))
+
+    return dbos_linear, dbos_hold
+
+
+def _throughput(dbos: Any, linear: Any, url: str, count: int, latency_runs: int) -> dict[str, Any]:
+    """Warm up; start `count` workflows at once and wait for all; then `latency_runs` one after another.
+    The CPU of this process and of the database's backends is taken over the timed window."""
+    for h in [dbos.start_workflow(linear, i) for i in range(WARM_UP_RUNS)]:
+        h.get_result()
+    backends = BackendCpu(url)
+    try:
+        server_before, client_before = backends.snapshot(), time.process_time()
+        started = time.time()
+        handles = [dbos.start_workflow(linear, i) for i in range(count)]
+        for h in handles:
+            h.get_result()
+        client = time.process_time() - client_before
+        server = BackendCpu.used(server_before, backends.snapshot())
+    finally:
+        backends.close()
+    ids = [str(h.get_workflow_id()) for h in handles]
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(_LAST_WRITE, (ids,)).fetchone()
+    assert row is not None
+    assert int(row[0]) == count
+    sequential = []
+    for i in range(latency_runs):
+        h = dbos.start_workflow(linear, i)
+        h.get_result()
+        sequential.append(str(h.get_workflow_id()))
+    return {
+        "seconds": int(row[1]) / 1000 - started,
+        "started": started,
+        "ids": ids,
+        "sequential": sequential,
+        "client_cpu": client,
+        "server_cpu": server,
+    }
+
+
+def child(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=("throughput", "hold", "serve", "takeover"))
+    parser.add_argument("--db-url", required=True)
+    parser.add_argument("--executor", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--count", type=int, default=0)
+    parser.add_argument("--latency-runs", type=int, default=0)
+    parser.add_argument("--trigger", default="")
+    parser.add_argument("--recover-from", default="")
+    args = parser.parse_args(argv)
+    logging.getLogger("dbos").setLevel(logging.WARNING)
+
+    from dbos import DBOS, DBOSConfig
+
+    linear, hold = _flows()
+    config: DBOSConfig = {
+        "name": APP,
+        "system_database_url": args.db_url,
+        "log_level": "WARNING",
+        # Fixed, so that a relaunched executor recovers the workflows of the killed one (DBOS recovers
+        # only workflows of its own application version).
+        "application_version": "bench",
+        "executor_id": args.executor,
+    }
+    DBOS(config=config)
+    DBOS.launch()
+    out = Path(args.out)
+    if args.mode == "throughput":
+        out.write_text(json.dumps(_throughput(DBOS, linear, args.db_url, args.count, args.latency_runs)))
+        DBOS.destroy()
+        return 0
+    out.write_text(json.dumps({"launched": time.time()}))
+    if args.mode == "hold":
+        for i in range(args.count):
+            DBOS.start_workflow(hold, i)
+    elif args.mode == "takeover":
+        trigger = Path(args.trigger)
+        while not trigger.exists():
+            time.sleep(0.001)
+        DBOS._recover_pending_workflows([args.recover_from])
+    # `serve` needs nothing more: DBOS.launch() has already started recovering this executor's pending
+    # workflows. Every mode now serves until the benchmark ends the process.
+    _NEVER.wait(BLOCK_SECONDS)
+    return 0
+
+
+def completed(url: str, ids: Sequence[str]) -> tuple[int, float]:
+    """How many of workflows `ids` succeeded, and when the last of them did (s since the epoch); through
+    the primary key, as ledgerflow's completions are read through its stream index."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(_LAST_WRITE + " AND status = 'SUCCESS'", (list(ids),)).fetchone()
+    assert row is not None
+    return int(row[0]), (int(row[1]) / 1000 if row[1] is not None else 0.0)
+
+
+if __name__ == "__main__":
+    sys.exit(child())
