@@ -3,26 +3,37 @@
 from __future__ import annotations
 
 import signal
+import time
 from datetime import datetime
 from types import FrameType
 from typing import Any
 
 import click
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
-from eventstore import Cursor, open_store
+from eventstore import Cursor, EventStore, open_store
 from eventstore.errors import NotFoundError
-from ops.cli_common import console, emit_json, settings_of
+from ops.cli_common import console, emit_json, err_console, settings_of
 from ops.services import all_projections, open_store_when_available
 from projector import (
+    PendingRun,
     Projection,
     ProjectorWorker,
+    RebuildResult,
+    VerifyResult,
     WorkerSettings,
-    rebuild,
+    start_rebuild,
     start_replay,
+    start_verify,
     state,
-    verify,
 )
 from projector.health import projection_health
 from projector.registry import find
@@ -119,22 +130,29 @@ def status(ctx: click.Context, as_json: bool) -> None:
         )
 
 
-def _progress_bar() -> Progress:
-    return Progress(
+def _with_progress(store: EventStore, run: PendingRun, description: str) -> tuple[Progress, Any]:
+    """A progress display on stderr for `run`: events done of the total counted at its start, the rate and
+    the time left."""
+    with store.pool.connection() as conn:
+        recorded = state.get_run(conn, run.run_id)
+    total = recorded.events_total if recorded else None
+    bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        TextColumn("{task.fields[events]} events"),
+        MofNCompleteColumn(),
+        TextColumn("events, {task.fields[rate]:,.0f}/s"),
         TimeElapsedColumn(),
-        console=console,
+        TextColumn("left"),
+        TimeRemainingColumn(),
+        console=err_console,
     )
-
-
-def _with_progress(description: str) -> tuple[Progress, Any]:
-    bar = _progress_bar()
-    task = bar.add_task(description, total=None, events=0)
+    task = bar.add_task(description, total=total, rate=0.0)
+    began = time.monotonic()
 
     def update(events: int, cursor: Cursor, target: Cursor) -> None:
-        bar.update(task, events=events)
+        elapsed = time.monotonic() - began
+        grown = max(total or 0, events)  # appends during the run take it past the count made at its start
+        bar.update(task, completed=events, total=grown, rate=events / elapsed if elapsed > 0 else 0.0)
 
     return bar, update
 
@@ -147,15 +165,13 @@ def rebuild_command(ctx: click.Context, name: str, tenant: str | None) -> None:
     """Rebuild NAME from the whole log in the shadow, then swap it in atomically."""
     with open_store(settings_of(ctx)) as store:
         projection = find(_projections(ctx), name)
-        bar, update = _with_progress(f"rebuilding {name}")
+        run = start_rebuild(
+            store, projection, tenant=tenant, batch_size=settings_of(ctx).projector_batch_size
+        )
+        bar, update = _with_progress(store, run, f"rebuilding {name}")
         with bar:
-            result = rebuild(
-                store,
-                projection,
-                tenant=tenant,
-                progress=update,
-                batch_size=settings_of(ctx).projector_batch_size,
-            )
+            result = run.execute(update)
+        assert isinstance(result, RebuildResult)
     kept = (
         f"tenant {tenant!r}'s rows replaced"
         if tenant
@@ -176,9 +192,11 @@ def verify_command(ctx: click.Context, name: str, tenant: str | None) -> None:
     """Rebuild NAME in a scratch schema and compare digests with the live tables at the same cursor."""
     with open_store(settings_of(ctx)) as store:
         projection = find(_projections(ctx), name)
-        bar, update = _with_progress(f"verifying {name}")
+        run = start_verify(store, projection, tenant=tenant, batch_size=settings_of(ctx).projector_batch_size)
+        bar, update = _with_progress(store, run, f"verifying {name}")
         with bar:
-            result = verify(store, projection, tenant=tenant, progress=update)
+            result = run.execute(update)
+        assert isinstance(result, VerifyResult)
     if result.equal:
         console.print(
             f"{name} matches a rebuild at cursor {result.cursor} (digest {result.live_digest[:16]})"
@@ -225,7 +243,7 @@ def replay_command(
             )
             return
         console.print(run.note or "", highlight=False)
-        bar, update = _with_progress(f"rebuilding {name}")
+        bar, update = _with_progress(store, run, f"rebuilding {name}")
         with bar:
             run.execute(update)
     console.print(f"rebuilt {name} (run {run.run_id})", highlight=False)

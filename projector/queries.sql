@@ -71,6 +71,19 @@ VALUES (%(projection)s, %(kind)s, %(trigger)s, %(actor)s, %(owner)s, %(tenant)s,
         %(start_position)s, %(target_tx)s, %(target_position)s)
 RETURNING id
 
+-- name: count_run_events
+-- What a run goes through: the events after its start cursor up to its target (to the end of the log when
+-- it has none), of its tenant only for a tenant's run.
+WITH counted AS (
+    SELECT count(*) AS n FROM ledgerflow.events
+     WHERE (transaction_id, position) > (%(start_tx)s::text::xid8, %(start_position)s)
+       AND (%(target_tx)s::bigint IS NULL
+            OR (transaction_id, position) <= (%(target_tx)s::text::xid8, %(target_position)s))
+       AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+)
+UPDATE ledgerflow.projection_runs SET events_total = (SELECT n FROM counted) WHERE id = %(run_id)s
+RETURNING events_total
+
 -- name: run_progress
 UPDATE ledgerflow.projection_runs
    SET end_tx = %(tx)s, end_position = %(position)s, events_processed = events_processed + %(events)s,
@@ -108,7 +121,8 @@ SELECT id FROM ledgerflow.projection_runs WHERE status = 'running'
 
 -- name: list_runs
 SELECT id, projection, kind, trigger, actor, owner, status, start_tx, start_position, end_tx, end_position,
-       target_tx, target_position, events_processed, started_at, heartbeat_at, ended_at, digest, error, tenant
+       target_tx, target_position, events_processed, started_at, heartbeat_at, ended_at, digest, error, tenant,
+       events_total
   FROM ledgerflow.projection_runs
  WHERE (%(projection)s::text IS NULL OR projection = %(projection)s::text)
    AND (%(tenant)s::text IS NULL OR tenant IS NULL OR tenant = %(tenant)s::text)
@@ -117,7 +131,8 @@ SELECT id, projection, kind, trigger, actor, owner, status, start_tx, start_posi
 
 -- name: get_run
 SELECT id, projection, kind, trigger, actor, owner, status, start_tx, start_position, end_tx, end_position,
-       target_tx, target_position, events_processed, started_at, heartbeat_at, ended_at, digest, error, tenant
+       target_tx, target_position, events_processed, started_at, heartbeat_at, ended_at, digest, error, tenant,
+       events_total
   FROM ledgerflow.projection_runs WHERE id = %(run_id)s
 
 -- name: record_failure

@@ -199,7 +199,7 @@ def _record_run(
         sweep_abandoned(conn)
         try:
             with wrap_exceptions():
-                return state.start_run(
+                run_id = state.start_run(
                     conn,
                     projection.name,
                     kind,
@@ -213,6 +213,11 @@ def _record_run(
         except RunInProgressError as busy:
             running = state.running_operator_run(conn, projection.name, tenant)
             raise RunInProgressError(projection.name, *(running or (None, None))) from busy.__cause__
+        # Counted once, for the progress shown (a total, a rate, the time left). A rebuild or verify goes
+        # to the end of the log, not to the live cursor; events appended meanwhile take it a little past.
+        until = target if kind == "replay" else None
+        state.count_run_events(conn, run_id, start=start, target=until, tenant=tenant)
+        return run_id
 
 
 def _live_cursor(store: EventStore, projection: Projection) -> Cursor:

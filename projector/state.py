@@ -54,6 +54,8 @@ class Run:
     error: str | None
     #: The tenant whose rows the run touched; None for a run over every tenant.
     tenant: str | None
+    #: The events it goes through, counted at its start; None when not counted (catch-up runs).
+    events_total: int | None = None
 
     @property
     def rate(self) -> float:
@@ -61,6 +63,13 @@ class Run:
         end = self.ended_at or self.heartbeat_at
         seconds = (end - self.started_at).total_seconds()
         return self.events_processed / seconds if seconds > 0 else 0.0
+
+    @property
+    def seconds_left(self) -> float | None:
+        """At the rate so far, the time until the events counted at the start are through."""
+        if self.status != "running" or self.events_total is None or self.rate <= 0:
+            return None
+        return max(0.0, (self.events_total - self.events_processed) / self.rate)
 
 
 @dataclass(frozen=True)
@@ -173,6 +182,24 @@ def lease_of(conn: Conn, projection: str) -> LeaseInfo | None:
 
 
 # -- runs -------------------------------------------------------------------------------------------
+
+
+def count_run_events(
+    conn: Conn, run_id: int, *, start: Cursor, target: Cursor | None, tenant: str | None
+) -> int:
+    """Count the events run `run_id` goes through and record the total on the run."""
+    row = conn.execute(
+        Q["count_run_events"],
+        {
+            "run_id": run_id,
+            "tenant": tenant,
+            "start_tx": start.transaction_id,
+            "start_position": start.position,
+            "target_tx": target.transaction_id if target else None,
+            "target_position": target.position if target else None,
+        },
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def start_run(

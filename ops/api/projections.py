@@ -95,7 +95,12 @@ class ProjectionRunOut(BaseModel):
     status: str
     tenant: str | None = Field(description="The tenant whose rows the run touched; null: every tenant's.")
     events_processed: int
+    events_total: int | None = Field(
+        description="The events the run goes through, counted when it started (appends made meanwhile take "
+        "it a little past); null for catch-up runs."
+    )
     rate: float = Field(description="Events per second.")
+    seconds_left: float | None = Field(description="At the rate so far, while the run is running.")
     start_cursor: str
     end_cursor: str | None
     target_cursor: str | None
@@ -124,7 +129,9 @@ class ProjectionRunOut(BaseModel):
             status=r.status,
             tenant=r.tenant,
             events_processed=r.events_processed,
+            events_total=r.events_total,
             rate=r.rate,
+            seconds_left=r.seconds_left,
             start_cursor=str(Cursor(r.start_tx, r.start_position)),
             end_cursor=cursor(r.end_tx, r.end_position),
             target_cursor=cursor(r.target_tx, r.target_position),

@@ -1,0 +1,53 @@
+"""Operator runs count the events they go through when they start, so that progress can show a total,
+a rate and the time left."""
+
+from __future__ import annotations
+
+from eventstore import Cursor, EventStore, NewEvent
+from projector import start_rebuild, start_replay, start_verify, state, stream_catalogue
+from tests.waiting import wait_until
+
+
+def recorded(store: EventStore, run_id: int) -> state.Run:
+    with store.pool.connection() as conn:
+        run = state.get_run(conn, run_id)
+    assert run is not None
+    return run
+
+
+def test_rebuild_verify_and_replay_count_what_they_go_through(store: EventStore) -> None:
+    for i in range(30):
+        store.append(f"order-{i}", [NewEvent("Placed", {"i": i}) for _ in range(5)], tenant="acme")
+    for i in range(7):
+        store.append(f"order-{i}", [NewEvent("Placed", {"i": i})], tenant="globex")
+    wait_until(lambda: not store.events_beyond_horizon(), what="the events to be readable")
+
+    rebuild = start_rebuild(store, stream_catalogue)
+    assert recorded(store, rebuild.run_id).events_total == 157
+    rebuild.execute()
+    done = recorded(store, rebuild.run_id)
+    assert (done.events_processed, done.seconds_left) == (157, None), "a finished run has no time left"
+
+    tenant_verify = start_verify(store, stream_catalogue, tenant="globex")
+    assert recorded(store, tenant_verify.run_id).events_total == 7
+    tenant_verify.execute()
+
+    middle = store.read_all(Cursor(), limit=100).events[-1].cursor
+    replay = start_replay(store, stream_catalogue, after=middle)
+    assert recorded(store, replay.run_id).events_total == 57
+    replay.execute()
+
+
+def test_the_time_left_follows_the_rate(store: EventStore) -> None:
+    store.append("order-1", [NewEvent("Placed", {}) for _ in range(10)])
+    wait_until(lambda: not store.events_beyond_horizon(), what="the events to be readable")
+    run = start_rebuild(store, stream_catalogue)
+    with store.pool.connection() as conn:
+        # As if a quarter were done after two seconds: three quarters are left, six seconds at that rate.
+        conn.execute(
+            "UPDATE ledgerflow.projection_runs SET events_processed = 2, events_total = 8,"
+            " started_at = heartbeat_at - interval '2 seconds' WHERE id = %s",
+            (run.run_id,),
+        )
+    assert recorded(store, run.run_id).seconds_left == 6.0
+    run.execute()
