@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, settings
 from psycopg import sql
 
 from eventstore import EventStore, open_store
+from eventstore.db import redact
 from eventstore.migrate import migrate
 
 settings.register_profile(
@@ -38,6 +40,20 @@ def _answers(url: str) -> bool:
 
 def _with_db(url: str, dbname: str) -> str:
     return psycopg.conninfo.make_conninfo(url, dbname=dbname)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Say which PostgreSQL the tests use and whether the browser tests can run, before they start."""
+    configured = os.environ.get("LEDGERFLOW_TEST_ADMIN_URL")
+    if configured:
+        server = f"{redact(configured)} (LEDGERFLOW_TEST_ADMIN_URL)"
+    elif _answers(LOCAL_SERVER):
+        server = f"{LOCAL_SERVER} (answers; set LEDGERFLOW_TEST_ADMIN_URL to use another server)"
+    else:
+        server = "an embedded PostgreSQL (nothing answers on 127.0.0.1:5432)"
+    chromium = Path("/usr/bin/chromium")  # the distribution's, as tests/browser uses
+    browser = str(chromium) if chromium.exists() else f"no {chromium}: they skip (apt-get install chromium)"
+    return [f"ledgerflow tests: PostgreSQL {server}", f"ledgerflow browser tests: {browser}"]
 
 
 @pytest.fixture(scope="session")
