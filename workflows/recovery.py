@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -29,8 +29,8 @@ from workflows import metrics
 from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeStuckError
-from workflows.lifecycle import Lifecycle
-from workflows.queue import Claim
+from workflows.lifecycle import Lifecycle, claimed_event
+from workflows.queue import Claim, Claimant
 
 log = structlog.get_logger(__name__)
 _tracer = trace.get_tracer("ledgerflow.workflows")
@@ -51,35 +51,58 @@ class RecoveryReport:
 
 @dataclass(frozen=True)
 class Reclaimed:
-    """A node taken back from a holder that is gone: ready again, or parked."""
+    """A node taken back from a holder that is gone: ready again, parked, or claimed for the recoverer."""
 
     run_id: uuid.UUID
     node: str
     tenant: str
-    attempt: int
+    workflow: str
+    #: The attempt its holder lost.
+    lost_attempt: int
     crashes: int
     status: str
     previous_worker: str | None
     #: worker_restarted, worker_gone (its presence ended) or lease_expired
     reason: str
+    #: Set when claimed for the recoverer: its fencing token.
+    token: int | None
+    cancel_requested: bool
 
-    def event(self) -> NewEvent:
+    def claim(self) -> Claim | None:
+        if self.status != "claimed" or self.token is None:
+            return None
+        return Claim(
+            self.run_id,
+            self.node,
+            self.tenant,
+            self.workflow,
+            self.lost_attempt + 1,
+            self.token,
+            self.cancel_requested,
+            self.crashes,
+        )
+
+    def events(self, worker_id: str) -> list[NewEvent]:
         if self.status == "parked":
-            return ev.event(
-                ev.NODE_PARKED,
-                self.run_id,
-                node=self.node,
-                crashes=self.crashes,
-                error=f"crashed {self.crashes} times; parked for an operator",
-            )
-        return ev.event(
+            return [
+                ev.event(
+                    ev.NODE_PARKED,
+                    self.run_id,
+                    node=self.node,
+                    crashes=self.crashes,
+                    error=f"crashed {self.crashes} times; parked for an operator",
+                )
+            ]
+        reclaimed = ev.event(
             ev.NODE_RECLAIMED,
             self.run_id,
             node=self.node,
-            attempt=self.attempt,
+            attempt=self.lost_attempt,
             previous_worker=self.previous_worker,
             reason=self.reason,
         )
+        claim = self.claim()
+        return [reclaimed] if claim is None else [reclaimed, claimed_event(claim, worker_id)]
 
 
 @dataclass(frozen=True)
@@ -110,10 +133,27 @@ class Stuck:
         return [stuck, reclaimed]
 
 
-def reclaim(conn: Conn, *, worker_name: str, instance: str, limit: int = _BATCH) -> list[Reclaimed]:
+def reclaim(
+    conn: Conn,
+    *,
+    worker_name: str,
+    instance: str,
+    limit: int = _BATCH,
+    claim_for: Claimant | None = None,
+    workflows: Sequence[str] = (),
+    slots: int = 0,
+) -> list[Reclaimed]:
     """In the caller's transaction: take back the nodes whose holder is gone (see `reclaim` in
-    recovery.sql), and forget the presence of processes with nothing left to take back."""
-    params = {"worker_name": worker_name, "instance": instance, "limit": limit}
+    recovery.sql), up to `slots` of them, of `workflows`, claimed for `claim_for`; and forget the
+    presence of processes with nothing left to take back."""
+    params = {
+        "worker_name": worker_name,
+        "instance": instance,
+        "limit": limit,
+        "claim_workflows": list(workflows) if claim_for else [],
+        "claim_slots": slots if claim_for else 0,
+        "ttl": claim_for.ttl if claim_for else 0.0,
+    }
     with conn.cursor(row_factory=class_row(Reclaimed)) as cur:
         taken = cur.execute(Q["reclaim"], params).fetchall()
     if len(taken) < limit:
@@ -141,37 +181,88 @@ def append_per_run(engine: Engine, conn: Conn, events: Iterable[tuple[str, uuid.
 def sweep(
     engine: Engine, registry: WorkflowRegistry, *, worker_name: str, instance: str, trigger: str = "periodic"
 ) -> RecoveryReport:
-    """Reclaim lapsed and restarted-worker nodes, and act on stuck ones. Exactly one recoverer takes each
-    node (the queue hands rows out with SKIP LOCKED inside the transaction that records the reclaim)."""
+    """Reclaim the nodes of gone, restarted and lapsed holders, and act on stuck ones. Exactly one
+    recoverer takes each node (the queue hands rows out with SKIP LOCKED inside the transaction that
+    records the reclaim)."""
+    report, _ = _traced(engine, registry, worker_name, instance, trigger, None, (), 0)
+    return report
+
+
+def take_back(
+    engine: Engine,
+    registry: WorkflowRegistry,
+    claimant: Claimant,
+    *,
+    slots: int,
+    trigger: str = "startup",
+) -> tuple[RecoveryReport, list[Claim]]:
+    """`sweep`, claiming up to `slots` of the reclaimed nodes for `claimant` in the same transaction
+    (their NodeReclaimed and NodeClaimed events appended together): what a restarted worker, or a peer
+    taking a dead one over, calls to start the nodes at once. The caller starts the returned claims."""
+    return _traced(
+        engine, registry, claimant.worker_name, claimant.instance, trigger, claimant, registry.names(), slots
+    )
+
+
+def _traced(
+    engine: Engine,
+    registry: WorkflowRegistry,
+    worker_name: str,
+    instance: str,
+    trigger: str,
+    claim_for: Claimant | None,
+    workflows: Sequence[str],
+    slots: int,
+) -> tuple[RecoveryReport, list[Claim]]:
     with _tracer.start_as_current_span(
         "ledgerflow.recovery", attributes={"ledgerflow.trigger": trigger}
     ) as span:
-        report = _sweep(engine, registry, worker_name=worker_name, instance=instance, trigger=trigger)
+        report, claims = _sweep(engine, registry, worker_name, instance, trigger, claim_for, workflows, slots)
         span.set_attributes(
             {
                 "ledgerflow.found": report.found,
                 "ledgerflow.reclaimed": report.reclaimed,
                 "ledgerflow.parked": report.parked,
                 "ledgerflow.stuck": report.stuck,
+                "ledgerflow.claimed": len(claims),
             }
         )
-    return report
+    return report, claims
 
 
 def _sweep(
-    engine: Engine, registry: WorkflowRegistry, *, worker_name: str, instance: str, trigger: str
-) -> RecoveryReport:
+    engine: Engine,
+    registry: WorkflowRegistry,
+    worker_name: str,
+    instance: str,
+    trigger: str,
+    claim_for: Claimant | None,
+    workflows: Sequence[str],
+    slots: int,
+) -> tuple[RecoveryReport, list[Claim]]:
     began, started_at = time.monotonic(), datetime.now(UTC)
     reclaimed = parked = stuck_count = failed = found = 0
     taken: list[Reclaimed] = []
+    claims: list[Claim] = []
+    worker_id = claim_for.worker_id if claim_for else f"{worker_name}/{instance}"
 
     def any_taken() -> bool:  # workers are woken (NOTIFY) only when nodes became ready
-        return bool(taken)
+        return any(r.status == "ready" for r in taken)
 
     while True:
         with engine.transaction(notify=any_taken) as conn:
-            taken = reclaim(conn, worker_name=worker_name, instance=instance, limit=_BATCH)
-            append_per_run(engine, conn, ((r.tenant, r.run_id, r.event()) for r in taken))
+            taken = reclaim(
+                conn,
+                worker_name=worker_name,
+                instance=instance,
+                claim_for=claim_for,
+                workflows=workflows,
+                slots=slots - len(claims),
+            )
+            append_per_run(
+                engine, conn, ((r.tenant, r.run_id, e) for r in taken for e in r.events(worker_id))
+            )
+        claims += [c for c in (r.claim() for r in taken) if c is not None]
         found += len(taken)
         parked += sum(r.status == "parked" for r in taken)
         reclaimed += sum(r.status != "parked" for r in taken)
@@ -191,6 +282,8 @@ def _sweep(
     report = RecoveryReport(
         found, reclaimed, parked, stuck_count, failed, round((time.monotonic() - began) * 1000, 3)
     )
+    if claims:
+        metrics.nodes_claimed.add(len(claims))
     if found or trigger == "startup":
         with engine.store.pool.connection() as conn:
             conn.execute(
@@ -204,7 +297,7 @@ def _sweep(
             )
         log.info("workflow_recovery", trigger=trigger, **asdict(report))
     metrics.record_recovery(report, trigger)
-    return report
+    return report, claims
 
 
 def _stuck(engine: Engine, registry: WorkflowRegistry) -> tuple[int, int]:

@@ -28,8 +28,10 @@ from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, WorkerSettings, WorkflowWorker
 from workflows import events as ev
+from workflows.lifecycle import fence
 from workflows.presence import Presence, PresenceMode
-from workflows.recovery import sweep
+from workflows.queue import Claimant
+from workflows.recovery import sweep, take_back
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_LEASE = WorkerSettings(lease_ttl=3600)
@@ -214,6 +216,35 @@ def test_a_terminated_presence_session_registers_again(store: EventStore) -> Non
         assert presence.mode is PresenceMode.SESSION
     finally:
         presence.stop()
+
+
+# -- taking nodes back as claims ---------------------------------------------------------------------
+
+
+def test_a_restarted_worker_takes_its_nodes_back_as_its_own_claims_in_one_transaction(
+    store: EventStore, engine: Engine
+) -> None:
+    run_ids = [engine.start("linear").run_id for _ in range(3)]
+    before = WorkflowWorker(engine, registry, LONG_LEASE, name="host-a")
+    assert len(before._claim(3)) == 3  # then the process "dies": its leases would last an hour
+    after = WorkflowWorker(engine, registry, LONG_LEASE, name="host-a")
+    claimant = Claimant(after.name, after.instance, after.id, 60.0)
+    report, claims = take_back(engine, registry, claimant, slots=2)
+    assert (report.reclaimed, len(claims)) == (3, 2)
+    for claim in claims:
+        history = store.read_stream(ev.run_stream(claim.run_id))
+        assert [e.type for e in history[-2:]] == [ev.NODE_RECLAIMED, ev.NODE_CLAIMED]
+        assert history[-2].data["reason"] == "worker_restarted"
+        assert (history[-1].data["worker"], history[-1].data["token"]) == (after.id, claim.token)
+        assert claim.attempt == 2
+        with engine.transaction() as conn:
+            fence(conn, claim)  # the new claim holds its node: its writes go through
+    with store.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT status, count(*) FROM ledgerflow.workflow_queue WHERE run_id = ANY (%s) GROUP BY status",
+            (run_ids,),
+        ).fetchall()
+    assert dict(rows) == {"claimed": 2, "ready": 1}, "beyond its free slots, nodes are ready for anyone"
 
 
 # -- behind a transaction-mode pooler ------------------------------------------------------------------
