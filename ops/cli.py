@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
@@ -29,6 +32,7 @@ from eventstore import (
     open_store,
 )
 from eventstore.db import resolve_database_url
+from eventstore.errors import ConfigurationError
 from eventstore.events import ExpectedVersion
 from eventstore.migrate import migrate as apply_migrations
 from ops import cli_projections, cli_tokens, cli_workflows
@@ -353,6 +357,52 @@ def events_demo(ctx: click.Context, count: int, writers: int) -> None:
         f"({total / elapsed:,.0f} events/s); resume after cursor {subscription.cursor}",
         highlight=False,
     )
+
+
+@cli.group("db")
+def db_group() -> None:
+    """The database ledgerflow uses."""
+
+
+@db_group.command("url")
+@click.pass_context
+def db_url(ctx: click.Context) -> None:
+    """Print the database URL: LEDGERFLOW_DATABASE_URL, or the embedded server's (started if need be)."""
+    settings = settings_of(ctx)
+    click.echo(resolve_database_url(settings))
+    if not settings.database_url:
+        err_console.print(
+            "the embedded server runs while a ledgerflow process uses it (`ledgerflow serve`, `ledgerflow "
+            "projector`…); `ledgerflow psql` opens a shell on it and keeps it running meanwhile",
+            highlight=False,
+        )
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("psql_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def psql(ctx: click.Context, psql_args: tuple[str, ...]) -> None:
+    """Open psql on ledgerflow's database (the embedded one too); extra arguments go to psql,
+    e.g. `ledgerflow psql -c 'select * from ledgerflow.stream_catalogue'`."""
+    url = resolve_database_url(settings_of(ctx))
+    binary = _psql_binary()
+    # A child, not exec: this process keeps an embedded server running until psql ends.
+    ctx.exit(subprocess.call([binary, url, *psql_args]))  # noqa: S603 (the user's own arguments to psql)
+
+
+def _psql_binary() -> str:
+    found = shutil.which("psql")
+    if found:
+        return found
+    try:
+        import pgserver  # the embedded server's package bundles psql
+
+        bundled = Path(pgserver.__file__).parent / "pginstall" / "bin" / "psql"
+    except ImportError:
+        bundled = None
+    if bundled is not None and bundled.exists():
+        return str(bundled)
+    raise ConfigurationError("psql is not installed; install the postgresql-client package")
 
 
 cli_projections.register(cli)

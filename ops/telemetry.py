@@ -64,6 +64,8 @@ def _route_standard_logging(
     # The pool warns at every failed connection attempt; an outage is reported once, by
     # eventstore.outage, and a failure to start by the CLI: keep only the pool's errors.
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+    # The embedded server's package narrates every command it runs; ledgerflow logs the start itself.
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
 
 
 def configure_telemetry(service: str = "ledgerflow") -> None:
