@@ -224,6 +224,16 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_cpu_seconds() -> float:
+    """CPU seconds all processes of this machine spent busy so far (every state of /proc/stat but idle
+    and iowait), summed over CPUs."""
+    with open("/proc/stat", encoding="ascii") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is already counted in user).
+    busy = sum(ticks[:8]) - ticks[3] - ticks[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 class BackendCpu:
     """CPU seconds of the server processes serving one database over a window, per backend.
 

@@ -816,8 +816,10 @@ def report(results: Results, s: Settings) -> None:
         )
     if best is not None:
         rate = median(results.ledgerflow[best])
-        print(f"\nBest batch size: {best} (ledgerflow default WorkerSettings.batch_size is "
-              f"{WorkerSettings().batch_size})")
+        print(
+            f"\nBest batch size: {best} (ledgerflow default WorkerSettings.batch_size is "
+            f"{WorkerSettings().batch_size})"
+        )
         print(
             f"  ledgerflow catch-up        {fmt_rate(rate)} ev/s   target >= {THROUGHPUT_TARGET:,.0f}  "
             f"{verdict(rate >= THROUGHPUT_TARGET)}"

@@ -26,7 +26,7 @@ import psycopg
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import BackendCpu
+from bench._common import BackendCpu, machine_cpu_seconds
 from bench.wf_marks import _NEVER, BLOCK_SECONDS, ENTER, RETURN, block_if_asked, mark
 
 APP = "ledgerflow-bench"
@@ -108,11 +108,13 @@ def _throughput(dbos: Any, linear: Any, url: str, count: int, latency_runs: int)
     backends = BackendCpu(url)
     try:
         server_before, client_before = backends.snapshot(), time.process_time()
+        machine_before = machine_cpu_seconds()
         started = time.time()
         handles = [dbos.start_workflow(linear, i) for i in range(count)]
         for h in handles:
             h.get_result()
         client = time.process_time() - client_before
+        machine = machine_cpu_seconds() - machine_before
         server = BackendCpu.used(server_before, backends.snapshot())
     finally:
         backends.close()
@@ -133,6 +135,7 @@ def _throughput(dbos: Any, linear: Any, url: str, count: int, latency_runs: int)
         "sequential": sequential,
         "client_cpu": client,
         "server_cpu": server,
+        "machine_cpu": machine,
     }
 
 

@@ -74,6 +74,8 @@ from bench._common import (
     default_admin_url,
     fmt_ratio,
     fresh_database,
+    load_average,
+    machine_cpu_seconds,
     median,
     print_table,
     process_cpu_seconds,
@@ -292,12 +294,16 @@ def scan_logs(paths: Sequence[Path]) -> LogFindings:
 
 # -- ledgerflow ------------------------------------------------------------------------------------
 
-# Through the (tenant, stream_id, stream_version) unique index: a few index entries per run, never a scan
-# of the log, and only once the bodies' notes say the runs are at their end.
+# Each run's last event, one entry of the (tenant, stream_id, stream_version) unique index per run, never
+# a scan of the log; asked only once the bodies' notes say the runs are at their end.
 COMPLETED = """
-SELECT count(*), extract(epoch FROM max(recorded_at))::float8
-  FROM ledgerflow.events
- WHERE tenant = 'default' AND stream_id = ANY (%(streams)s) AND event_type = %(type)s
+SELECT count(*) FILTER (WHERE last.event_type = %(type)s),
+       extract(epoch FROM max(last.recorded_at) FILTER (WHERE last.event_type = %(type)s))::float8
+  FROM unnest(%(streams)s::text[]) AS s(stream_id)
+ CROSS JOIN LATERAL (
+       SELECT e.event_type, e.recorded_at FROM ledgerflow.events e
+        WHERE e.tenant = 'default' AND e.stream_id = s.stream_id
+        ORDER BY e.stream_version DESC LIMIT 1) AS last
 """
 STARTUP_SWEEP = """
 SELECT extract(epoch FROM started_at)::float8, duration_ms, found
@@ -402,6 +408,7 @@ class Throughput:
     worker_cpu: float  # CPU seconds of the executing processes over the window (DBOS: its one process)
     starter_cpu: float | None  # CPU seconds of the process starting the runs (DBOS: the same process)
     server_cpu: float  # CPU seconds of the database's backends over the window
+    machine_cpu: float = 0.0  # CPU seconds every process of the machine spent over the window
     overheads: list[float] = field(default_factory=list)  # runs one after another
     handoffs: list[float] = field(default_factory=list)
     run: int = -1  # ratios are taken between systems measured in the same run
@@ -414,9 +421,18 @@ class Throughput:
         return 0.0 if cpu is None else cpu / self.count * 1000
 
     @property
+    def ours(self) -> float:
+        return self.worker_cpu + (self.starter_cpu or 0.0) + self.server_cpu
+
+    @property
     def busy(self) -> float:
-        """Share of the machine's CPUs that the window kept busy (client processes and server)."""
-        return (self.worker_cpu + (self.starter_cpu or 0.0) + self.server_cpu) / (self.seconds * CORES)
+        """Share of the machine's CPUs that the measured work kept busy (client processes and server)."""
+        return self.ours / (self.seconds * CORES)
+
+    @property
+    def others(self) -> float:
+        """Share of the machine's CPUs that everything else (other tenants of the machine) used meanwhile."""
+        return max(0.0, self.machine_cpu - self.ours) / (self.seconds * CORES)
 
 
 def lf_sequential(
@@ -474,10 +490,12 @@ def lf_throughput(
         server_before = backends.snapshot()
         workers_before = [process_cpu_seconds(p.pid) or 0.0 for p in workers]
         starter_before = time.process_time()
+        machine_before = machine_cpu_seconds()
         started = time.time()
         run_ids = lf_start(engine, LINEAR, s.workflows)
         last = lf_wait_done(store, marks, run_ids, "third", workers)
         starter = time.process_time() - starter_before
+        machine = machine_cpu_seconds() - machine_before
         worker_cpu = sum(
             (process_cpu_seconds(p.pid) or 0.0) - b for p, b in zip(workers, workers_before, strict=True)
         )
@@ -485,7 +503,7 @@ def lf_throughput(
 
         load_overheads, load_handoffs = node_gaps(marks, [str(r) for r in run_ids], LINEAR_NODES)
         result = Throughput(
-            last - started, s.workflows, load_overheads, load_handoffs, worker_cpu, starter, server
+            last - started, s.workflows, load_overheads, load_handoffs, worker_cpu, starter, server, machine
         )
         if sequential:
             before = set(marks.update().entered("first"))
@@ -510,6 +528,7 @@ class Recovery:
     completed: float  # ... until every run completed
     spawn_after_kill: float | None = None  # (b): when the new process was spawned, after the kill
     sweep_ms: float | None = None  # (b) ledgerflow: the start-up sweep's own duration
+    boot: float | None = None  # (b) ledgerflow: spawn until the start-up sweep began (imports, connecting)
 
 
 def lf_hold_runs(
@@ -564,6 +583,7 @@ def lf_restart(url: str, s: Settings, log_dir: Path) -> tuple[Recovery, LogFindi
             done - spawned,
             spawn_after_kill=spawned - killed,
             sweep_ms=None if row is None else float(row[1]),
+            boot=None if row is None else float(row[0]) - spawned,
         )
     return recovery, scan_logs(procs.logs())
 
@@ -663,6 +683,7 @@ def dbos_throughput(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, L
         float(got["client_cpu"]),
         None,  # the same process starts and executes
         float(got["server_cpu"]),
+        float(got["machine_cpu"]),
     )
     result.overheads, result.handoffs = node_gaps(marks, got["sequential"], LINEAR_NODES)
     return result, LogFindings()
@@ -920,14 +941,19 @@ def report_throughput(results: Results, s: Settings, labels: dict[str, str]) -> 
                 ms([t.server_cpu / t.count for t in got]),
                 ms([(t.worker_cpu + (t.starter_cpu or 0.0) + t.server_cpu) / t.count for t in got]),
                 f"{median([t.busy for t in got]) * 100:.0f}%",
+                f"{median([t.others for t in got]) * 100:.0f}%",
             ]
         )
-    print_table(["system", "executing client", "starting client", "PostgreSQL", "total", "CPUs busy"], rows)
+    print_table(
+        ["system", "executing client", "starting client", "PostgreSQL", "total", "CPUs: ours", "others'"],
+        rows,
+    )
     print(
         "  executing client: the worker processes (DBOS: its one process, which also starts the workflows);\n"
         "  starting client: this benchmark's process starting the runs and watching for their end;\n"
         "  PostgreSQL: the backends serving the benchmark's database (from /proc/<pid>/stat).\n"
-        "  CPUs busy near 100%: the machine is the limit, and the split says which side spends it."
+        "  CPUs: ours + others' near 100%: the machine is the limit; the split says which side spends it\n"
+        "  (others': every other process of this machine over the same window)."
     )
 
     print(f"\n(a) per-node cost: {s.latency_runs} runs one after another, nothing else queued (ms)")
@@ -998,6 +1024,8 @@ def report_recovery(results: Results, s: Settings, workload: str, labels: dict[s
             extra.append(
                 f"spawned {median([r.spawn_after_kill or 0.0 for r in got]) * 1000:.0f} ms after the kill"
             )
+        if got and got[0].boot is not None:
+            extra.append(f"boot to start-up sweep {median([r.boot or 0.0 for r in got]):.2f}s")
         if got and got[0].sweep_ms is not None:
             extra.append(f"start-up sweep {median([r.sweep_ms or 0.0 for r in got]):.0f} ms")
         rows.append(
@@ -1130,6 +1158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Python {sys.version.split()[0]}, psycopg {psycopg.__version__}, "
         f"DBOS {importlib.metadata.version('dbos') if problem is None else problem}"
     )
+    print(f"load average {load_average()}")
     print(f"{args.runs} runs, each system and scenario on a fresh database; medians over runs\n", flush=True)
 
     results = Results()
