@@ -101,6 +101,8 @@ class _State:
 
 
 _state = _State()
+_IN_FLIGHT = ("running", "ready", "pending", "retry_scheduled")
+_CATCH_UP_WAIT = 10.0  # seconds; the projector is in this process and usually takes milliseconds
 
 
 def _drive(
@@ -148,12 +150,14 @@ def _drive(
             if not run.active:
                 break
             time.sleep(0.15)  # screen refresh interval
-        live.update(
-            node_table(
-                run_nodes(store, run_id),
-                f"ontology_extraction · {run.status} · {time.monotonic() - began:.1f}s",
-            )
-        )
+        # The table is the projection, which trails the log: show it once it has the run's end too, so
+        # that no node of a finished run still shows as running.
+        ended = time.monotonic()
+        nodes = run_nodes(store, run_id)
+        while any(n["status"] in _IN_FLIGHT for n in nodes) and time.monotonic() < ended + _CATCH_UP_WAIT:
+            time.sleep(0.05)
+            nodes = run_nodes(store, run_id)
+        live.update(node_table(nodes, f"ontology_extraction · {run.status} · {ended - began:.1f}s"))
     console.print()
     for note in notes:
         console.print(f"• {note}", highlight=False)
