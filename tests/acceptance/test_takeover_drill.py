@@ -5,11 +5,12 @@ is busy, keeps every node it holds: its session and with it its presence lock st
 SIGKILLed is taken over by a peer well before its lease would lapse, because the kill closes its session.
 
 The workers here are `python -m tests.acceptance.test_takeover_drill`: the `ledgerflow worker` command
-with the worker's presence held beside it (see `main`). Node bodies note when they were entered in a
-file per process (one O_APPEND write per line, nothing lost to a SIGKILL), so takeover is timed from the
-kill to the moment the nodes run again elsewhere, on this machine's clock.
+with a worker that holds its presence and takes orphaned nodes back as its own claims (`PresentWorker`).
+Node bodies note when they were entered in a file per process (one O_APPEND write per line, nothing
+lost to a SIGKILL), so takeover is timed from the kill to the moment the nodes run again elsewhere, on
+this machine's clock.
 
-The number of runs in the kill drill is TAKEOVER_DRILL_RUNS (default 100; 1000 for the figures of
+The number of runs in the kill and restart drills is TAKEOVER_DRILL_RUNS (default 100; 1000 for the figures of
 issue 10).
 """
 
@@ -27,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import psycopg
 import pytest
@@ -35,6 +37,9 @@ from eventstore import EventStore
 from tests.waiting import wait_until
 from workflows import Engine, NodeContext, Workflow, WorkflowRegistry, WorkflowWorker
 from workflows import events as ev
+from workflows.presence import Presence
+from workflows.queue import Claim
+from workflows.recovery import take_back
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.drill
@@ -75,14 +80,54 @@ registry.register(held)
 # -- the worker process ----------------------------------------------------------------------------------
 
 
+class PresentWorker(WorkflowWorker):
+    """A workflow worker with the two additions recovery offers it: a presence, started before the first
+    claim, whose watch takes gone peers over; and, at start-up and at every takeover, the orphaned nodes
+    claimed for it in the statement that takes them back (`take_back`), then started by the claim loop
+    as if it had just claimed them. TAKEOVER_TAKE_BACK=0 leaves them ready for the claim loop instead."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._taken: list[Claim] = []
+        self._taken_lock = threading.Lock()
+        self.presence = Presence(
+            self.engine.store.url,
+            worker_name=self.name,
+            instance=self.instance,
+            on_peers_gone=lambda: self.recover("presence"),
+        )
+
+    def run(self) -> None:
+        self.presence.start()  # before the first claim: no node is ever held without it
+        try:
+            super().run()
+        finally:
+            self.presence.stop()
+
+    def recover(self, trigger: str = "periodic") -> None:
+        if trigger == "periodic" or os.environ.get("TAKEOVER_TAKE_BACK") == "0":
+            super().recover(trigger)
+        else:
+            with self._taken_lock:
+                slots = self.settings.concurrency - len(self._running) - len(self._taken)
+            _, claims = take_back(self.engine, self.registry, self._claimant, slots=slots, trigger=trigger)
+            with self._taken_lock:
+                self._taken += claims
+        self._wake.set()
+
+    def _claim(self, limit: int) -> list[Claim]:
+        with self._taken_lock:
+            taken, self._taken = self._taken[:limit], self._taken[limit:]
+        return taken or super()._claim(limit)
+
+
 def main() -> None:
-    """`ledgerflow worker`, with this process's presence held beside the worker."""
+    """`ledgerflow worker`, as a PresentWorker."""
     from ops.cli_workflows import worker_settings
     from ops.services import open_store_when_available
     from ops.settings import Settings
     from ops.telemetry import configure_logging
     from workflows.loading import load_workflows
-    from workflows.presence import Presence
 
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)
@@ -91,27 +136,15 @@ def main() -> None:
     with open_store_when_available(
         settings.model_copy(update={"idle_in_transaction_timeout": timeout}), name="ledgerflow-worker"
     ) as store:
-        worker = WorkflowWorker(
+        worker = PresentWorker(
             Engine(store, workflows), workflows, worker_settings(settings), name=sys.argv[1]
-        )
-
-        def take_over() -> None:
-            worker.recover("presence")
-            worker._wake.set()
-
-        presence = Presence(
-            store.url, worker_name=worker.name, instance=worker.instance, on_peers_gone=take_over
         )
 
         def stop(signum: int, frame: FrameType | None) -> None:
             worker.stop()
 
         signal.signal(signal.SIGTERM, stop)
-        presence.start()  # before the first claim: no node is ever held without it
-        try:
-            worker.run()
-        finally:
-            presence.stop()
+        worker.run()
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
@@ -360,6 +393,27 @@ def test_a_killed_worker_is_taken_over_long_before_its_lease_lapses(
     print(f"the first {first:.2f}s, all {last:.2f}s after the kill")
     assert set(reclaims(store, run_ids)) == {"worker_gone"}
     assert last < 5.0, f"takeover took {last:.2f}s from the kill; the lease is 10 s"
+
+
+def test_a_restarted_worker_runs_its_nodes_again_at_once(store: EventStore, workers: Workers) -> None:
+    count = int(os.environ.get("TAKEOVER_DRILL_RUNS", "100"))
+    engine = Engine(store, registry)
+    old = workers.start("again", concurrency=count, block=True)
+    wait_until(lambda: present(store, 1), timeout=30, what="the worker to hold its presence")
+    run_ids = [engine.start("held").run_id for _ in range(count)]
+    wait_until(lambda: len(workers.entered(old)) == count, timeout=120, what="every first node to run")
+    killed = time.time()
+    old.send_signal(signal.SIGKILL)
+    old.wait()
+    spawned = time.time()
+    new = workers.start("again", concurrency=count)
+    wait_until(lambda: len(workers.entered(new)) == count, timeout=60, what="every node to run again")
+    last = max(workers.entered(new).values())
+    wait_until(lambda: all_done(engine, run_ids), timeout=120, what="the runs to finish")
+    print(f"\n{count} nodes of a SIGKILLed worker running again in its restarted process: ", end="")
+    print(f"all {last - spawned:.2f}s from the spawn, {last - killed:.2f}s from the kill")
+    assert set(reclaims(store, run_ids)) == {"worker_restarted"}
+    assert last - spawned < 10.0
 
 
 if __name__ == "__main__":
