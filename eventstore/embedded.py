@@ -26,8 +26,11 @@ PostgreSQL refuses to run as root. When the effective uid is 0, pgserver
 creates a system user ``pgserver`` (via ``useradd``), chowns the data
 directory to it and runs ``initdb``/``pg_ctl`` as that user. So that user can
 reach the data directory, pgserver adds ``o+rx`` to every ancestor directory
-(for the default location this includes ``/root``) and to its own bundled
-binaries.
+and to its own bundled binaries. ledgerflow does not let it loosen a private
+directory: as root the default data directory is ``/var/lib/ledgerflow/pgdata``
+(whose parents are already world-traversable), and a data directory under a
+parent that others cannot traverse (``/root``, a 0700 home) is refused with
+advice, before pgserver changes anything.
 """
 
 from __future__ import annotations
@@ -56,12 +59,59 @@ def _shell_safe(path: pathlib.Path) -> bool:
     return os.name != "posix" or shlex.quote(str(path)) == str(path)
 
 
+_ROOT_DATA_DIR = pathlib.Path("/var/lib/ledgerflow/pgdata")
+
+
+def _as_root() -> bool:
+    return os.name == "posix" and os.geteuid() == 0
+
+
+def _private_ancestor(path: pathlib.Path) -> pathlib.Path | None:
+    """The first existing ancestor of `path` that other users cannot traverse, if any."""
+    for parent in reversed(path.parents):
+        if parent.exists() and not parent.stat().st_mode & 0o001:
+            return parent
+    return None
+
+
+def _refuse_private_ancestors(data_dir: pathlib.Path) -> None:
+    """As root, pgserver would make every ancestor of the data directory and of its own binaries
+    world-traversable; refuse, with advice, where that would loosen a private directory."""
+    from pgserver._commands import POSTGRES_BIN_PATH
+
+    from eventstore.errors import ConfigurationError
+
+    for what, path, fix in [
+        (
+            "data directory",
+            data_dir,
+            f"set LEDGERFLOW_EMBEDDED_DATA_DIR to a directory under {_ROOT_DATA_DIR.parent} (the default "
+            "as root)",
+        ),
+        (
+            "bundled PostgreSQL",
+            pathlib.Path(POSTGRES_BIN_PATH),
+            "install ledgerflow (its virtual environment) outside that directory",
+        ),
+    ]:
+        private = _private_ancestor(path)
+        if private is not None:
+            raise ConfigurationError(
+                f"The embedded PostgreSQL runs as another user when ledgerflow runs as root, and that user "
+                f"cannot reach its {what} ({path}) through {private} (mode "
+                f"{private.stat().st_mode & 0o777:o}); ledgerflow will not loosen that directory. Either "
+                f"{fix}, or run as an ordinary user. {_NEXT_STEP}."
+            )
+
+
 def default_data_dir() -> pathlib.Path:
     """Per-user directory holding the embedded server's data.
 
     The platform's user data directory, unless that path cannot be used (on
     macOS it is under "Application Support"); then ~/.local/share is used.
     """
+    if _as_root():
+        return _ROOT_DATA_DIR
     path = pathlib.Path(platformdirs.user_data_dir("ledgerflow")) / "pgdata"
     if not _shell_safe(path):
         path = pathlib.Path.home() / ".local" / "share" / "ledgerflow" / "pgdata"
@@ -109,6 +159,8 @@ def start_embedded(data_dir: pathlib.Path | None = None) -> str:
             f"(pgserver is not installed: {exc}). {_NEXT_STEP}, or install pgserver."
         ) from exc
 
+    if _as_root():
+        _refuse_private_ancestors(data_dir)
     try:
         data_dir.parent.mkdir(parents=True, exist_ok=True)
         _discard_stale_lock_files(data_dir)

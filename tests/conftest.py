@@ -7,6 +7,7 @@ answers, else the embedded one.
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,7 +58,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def admin_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+def admin_url() -> str:
     configured = os.environ.get("LEDGERFLOW_TEST_ADMIN_URL")
     if configured:
         return configured
@@ -65,7 +66,10 @@ def admin_url(tmp_path_factory: pytest.TempPathFactory) -> str:
         return LOCAL_SERVER
     from eventstore.embedded import start_embedded
 
-    return _with_db(start_embedded(tmp_path_factory.mktemp("pgdata")), "postgres")
+    # Not under pytest's temporary root: as root that is private (0700), and the embedded server, which
+    # then runs as another user, refuses a data directory it cannot reach. /tmp itself is traversable.
+    data_dir = Path(tempfile.mkdtemp(prefix="ledgerflow-test-pgdata-"))
+    return _with_db(start_embedded(data_dir), "postgres")
 
 
 def _create_database(admin_url: str, name: str, template: str | None = None) -> None:
