@@ -29,7 +29,7 @@ function route() {
   root.replaceChildren();
   root.dataset.route = nav;
   if (!accepted) {
-    if (!getToken()) {
+    if (document.getElementById("token-state").dataset.state === "none") {
       showNotice("Paste an API token above (create one with `ledgerflow tokens create --scope admin`).");
       document.getElementById("token-input").focus();
     }

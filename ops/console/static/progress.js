@@ -28,7 +28,8 @@ export function progressView(run) {
   const p = progressOf(run);
   const pct = Math.floor(p.fraction * 100);
   const running = run.status === "running";
-  const leftText = !running ? "done" : p.left == null ? "time left: estimating…" : `about ${duration(p.left)} left`;
+  const leftText = !running ? "done" : p.left == null ? "time left: estimating…"
+    : p.left < 1 ? "under 1 s left" : `about ${duration(p.left)} left`;
   return h("div", { class: "op-progress", "data-testid": "op-progress", "data-run-id": run.id, "data-status": run.status },
     h("progress", { max: 100, value: pct, "data-testid": "op-bar" }),
     h("span", { "data-testid": "op-done" }, `${count(p.events)} events read`), " · ",
