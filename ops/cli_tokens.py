@@ -55,6 +55,11 @@ def tokens_group() -> None:
 @click.option(
     "--expires-in", callback=_duration, metavar="DURATION", help="Lifetime, e.g. 90m, 12h, 30d, 2w."
 )
+@click.option(
+    "--print-secret",
+    is_flag=True,
+    help="Print only the secret, e.g. for TOKEN=$(ledgerflow tokens create ...).",
+)
 @click.pass_context
 def tokens_create(
     ctx: click.Context,
@@ -63,6 +68,7 @@ def tokens_create(
     name: str,
     server_admin: bool,
     expires_in: timedelta | None,
+    print_secret: bool,
 ) -> None:
     """Create a token; its secret is shown once (only its hash is stored)."""
     from ops.auth import create_token
@@ -72,6 +78,9 @@ def tokens_create(
         token_id, secret = create_token(
             store, tenant=tenant, scopes=chosen, name=name, server_admin=server_admin, expires_in=expires_in
         )
+    if print_secret:
+        click.echo(secret)
+        return
     role = "server administrator's token" if server_admin else "token"
     lifetime = f", expires in {_lifetime(expires_in)}" if expires_in else ""
     console.print(

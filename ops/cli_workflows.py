@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 import uuid
 from types import FrameType
 from typing import Any
@@ -12,7 +13,7 @@ import click
 from rich.table import Table
 
 from eventstore import InvalidInputError, open_store
-from ops.cli_common import ICONS, console, emit_json, settings_of
+from ops.cli_common import ICONS, console, emit_json, err_console, settings_of
 from ops.services import open_store_when_available
 from ops.settings import Settings
 from workflows import Engine, WorkerSettings, WorkflowRegistry, WorkflowWorker, queue
@@ -92,6 +93,9 @@ def _json_arg(text: str | None) -> Any:
 @click.option("--key", default=None, help="At most one active run per key.")
 @click.option("--idempotency-key", default=None)
 @click.option("--tenant", default="default", show_default=True)
+@click.option(
+    "--print-id", is_flag=True, help="Print only the run id, e.g. for RUN=$(ledgerflow workflows start ...)."
+)
 @click.pass_context
 def start(
     ctx: click.Context,
@@ -100,12 +104,17 @@ def start(
     key: str | None,
     idempotency_key: str | None,
     tenant: str,
+    print_id: bool,
 ) -> None:
+    """Start a run of WORKFLOW (workers pick it up); with --key, at most one active run per key."""
     settings = settings_of(ctx)
     with open_store(settings) as store:
         started = Engine(store, registry_of(settings)).start(
             workflow, input=_json_arg(input_json), key=key, idempotency_key=idempotency_key, tenant=tenant
         )
+    if print_id:
+        click.echo(str(started.run_id))
+        return
     what = "started" if started.created else "already active (returned the existing run)"
     console.print(f"run {started.run_id} {what}", highlight=False)
 
@@ -131,6 +140,42 @@ def show(ctx: click.Context, run_id: str, tenant: str, as_json: bool) -> None:
     console.print(node_table(run))
     if run.error:
         console.print(f"[red]{run.error}[/]")
+
+
+@workflows_group.command("wait")
+@click.argument("run_id")
+@click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait at most.")
+@click.option("--tenant", default="default", show_default=True)
+@click.pass_context
+def wait(ctx: click.Context, run_id: str, timeout: float, tenant: str) -> None:
+    """Wait until a run ends; exit status 0 if it succeeded, 1 if it failed or was cancelled, 2 on timeout.
+
+    Handy in scripts: start a run, wait for it, then refresh or read its outputs."""
+    settings = settings_of(ctx)
+    wanted = _run_id(run_id)
+    with open_store(settings) as store:
+        engine = Engine(store, registry_of(settings))
+        run = _wait_for_end(engine, wanted, tenant, timeout)
+    console.print(f"run {run.run_id} ({run.workflow}) [bold]{run.status}[/]", highlight=False)
+    if run.active:
+        err_console.print(f"still {run.status} after {timeout:g}s", highlight=False)
+        ctx.exit(2)
+    if run.error:
+        console.print(f"[red]{run.error}[/]", highlight=False)
+    ctx.exit(0 if run.status == "succeeded" else 1)
+
+
+def _wait_for_end(engine: Engine, run_id: uuid.UUID, tenant: str, timeout: float) -> RunState:
+    """The run once it has ended, or as it is when `timeout` runs out. Reading its stream now and then
+    is cheap (workers only read newer events), and needs no listener of its own."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        run = engine.load(run_id, tenant=tenant)
+        if not run.active or time.monotonic() >= deadline:
+            return run
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 1.0)
 
 
 def node_table(run: RunState) -> Table:
