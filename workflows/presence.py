@@ -127,6 +127,8 @@ class Presence:
 
     def watch_once(self) -> bool:
         """One check: register again if the presence was lost; True when a registered peer is gone."""
+        if self._stopping.is_set():
+            return False  # never register again once stopping
         if self._conn is None or self._conn.closed:
             self._register()
         conn = self._conn

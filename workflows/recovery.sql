@@ -58,9 +58,11 @@ RETURNING q.run_id, q.node, q.tenant, q.workflow,
           q.crashes, q.status, t.previous_worker, t.reason, q.token, q.cancel_requested
 
 -- name: forget_departed
--- A dead process's presence row goes once none of its nodes is left to take back.
+-- A dead process's presence row goes once none of its nodes is left to take back; so does a row from
+-- before the server's last start (its worker registers again if it lives; until then its leases count).
 DELETE FROM ledgerflow.worker_presence p
- WHERE p.instance IN (SELECT instance FROM ledgerflow.wf_worker_presence() WHERE NOT alive)
+ WHERE (p.instance IN (SELECT instance FROM ledgerflow.wf_worker_presence() WHERE NOT alive)
+        OR p.since <= pg_postmaster_start_time())
    AND NOT EXISTS (SELECT 1 FROM ledgerflow.workflow_queue q
                     WHERE q.status = 'claimed' AND q.worker_instance = p.instance)
 
