@@ -96,7 +96,16 @@ def enqueue(
 def claim(
     conn: Conn, *, worker_name: str, instance: str, workflows: Sequence[str], limit: int, ttl: float
 ) -> list[Claim]:
-    rows = conn.execute(
+    return claim_later(
+        conn, worker_name=worker_name, instance=instance, workflows=workflows, limit=limit, ttl=ttl
+    )()
+
+
+def claim_later(
+    conn: Conn, *, worker_name: str, instance: str, workflows: Sequence[str], limit: int, ttl: float
+) -> Callable[[], list[Claim]]:
+    """`claim`, sent without waiting for its answer (in a pipeline); the returned call gives the claims."""
+    cursor = conn.execute(
         Q["claim"],
         {
             "worker_name": worker_name,
@@ -105,8 +114,8 @@ def claim(
             "limit": limit,
             "ttl": ttl,
         },
-    ).fetchall()
-    return [Claim(*r) for r in rows]
+    )
+    return lambda: [Claim(*r) for r in cursor.fetchall()]
 
 
 class FencingTokens:
@@ -137,6 +146,9 @@ class Claimant:
     worker_id: str
     ttl: float
     tokens: FencingTokens = field(default_factory=FencingTokens, compare=False)
+    #: The workflows it runs: when a node's end finishes its run, a ready node of one of these (of any
+    #: run) is claimed in the same transaction, so the worker goes on without a claim of its own.
+    workflows: tuple[str, ...] = ()
 
 
 @contextmanager

@@ -88,7 +88,9 @@ class WorkflowWorker:
         self._ending: set[int] = set()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="ledgerflow-node")
-        self._claimant = Claimant(self.name, self.instance, self.id, self.settings.lease_ttl)
+        self._claimant = Claimant(
+            self.name, self.instance, self.id, self.settings.lease_ttl, workflows=tuple(registry.names())
+        )
 
     @property
     def id(self) -> str:
@@ -227,8 +229,9 @@ class WorkflowWorker:
         return copies
 
     def _execute(self, claim: Claim, run: RunState | None = None) -> None:
-        """Run the claimed node, then, as long as finishing one hands this worker its successor, that one.
-        The run's state is read once, at the claim: each end advances it with the events it recorded."""
+        """Run the claimed node, then, as long as finishing one hands this worker another (its successor,
+        or, when it finished the run, a ready node of another run), that one. A run's state is read once,
+        when the worker starts on it: each end advances it with the events it recorded."""
         next_claim: Claim | None = claim
         while next_claim is not None:
             next_claim, run = self._execute_one(next_claim, run)
@@ -344,6 +347,8 @@ class WorkflowWorker:
                 metrics.node_duration.record(elapsed_ms, {"workflow": claim.workflow, "node": claim.node})
                 if successor is None:
                     self._wake.set()  # a slot is free, and other nodes may be ready now
+        if successor is not None and run is not None and successor.run_id != run.run_id:
+            return successor, None  # another run: its state is read when its node starts
         return successor, run
 
     def _mark_ending(self, claim: Claim) -> None:

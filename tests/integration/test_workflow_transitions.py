@@ -108,8 +108,9 @@ def test_a_node_success_with_its_hand_off_is_one_transaction_of_two_round_trips(
             )
         wire = tracer.wire()
         # BEGIN, the queue's change (fence, row, successor claimed), the append, COMMIT: one transaction,
-        # two round trips, and no read of the run's stream.
-        assert len(wire.statements) == 4, wire
+        # two round trips, and no read of the run's stream. The run's last node also asks the queue for
+        # another run's node (there is none here), in the same round trip.
+        assert len(wire.statements) == (4 if follows else 5), wire
         assert (wire.statements[0], wire.statements[-1]) == ("BEGIN", "COMMIT")
         assert "ledgerflow.wf_end_node(" in wire.statements[1]
         assert not any("FROM ledgerflow.events" in s for s in wire.statements), wire
@@ -120,6 +121,37 @@ def test_a_node_success_with_its_hand_off_is_one_transaction_of_two_round_trips(
     # What the worker kept in memory is what the log folds to.
     assert run == engine.load(run_id)
     assert run.status == "succeeded"
+
+
+def test_the_end_of_a_run_hands_the_worker_a_node_of_another_run(
+    one_connection: EventStore, tmp_path: Path
+) -> None:
+    engine = Engine(one_connection, registry)
+    worker = WorkflowWorker(engine, registry, SETTINGS, name="next-run")
+    wf = registry.get("linear")
+    first_run = engine.start("linear").run_id
+    claim, run = claimed(engine, worker, first_run)
+    waiting = engine.start("linear").run_id
+    held: Claim | None = claim
+    for output in ({"n": 1}, {"n": 2}):
+        assert held is not None
+        held = worker.lifecycle.succeeded(held, wf, output, 0.001, claim_next=worker._claimant, run=run)
+    tracer = Tracer(one_connection, tmp_path / "last.trace")
+    with tracer:
+        assert held is not None
+        handed = worker.lifecycle.succeeded(held, wf, {"n": 3}, 0.001, claim_next=worker._claimant, run=run)
+    wire = tracer.wire()
+    # The last node's end and the claim of the waiting run's first node: one transaction, three round
+    # trips (the claimed node's event follows the claim), instead of a second transaction of its own.
+    assert wire.commits == 1
+    assert wire.round_trips <= 3, wire
+    assert run.status == "succeeded"
+    assert handed is not None
+    assert (handed.run_id, handed.node, handed.attempt) == (waiting, "first", 1)
+    other = engine.load(waiting)
+    assert other.node("first").status == "running"
+    assert other.node("first").token == handed.token
+    assert worker._claim(1) == []  # it was the only ready node
 
 
 def test_the_worker_keeps_the_run_it_holds_in_memory(one_connection: EventStore) -> None:
