@@ -14,6 +14,7 @@ import os
 import random
 import secrets
 import statistics
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -234,6 +235,11 @@ def machine_cpu_seconds() -> float:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+#: PostgreSQL's shortest interval between two publications of a backend's statistics (PGSTAT_MIN_INTERVAL),
+#: with a margin.
+STATS_SETTLE = 1.2
+
+
 class BackendCpu:
     """CPU seconds of the server processes serving one database over a window, per backend.
 
@@ -253,6 +259,18 @@ class BackendCpu:
         ).fetchall()
         found = {pid: process_cpu_seconds(pid) for (pid,) in rows}
         return {pid: cpu for pid, cpu in found.items() if cpu is not None}
+
+    def transactions(self) -> int:
+        """Transactions committed or rolled back in this database so far, by every backend.
+
+        Backends publish these counts at most once a second, and within a second of going idle: reading
+        them STATS_SETTLE seconds after the work stopped counts all of it (and that second's idle work).
+        """
+        time.sleep(STATS_SETTLE)
+        row = self._conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s", (self._dbname,)
+        ).fetchone()
+        return 0 if row is None else int(row[0])
 
     @staticmethod
     def used(before: Mapping[int, float], after: Mapping[int, float]) -> float:

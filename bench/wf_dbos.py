@@ -107,6 +107,7 @@ def _throughput(dbos: Any, linear: Any, url: str, count: int, latency_runs: int)
         h.get_result()
     backends = BackendCpu(url)
     try:
+        transactions_before = backends.transactions()
         server_before, client_before = backends.snapshot(), time.process_time()
         machine_before = machine_cpu_seconds()
         started = time.time()
@@ -116,6 +117,7 @@ def _throughput(dbos: Any, linear: Any, url: str, count: int, latency_runs: int)
         client = time.process_time() - client_before
         machine = machine_cpu_seconds() - machine_before
         server = BackendCpu.used(server_before, backends.snapshot())
+        transactions = backends.transactions() - transactions_before
     finally:
         backends.close()
     ids = [str(h.get_workflow_id()) for h in handles]
@@ -136,6 +138,7 @@ def _throughput(dbos: Any, linear: Any, url: str, count: int, latency_runs: int)
         "client_cpu": client,
         "server_cpu": server,
         "machine_cpu": machine,
+        "transactions": transactions,
     }
 
 

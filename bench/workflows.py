@@ -409,6 +409,7 @@ class Throughput:
     starter_cpu: float | None  # CPU seconds of the process starting the runs (DBOS: the same process)
     server_cpu: float  # CPU seconds of the database's backends over the window
     machine_cpu: float = 0.0  # CPU seconds every process of the machine spent over the window
+    transactions: int | None = None  # the database's transactions over the window (and a second after)
     overheads: list[float] = field(default_factory=list)  # runs one after another
     handoffs: list[float] = field(default_factory=list)
     run: int = -1  # ratios are taken between systems measured in the same run
@@ -487,6 +488,7 @@ def lf_throughput(
 
         backends = BackendCpu(url)
         stack.callback(backends.close)
+        transactions_before = backends.transactions()
         server_before = backends.snapshot()
         workers_before = [process_cpu_seconds(p.pid) or 0.0 for p in workers]
         starter_before = time.process_time()
@@ -500,11 +502,13 @@ def lf_throughput(
             (process_cpu_seconds(p.pid) or 0.0) - b for p, b in zip(workers, workers_before, strict=True)
         )
         server = BackendCpu.used(server_before, backends.snapshot())
+        transactions = backends.transactions() - transactions_before
 
         load_overheads, load_handoffs = node_gaps(marks, [str(r) for r in run_ids], LINEAR_NODES)
         result = Throughput(
             last - started, s.workflows, load_overheads, load_handoffs, worker_cpu, starter, server, machine
         )
+        result.transactions = transactions
         if sequential:
             before = set(marks.update().entered("first"))
             lf_sequential(engine, marks, s, workers)
@@ -685,6 +689,7 @@ def dbos_throughput(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, L
         float(got["server_cpu"]),
         float(got["machine_cpu"]),
     )
+    result.transactions = int(got["transactions"])
     result.overheads, result.handoffs = node_gaps(marks, got["sequential"], LINEAR_NODES)
     return result, LogFindings()
 
@@ -942,10 +947,22 @@ def report_throughput(results: Results, s: Settings, labels: dict[str, str]) -> 
                 ms([(t.worker_cpu + (t.starter_cpu or 0.0) + t.server_cpu) / t.count for t in got]),
                 f"{median([t.busy for t in got]) * 100:.0f}%",
                 f"{median([t.others for t in got]) * 100:.0f}%",
+                "-"
+                if any(t.transactions is None for t in got)
+                else f"{median([(t.transactions or 0) / t.count for t in got]):.1f}",
             ]
         )
     print_table(
-        ["system", "executing client", "starting client", "PostgreSQL", "total", "CPUs: ours", "others'"],
+        [
+            "system",
+            "executing client",
+            "starting client",
+            "PostgreSQL",
+            "total",
+            "CPUs: ours",
+            "others'",
+            "transactions/wf",
+        ],
         rows,
     )
     print(
@@ -953,7 +970,8 @@ def report_throughput(results: Results, s: Settings, labels: dict[str, str]) -> 
         "  starting client: this benchmark's process starting the runs and watching for their end;\n"
         "  PostgreSQL: the backends serving the benchmark's database (from /proc/<pid>/stat).\n"
         "  CPUs: ours + others' near 100%: the machine is the limit; the split says which side spends it\n"
-        "  (others': every other process of this machine over the same window)."
+        "  (others': every other process of this machine over the same window). transactions/wf: the\n"
+        "  database's commits and rollbacks over the window, idle polling included, per workflow."
     )
 
     print(f"\n(a) per-node cost: {s.latency_runs} runs one after another, nothing else queued (ms)")
