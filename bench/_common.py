@@ -235,6 +235,27 @@ def machine_cpu_seconds() -> float:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+def process_shape(pid: int) -> tuple[int, int]:
+    """(threads, child processes) of process `pid` right now, from /proc; (0, 0) once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+    except (OSError, StopIteration):
+        return 0, 0
+    children = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                # The parent's pid is the 2nd field after the ")" that closes the command name.
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    children += 1
+        except OSError:
+            continue
+    return threads, children
+
+
 #: PostgreSQL's shortest interval between two publications of a backend's statistics (PGSTAT_MIN_INTERVAL),
 #: with a margin.
 STATS_SETTLE = 1.2

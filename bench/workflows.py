@@ -79,6 +79,7 @@ from bench._common import (
     median,
     print_table,
     process_cpu_seconds,
+    process_shape,
 )
 from bench.wf_marks import ENTER, RETURN, MarkLog, block_if_asked, mark, node_gaps, pct
 from eventstore import DatabaseSettings, EventStore, open_store
@@ -410,6 +411,8 @@ class Throughput:
     server_cpu: float  # CPU seconds of the database's backends over the window
     machine_cpu: float = 0.0  # CPU seconds every process of the machine spent over the window
     transactions: int | None = None  # the database's transactions over the window (and a second after)
+    #: (threads, child processes) of each executing process at the end of the window
+    shapes: list[tuple[int, int]] = field(default_factory=list)
     overheads: list[float] = field(default_factory=list)  # runs one after another
     handoffs: list[float] = field(default_factory=list)
     run: int = -1  # ratios are taken between systems measured in the same run
@@ -502,6 +505,7 @@ def lf_throughput(
             (process_cpu_seconds(p.pid) or 0.0) - b for p, b in zip(workers, workers_before, strict=True)
         )
         server = BackendCpu.used(server_before, backends.snapshot())
+        shapes = [process_shape(p.pid) for p in workers]
         transactions = backends.transactions() - transactions_before
 
         load_overheads, load_handoffs = node_gaps(marks, [str(r) for r in run_ids], LINEAR_NODES)
@@ -509,6 +513,7 @@ def lf_throughput(
             last - started, s.workflows, load_overheads, load_handoffs, worker_cpu, starter, server, machine
         )
         result.transactions = transactions
+        result.shapes = shapes
         if sequential:
             before = set(marks.update().entered("first"))
             lf_sequential(engine, marks, s, workers)
@@ -973,6 +978,16 @@ def report_throughput(results: Results, s: Settings, labels: dict[str, str]) -> 
         "  (others': every other process of this machine over the same window). transactions/wf: the\n"
         "  database's commits and rollbacks over the window, idle polling included, per workflow."
     )
+    for key in ("lf1", "lf2"):
+        shapes = [shape for t in tp.get(key, []) for shape in t.shapes]
+        if shapes:
+            counts = {len(t.shapes) for t in tp.get(key, [])}
+            print(
+                f"  {labels[key]}: {'/'.join(map(str, sorted(counts)))} worker process(es) measured, "
+                f"{min(t for t, _ in shapes)}-{max(t for t, _ in shapes)} OS threads each "
+                f"({s.threads} node threads, the rest listener, beats and pool), "
+                f"{max(c for _, c in shapes)} child processes"
+            )
 
     print(f"\n(a) per-node cost: {s.latency_runs} runs one after another, nothing else queued (ms)")
     rows = []
