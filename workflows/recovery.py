@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -37,6 +37,10 @@ _tracer = trace.get_tracer("ledgerflow.workflows")
 Q = load_queries("workflows", "recovery.sql")
 Conn = psycopg.Connection[Any]
 _BATCH = 1000
+#: The first batch of a sweep is small: its nodes start while the rest are being taken back.
+_FIRST_BATCH = 100
+#: Claims taken back, handed to the worker as each batch commits.
+StartClaims = Callable[[list[Claim]], object]
 
 
 @dataclass(frozen=True)
@@ -184,7 +188,7 @@ def sweep(
     """Reclaim the nodes of gone, restarted and lapsed holders, and act on stuck ones. Exactly one
     recoverer takes each node (the queue hands rows out with SKIP LOCKED inside the transaction that
     records the reclaim)."""
-    report, _ = _traced(engine, registry, worker_name, instance, trigger, None, (), 0)
+    report, _ = _traced(engine, registry, worker_name, instance, trigger, None, (), 0, None)
     return report
 
 
@@ -195,12 +199,23 @@ def take_back(
     *,
     slots: int,
     trigger: str = "startup",
+    start: StartClaims | None = None,
 ) -> tuple[RecoveryReport, list[Claim]]:
     """`sweep`, claiming up to `slots` of the reclaimed nodes for `claimant` in the same transaction
     (their NodeReclaimed and NodeClaimed events appended together): what a restarted worker, or a peer
-    taking a dead one over, calls to start the nodes at once. The caller starts the returned claims."""
+    taking a dead one over, calls to run the nodes at once. `start` gets each batch's claims as soon as
+    it commits (a first small batch, then up to a thousand at a time), so the first nodes run while the
+    rest are taken back; without it, the caller starts the returned claims."""
     return _traced(
-        engine, registry, claimant.worker_name, claimant.instance, trigger, claimant, registry.names(), slots
+        engine,
+        registry,
+        claimant.worker_name,
+        claimant.instance,
+        trigger,
+        claimant,
+        registry.names(),
+        slots,
+        start,
     )
 
 
@@ -213,11 +228,14 @@ def _traced(
     claim_for: Claimant | None,
     workflows: Sequence[str],
     slots: int,
+    start: StartClaims | None,
 ) -> tuple[RecoveryReport, list[Claim]]:
     with _tracer.start_as_current_span(
         "ledgerflow.recovery", attributes={"ledgerflow.trigger": trigger}
     ) as span:
-        report, claims = _sweep(engine, registry, worker_name, instance, trigger, claim_for, workflows, slots)
+        report, claims = _sweep(
+            engine, registry, worker_name, instance, trigger, claim_for, workflows, slots, start
+        )
         span.set_attributes(
             {
                 "ledgerflow.found": report.found,
@@ -239,6 +257,7 @@ def _sweep(
     claim_for: Claimant | None,
     workflows: Sequence[str],
     slots: int,
+    start: StartClaims | None,
 ) -> tuple[RecoveryReport, list[Claim]]:
     began, started_at = time.monotonic(), datetime.now(UTC)
     reclaimed = parked = stuck_count = failed = found = 0
@@ -249,12 +268,14 @@ def _sweep(
     def any_taken() -> bool:  # workers are woken (NOTIFY) only when nodes became ready
         return any(r.status == "ready" for r in taken)
 
+    batch = _FIRST_BATCH
     while True:
         with engine.transaction(notify=any_taken) as conn:
             taken = reclaim(
                 conn,
                 worker_name=worker_name,
                 instance=instance,
+                limit=batch,
                 claim_for=claim_for,
                 workflows=workflows,
                 slots=slots - len(claims),
@@ -262,7 +283,10 @@ def _sweep(
             append_per_run(
                 engine, conn, ((r.tenant, r.run_id, e) for r in taken for e in r.events(worker_id))
             )
-        claims += [c for c in (r.claim() for r in taken) if c is not None]
+        claimed = [c for c in (r.claim() for r in taken) if c is not None]
+        if claimed and start is not None:
+            start(claimed)
+        claims += claimed
         found += len(taken)
         parked += sum(r.status == "parked" for r in taken)
         reclaimed += sum(r.status != "parked" for r in taken)
@@ -275,8 +299,9 @@ def _sweep(
                 reason=r.reason,
                 crashes=r.crashes,
             )
-        if len(taken) < _BATCH:
+        if len(taken) < batch:
             break
+        batch = _BATCH
     stuck_count, failed = _stuck(engine, registry)
     found += stuck_count
     report = RecoveryReport(

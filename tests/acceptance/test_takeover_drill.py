@@ -110,9 +110,20 @@ class PresentWorker(WorkflowWorker):
         else:
             with self._taken_lock:
                 slots = self.settings.concurrency - len(self._running) - len(self._taken)
-            _, claims = take_back(self.engine, self.registry, self._claimant, slots=slots, trigger=trigger)
-            with self._taken_lock:
-                self._taken += claims
+            take_back(
+                self.engine,
+                self.registry,
+                self._claimant,
+                slots=slots,
+                trigger=trigger,
+                start=self._hand_over,
+            )
+        self._wake.set()
+
+    def _hand_over(self, claims: list[Claim]) -> None:
+        """Claims taken back go to the claim loop, which starts them as if it had just claimed them."""
+        with self._taken_lock:
+            self._taken += claims
         self._wake.set()
 
     def _claim(self, limit: int) -> list[Claim]:
@@ -226,6 +237,20 @@ def present(store: EventStore, count: int) -> bool:
     with store.pool.connection() as conn:
         row = conn.execute("SELECT count(*) FROM ledgerflow.wf_worker_presence() WHERE alive").fetchone()
     return row == (count,)
+
+
+def takeover_sweeps(store: EventStore, worker_name: str, since: float) -> str:
+    """When the sweeps that took nodes back began and ended, in seconds after `since`."""
+    with store.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT trigger, extract(epoch FROM started_at)::float8, duration_ms, reclaimed "
+            "FROM ledgerflow.workflow_recoveries WHERE worker LIKE %s AND reclaimed > 0 ORDER BY id",
+            (f"{worker_name}/%",),
+        ).fetchall()
+    return ", ".join(
+        f"{trigger} sweep of {n} from {at - since:.2f}s to {at + ms / 1000 - since:.2f}s"
+        for trigger, at, ms, n in rows
+    )
 
 
 def reclaims(store: EventStore, run_ids: list[uuid.UUID]) -> list[str]:
@@ -390,7 +415,8 @@ def test_a_killed_worker_is_taken_over_long_before_its_lease_lapses(
     first, last = min(entered) - killed, max(entered) - killed
     wait_until(lambda: all_done(engine, run_ids), timeout=120, what="the runs to finish")
     print(f"\n{count} nodes of a SIGKILLed worker (lease 10 s) running elsewhere: ", end="")
-    print(f"the first {first:.2f}s, all {last:.2f}s after the kill")
+    print(f"the first {first:.2f}s, all {last:.2f}s after the kill; ", end="")
+    print(takeover_sweeps(store, "taker", killed))
     assert set(reclaims(store, run_ids)) == {"worker_gone"}
     assert last < 5.0, f"takeover took {last:.2f}s from the kill; the lease is 10 s"
 
@@ -411,7 +437,8 @@ def test_a_restarted_worker_runs_its_nodes_again_at_once(store: EventStore, work
     last = max(workers.entered(new).values())
     wait_until(lambda: all_done(engine, run_ids), timeout=120, what="the runs to finish")
     print(f"\n{count} nodes of a SIGKILLed worker running again in its restarted process: ", end="")
-    print(f"all {last - spawned:.2f}s from the spawn, {last - killed:.2f}s from the kill")
+    print(f"all {last - spawned:.2f}s from the spawn, {last - killed:.2f}s from the kill; ", end="")
+    print(takeover_sweeps(store, "again", spawned))
     assert set(reclaims(store, run_ids)) == {"worker_restarted"}
     assert last - spawned < 10.0
 
