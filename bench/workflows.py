@@ -538,6 +538,7 @@ class Recovery:
     spawn_after_kill: float | None = None  # (b): when the new process was spawned, after the kill
     sweep_ms: float | None = None  # (b) ledgerflow: the start-up sweep's own duration
     boot: float | None = None  # (b) ledgerflow: spawn until the start-up sweep began (imports, connecting)
+    run: int = -1  # ratios are taken between systems measured in the same run
 
 
 def lf_hold_runs(
@@ -867,8 +868,8 @@ def one_run(admin_url: str, run: int, s: Settings, only: str, results: Results, 
             finally:
                 took.append(f"{name} {time.perf_counter() - began:.0f}s")
             results.logs[name].merge(findings)
+            got.run = run
             if workload == "a":
-                got.run = run
                 results.throughput[key].append(got)
             else:
                 results.recovery[name].append(got)
@@ -991,13 +992,23 @@ def report_throughput(results: Results, s: Settings, labels: dict[str, str]) -> 
 
     print(f"\n(a) per-node cost: {s.latency_runs} runs one after another, nothing else queued (ms)")
     rows = []
-    for title, pick, q, target in (
-        ("node overhead p50: body entry to next body entry", lambda t: t.overheads, 50, 0.002),
-        ("node overhead p99", lambda t: t.overheads, 99, None),
-        ("hand-off p50: body return to next body entry", lambda t: t.handoffs, 50, None),
-        ("hand-off p99", lambda t: t.handoffs, 99, None),
-    ):
+
+    def overheads(t: Throughput) -> list[float]:
+        return t.overheads
+
+    def handoffs(t: Throughput) -> list[float]:
+        return t.handoffs
+
+    metrics: list[tuple[str, Callable[[Throughput], list[float]], float, float | None]] = [
+        ("node overhead p50: body entry to next body entry", overheads, 50, 0.002),
+        ("node overhead p99", overheads, 99, None),
+        ("hand-off p50: body return to next body entry", handoffs, 50, None),
+        ("hand-off p99", handoffs, 99, None),
+    ]
+    for title, pick, q, target in metrics:
         mine, theirs = per_run(lf1, pick, q), per_run(dbos, pick, q)
+        theirs_by_run = {t.run: pct(pick(t), q) for t in dbos if pick(t)}
+        ratios = [pct(pick(t), q) / theirs_by_run[t.run] for t in lf1 if pick(t) and theirs_by_run.get(t.run)]
         below = None
         if mine and theirs:
             below = median(mine) < median(theirs)
@@ -1007,11 +1018,12 @@ def report_throughput(results: Results, s: Settings, labels: dict[str, str]) -> 
                 title,
                 ms(mine),
                 ms(theirs),
+                fmt_ratio(ratios) if ratios else "-",
                 "<= 2.00 and < DBOS" if target else "",
                 verdict(ok) if target else "",
             ]
         )
-    print_table(["metric", "ledgerflow (1 process)", "DBOS", "target", "verdict"], rows)
+    print_table(["metric", "ledgerflow (1 process)", "DBOS", "ledgerflow / DBOS", "target", "verdict"], rows)
 
     print(f"\n(a) under the {s.workflows}-run load (ms; includes the wait behind other runs' ready nodes)")
     rows = []
@@ -1045,6 +1057,8 @@ def report_recovery(results: Results, s: Settings, workload: str, labels: dict[s
         got = results.recovery.get(f"{workload}.{key}", [])
         failed = f"{workload}.{key}" in results.failures and not got
         first, every = [r.first for r in got], [r.all_running for r in got]
+        peers = {r.run: r.all_running for r in results.recovery.get(f"{workload}.dbos", [])}
+        ratios = [r.all_running / peers[r.run] for r in got if peers.get(r.run)] if key == "lf" else []
         if key != "lf":
             target, ok = "", None
         elif workload == "b":
@@ -1067,13 +1081,23 @@ def report_recovery(results: Results, s: Settings, workload: str, labels: dict[s
                 "FAILED" if failed else secs(first),
                 "FAILED" if failed else secs(every),
                 "FAILED" if failed else secs([r.completed for r in got]),
+                fmt_ratio(ratios) if ratios else "",
                 target,
                 verdict(ok) if target else "",
                 ", ".join(extra),
             ]
         )
     print_table(
-        ["system", "first node running", "all running", "all completed", "target", "verdict", "breakdown"],
+        [
+            "system",
+            "first node running",
+            "all running",
+            "all completed",
+            "all running / DBOS",
+            "target",
+            "verdict",
+            "breakdown",
+        ],
         rows,
     )
 
