@@ -1,8 +1,11 @@
-"""Refuses requests whose text is not honest UTF-8, before any route sees them.
+"""Refuses requests whose text is not honest UTF-8, or whose body is not declared JSON, before any route
+sees them.
 
 A path, query string, JSON body or header the API reads that is not valid UTF-8 answers 400
 `invalid_utf8`; a path or query that carries a NUL character answers 400 `invalid_input`. Without this,
 the server would decode invalid bytes to U+FFFD, so different stream names would silently become one.
+A body sent to the API without `Content-Type: application/json` (curl's `-d` says form data) answers 415
+naming the header, rather than a 422 that does not say why.
 """
 
 from __future__ import annotations
@@ -53,6 +56,17 @@ def _problem(scope: Scope) -> tuple[str, str] | None:
     return None
 
 
+def _undeclared_body(scope: Scope) -> bool:
+    """A body sent to the API under another content type than JSON (or none)."""
+    if scope["method"].encode() not in _BODY_METHODS or not scope["path"].startswith("/api/"):
+        return False
+    headers = dict(scope["headers"])
+    if b"json" in headers.get(b"content-type", b"").lower():
+        return False
+    has_body = headers.get(b"content-length", b"0").strip() not in (b"", b"0")
+    return has_body or b"transfer-encoding" in headers
+
+
 def _json_body(scope: Scope) -> bool:
     if scope["method"].encode() not in _BODY_METHODS:
         return False
@@ -67,6 +81,15 @@ class RequestGuardMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if _undeclared_body(scope):
+            await _refuse(
+                send,
+                415,
+                "unsupported_media_type",
+                "the request body must be JSON: send the header `Content-Type: application/json` "
+                "(curl: -H 'Content-Type: application/json'); nothing was written",
+            )
             return
         problem = _problem(scope)
         if problem is None and _json_body(scope):
@@ -105,17 +128,20 @@ class RequestGuardMiddleware:
         if problem is None:
             await self.app(scope, receive, send)
             return
-        code, message_text = problem
-        log.info("api_request_refused", code=code, reason=message_text)
-        payload = json.dumps(error_body(code, message_text)).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 400,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+        await _refuse(send, 400, *problem)
+
+
+async def _refuse(send: Send, status: int, code: str, message_text: str) -> None:
+    log.info("api_request_refused", code=code, reason=message_text)
+    payload = json.dumps(error_body(code, message_text)).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})

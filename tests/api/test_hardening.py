@@ -4,6 +4,7 @@ administrators only."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from html.parser import HTMLParser
@@ -202,3 +203,26 @@ def test_metrics_answer_only_a_server_administrator(
     assert allowed.headers["content-type"].startswith("text/plain")
     assert allowed.headers["cache-control"] == "no-store"
     assert_security_headers(allowed.headers, "/metrics")
+
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded", "text/plain"])
+def test_a_body_not_declared_json_gets_415_naming_the_header(
+    client: TestClient, admin: Headers, services: Services, content_type: str | None
+) -> None:
+    headers = dict(admin) | ({"Content-Type": content_type} if content_type else {})
+    body = json.dumps(events_body("OrderPlaced"))
+    response = client.post("/api/v1/streams/order-1/events", content=body, headers=headers)
+    assert response.status_code == 415
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_media_type"
+    assert "Content-Type: application/json" in error["message"]
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert services.store.stream_version("order-1", tenant="acme") is None, "nothing was written"
+
+
+def test_bodiless_posts_need_no_content_type(client: TestClient, admin: Headers) -> None:
+    started = client.post("/api/v1/workflows/linear/runs", json={"input": {}}, headers=admin)
+    assert started.status_code in (201, 202), started.text
+    run_id = started.json()["run_id"]
+    cancelled = client.post(f"/api/v1/runs/{run_id}/cancel", headers=admin)
+    assert cancelled.status_code != 415, cancelled.text
