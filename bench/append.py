@@ -221,8 +221,16 @@ class LedgerflowSystem:
             migrate=True,
             name="bench-ledgerflow",
         )
+        # Every connection of `pooled` may be pinned by an appending thread (by default half the pool may):
+        # this process does nothing but append, so no other work waits for a connection. It then uses the
+        # same 8 connections as raw, each held by one thread.
         self.pooled = open_store(
-            DatabaseSettings(database_url=url, pool_min_size=connections, pool_max_size=connections),
+            DatabaseSettings(
+                database_url=url,
+                pool_min_size=connections,
+                pool_max_size=connections,
+                pinned_connections=connections,
+            ),
             url=url,
             migrate=False,
             name="bench-ledgerflow-pool",
@@ -488,7 +496,9 @@ def open_systems(url: str, threads: int, with_es: bool) -> list[System]:
     return systems
 
 
-def one_run(admin_url: str, run: int, s: Settings, with_es: bool, results: Results) -> None:
+def one_run(
+    admin_url: str, run: int, s: Settings, with_es: bool, results: Results, workloads: Sequence[Workload]
+) -> None:
     payloads = make_payloads(s.payloads_needed, seed=run)
     with fresh_database(admin_url, prefix="bench_append") as url:
         migrate(url)
@@ -503,7 +513,7 @@ def one_run(admin_url: str, run: int, s: Settings, with_es: bool, results: Resul
         try:
             for system in systems:
                 warm_up(system, payloads, s)
-            for w_index, w in enumerate(WORKLOADS):
+            for w_index, w in enumerate(workloads):
                 # Rotate who goes first, per run and per workload, so that drift (autovacuum, checkpoints,
                 # other tenants of the machine) does not always fall on the same system.
                 shift = (run + w_index) % len(systems)
@@ -546,7 +556,7 @@ def one_run(admin_url: str, run: int, s: Settings, with_es: bool, results: Resul
                 system.close()
 
 
-def report(results: Results, names: Sequence[str], s: Settings) -> None:
+def report(results: Results, names: Sequence[str], s: Settings, workloads: Sequence[Workload]) -> None:
     others = [n for n in names if n != "raw"]
     headers = ["workload", *(f"{n} ev/s" for n in names)]
     for n in others:
@@ -554,7 +564,7 @@ def report(results: Results, names: Sequence[str], s: Settings) -> None:
         if n == "ledgerflow":
             headers += ["target", "verdict"]
     rows: list[list[str]] = []
-    for w in WORKLOADS:
+    for w in workloads:
         rates = results.rates.get(w.key, {})
         ratios = results.ratios.get(w.key, {})
         failures = results.failures.get(w.key, {})
@@ -572,13 +582,13 @@ def report(results: Results, names: Sequence[str], s: Settings) -> None:
     print("\nev/s: median events per second over runs. x/raw: median of per-run ratios (min-max over runs).")
 
     print("\nPer-run ratios to raw:")
-    for w in WORKLOADS:
+    for w in workloads:
         for n in others:
             got = results.ratios.get(w.key, {}).get(n, [])
             if got:
                 print(f"  {w.title(s):32} {n:14} " + " ".join(f"{r:.2f}" for r in got))
 
-    report_cpu(results, names, s)
+    report_cpu(results, names, s, workloads)
 
     a, b = results.rates.get("a", {}), results.rates.get("b", {})
     scaling = [f"{n} x{median(b[n]) / median(a[n]):.2f}" for n in names if n in a and n in b]
@@ -595,7 +605,7 @@ def report(results: Results, names: Sequence[str], s: Settings) -> None:
             print(f"\n({key}) {n} failed: {message}")
 
 
-def report_cpu(results: Results, names: Sequence[str], s: Settings) -> None:
+def report_cpu(results: Results, names: Sequence[str], s: Settings, workloads: Sequence[Workload]) -> None:
     """CPU microseconds per event: a second view that holds up when other work competes for the cores."""
     have_server = all(
         server is not None for per in results.cpu.values() for runs in per.values() for _, server in runs
@@ -606,7 +616,7 @@ def report_cpu(results: Results, names: Sequence[str], s: Settings) -> None:
     )
     headers = ["workload", *names, *(f"raw/{n} CPU" for n in names if n != "raw")]
     rows: list[list[str]] = []
-    for w in WORKLOADS:
+    for w in workloads:
         per = results.cpu.get(w.key, {})
         row = [w.title(s)]
         for n in names:
@@ -644,7 +654,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--import-events", type=int, default=100_000, help="(d) events imported")
     parser.add_argument("--streams", type=int, default=50, help="streams per writer, appended round-robin")
     parser.add_argument("--no-eventsourcing", action="store_true", help="skip the eventsourcing peer")
+    parser.add_argument(
+        "--workloads", default="abcd", help="which workloads to measure, by key (default abcd: all)"
+    )
     args = parser.parse_args(argv)
+    workloads = [w for w in WORKLOADS if w.key in args.workloads]
+    if not workloads:
+        parser.error(f"--workloads {args.workloads!r} names none of " + "".join(w.key for w in WORKLOADS))
     s = Settings(
         appends=args.appends,
         threads=args.threads,
@@ -694,11 +710,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     for run in range(args.runs):
         t0 = time.perf_counter()
-        one_run(args.url, run, s, not es_problem, results)
+        one_run(args.url, run, s, not es_problem, results, workloads)
         print(f"run {run + 1}/{args.runs} done in {time.perf_counter() - t0:.1f}s", flush=True)
     print(f"\nTotal {time.perf_counter() - started:.0f}s; load average at end: {load_average()}")
     print("(a load above the CPU count means other work competed: expect wider per-run ranges)\n")
-    report(results, names, s)
+    report(results, names, s, workloads)
     return 0
 
 

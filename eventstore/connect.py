@@ -41,4 +41,5 @@ def open_store(
         max_events_per_append=settings.max_events_per_append,
         max_page_bytes=settings.max_page_bytes,
         notifier=Notifier(url),
+        pinned_connections=settings.pinned_connections,
     )

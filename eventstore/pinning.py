@@ -39,13 +39,20 @@ class _Pin:
     """A connection held for one thread. `lock` is held while the connection is in use, so that no other
     thread takes it back in the middle of an append."""
 
-    __slots__ = ("conn", "last_used", "lock", "pid")
+    __slots__ = ("conn", "last_used", "lock", "pid", "poller")
 
     def __init__(self) -> None:
         self.conn: Connection | None = None
         self.lock = threading.Lock()
         self.last_used = 0.0
         self.pid = os.getpid()
+        #: Watches the connection's socket for the liveness probe (see `_alive`); made once per connection.
+        self.poller = select.poll()
+
+    def hold(self, conn: Connection) -> None:
+        self.conn = conn
+        self.poller = select.poll()
+        self.poller.register(conn.pgconn.socket, select.POLLIN)
 
 
 class _Owner:
@@ -80,21 +87,34 @@ class PinnedConnections:
     @contextmanager
     def connection(self) -> Iterator[Connection]:
         """This thread's pinned connection, or a connection checked out for this call only."""
-        pin = self._lock_pin()
-        if pin is None:
+        conn = self.acquire()
+        if conn is None:
             with self._pool.connection() as checked_out:
                 yield checked_out
             return
         try:
+            yield conn
+        finally:
+            self.release()
+
+    def acquire(self) -> Connection | None:
+        """This thread's pinned connection, live, for one use: end the use with `release`. None when this
+        thread cannot have one: then check a connection out of the pool for the call.
+
+        The hot path's form of `connection()`, without a generator to drive."""
+        pin = self._lock_pin()
+        return None if pin is None else pin.conn
+
+    def release(self) -> None:
+        """End this thread's use of its pinned connection. A connection that broke during the use goes
+        back to the pool, which discards it; the thread's next use takes another."""
+        pin: _Pin = self._local.owner.pin
+        try:
             conn = pin.conn
-            assert conn is not None
-            try:
-                yield conn
-            except psycopg.OperationalError:
-                if conn.closed or conn.broken:
-                    self._unpin(pin)
-                raise
-            pin.last_used = time.monotonic()
+            if conn is not None and (conn.closed or conn.broken):
+                self._unpin(pin)
+            else:
+                pin.last_used = time.monotonic()
         finally:
             pin.lock.release()
 
@@ -111,7 +131,7 @@ class PinnedConnections:
         pin = owner.pin
         pin.lock.acquire()
         try:
-            if pin.conn is not None and not _alive(pin.conn):
+            if pin.conn is not None and not _alive(pin.conn, pin.poller):
                 self._unpin(pin)
             if pin.conn is None and not self._take(pin):
                 pin.lock.release()
@@ -129,7 +149,7 @@ class PinnedConnections:
             # Counted before the checkout, so two threads cannot both pass the limit.
             self._held.add(pin)
         try:
-            pin.conn = self._live_connection()
+            pin.hold(self._live_connection())
         except BaseException:
             with self._lock:
                 self._held.discard(pin)
@@ -141,7 +161,7 @@ class PinnedConnections:
         pool is dead; the pool discards each one given back and opens a new one in its place."""
         for _ in range(self._pool.max_size):
             conn = self._pool.getconn()
-            if _alive(conn):
+            if _alive(conn, None):
                 return conn
             self._pool.putconn(conn)
         return self._pool.getconn()
@@ -182,18 +202,20 @@ class PinnedConnections:
                 self._unpin(pin)
 
 
-def _alive(conn: Connection) -> bool:
+def _alive(conn: Connection, poller: select.poll | None) -> bool:
     """Whether an idle connection is still open, without blocking and without a round trip.
 
     An idle autocommit connection receives nothing unasked, so a readable socket means the server spoke:
     after a terminated backend or a restart it sent its last words and closed. Reading it to the end
-    tells (libpq needs two reads: the message, then the end of the stream).
+    tells (libpq needs two reads: the message, then the end of the stream). `poller`: one already
+    watching the connection's socket.
     """
     if conn.closed or conn.broken:
         return False
     pgconn = conn.pgconn
-    poller = select.poll()
-    poller.register(pgconn.socket, select.POLLIN)
+    if poller is None:
+        poller = select.poll()
+        poller.register(pgconn.socket, select.POLLIN)
     if not poller.poll(0):
         return True
     try:

@@ -17,6 +17,10 @@ class DatabaseSettings(BaseSettings):
     embedded_data_dir: Path | None = None
     pool_min_size: int = Field(default=1, ge=0)
     pool_max_size: PositiveInt = 10
+    #: How many of the pool's connections appending threads may keep between appends (see
+    #: `eventstore.pinning`); by default half the pool, so other work always finds connections. A process
+    #: that does little but append may let every connection be pinned; 0 checks out per append.
+    pinned_connections: int | None = Field(default=None, ge=0)
     #: Seconds to wait for a first connection before saying the database is unavailable.
     connect_timeout: float = Field(default=10.0, gt=0)
     #: The server ends a transaction left idle this long (seconds): a frozen process (SIGSTOP, a debugger)

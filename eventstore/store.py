@@ -153,9 +153,8 @@ class EventStore:
         self._notifier = notifier
         #: Appending threads keep a pool connection (see `eventstore.pinning`); by default up to half the
         #: pool, so that other work always finds connections.
-        self._pins = PinnedConnections(
-            pool, limit=pool.max_size // 2 if pinned_connections is None else pinned_connections
-        )
+        pinned = pool.max_size // 2 if pinned_connections is None else pinned_connections
+        self._pins = PinnedConnections(pool, limit=min(pinned, pool.max_size))
 
     def close(self) -> None:
         """Close the notifier and the pool (when the store was opened with `open_store`)."""
@@ -287,16 +286,24 @@ class EventStore:
     ) -> AppendResult:
         began = time.perf_counter()
         try:
-            if conn is not None:
-                with translate_errors():
+            with translate_errors():
+                if conn is not None:
                     rows = conn.execute(query, params).fetchall()
                     if not rows and missing is not None:
                         _wrong_version(conn, tenant, *missing)
-            else:
-                with translate_errors(), self._pins.connection() as own:
-                    rows = own.execute(query, params).fetchall()
-                    if not rows and missing is not None:
-                        _wrong_version(own, tenant, *missing)
+                elif (pinned := self._pins.acquire()) is not None:
+                    try:
+                        rows = pinned.execute(query, params).fetchall()
+                        if not rows and missing is not None:
+                            _wrong_version(pinned, tenant, *missing)
+                    finally:
+                        self._pins.release()
+                else:
+                    with self.pool.connection() as own:
+                        rows = own.execute(query, params).fetchall()
+                        if not rows and missing is not None:
+                            _wrong_version(own, tenant, *missing)
+            if conn is None:
                 self.notify_appended()
         except ConflictError as exc:
             telemetry.append_conflicts.add(1, {"reason": exc.code})
