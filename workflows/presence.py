@@ -4,7 +4,8 @@ While a worker process lives it holds a session-level advisory lock on a connect
 row in `ledgerflow.worker_presence` says the lock can be trusted. A crash closes the session and
 PostgreSQL releases the lock at once; peers check a few times a second (one cheap query on their own
 presence connection) and, when a registered process's lock is gone, call `on_peers_gone`, which takes
-its nodes over (`workflows.recovery.sweep`) within a second instead of at the end of its leases.
+its nodes over (`workflows.recovery.take_back` or `sweep`) within a second instead of at the end of
+its leases.
 
 What does not close the session does not end the presence: a paused process (SIGSTOP), a slow network
 or a busy database leave the lock held, and the lease stays the fallback for a worker that hangs or is
@@ -16,7 +17,9 @@ Behind a transaction-mode pooler (PgBouncer) a session lock is held by whichever
 statement, not by this process. The presence checks for it, when it registers (another connection must
 see the lock held by a backend other than its own) and at every watch (its connection must still be on
 the backend that took the lock); when either fails it deregisters, says so once, and the process is
-taken over only when its leases lapse. It still takes dead peers over.
+taken over only when its leases lapse. It still takes dead peers over. (Heuristic: a pooler that keeps
+handing this client the same backend passes both checks until it moves it; the watch then notices
+within one interval.)
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ reclaimed, parked, stuck, failed, duration) and counted in metrics.
 
 A sweep is set-based whatever it finds: one statement takes back up to a thousand nodes, and their
 NodeReclaimed/NodeParked events go to the run streams in one append per tenant, in the same transaction.
+`take_back` also claims the nodes it takes back for the worker that recovers them (NodeClaimed in the same
+append) and hands them over batch by batch, the first batch small: a restarted worker, or a peer taking
+a dead one over, starts the first nodes while the rest are still being taken back.
 """
 
 from __future__ import annotations
