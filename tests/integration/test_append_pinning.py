@@ -155,3 +155,28 @@ def psycopg_pool_for(url: str) -> Any:
     from eventstore.settings import DatabaseSettings
 
     return open_pool(url, DatabaseSettings(database_url=url, pool_min_size=1, pool_max_size=4))
+
+
+def test_closing_the_store_gives_every_pin_back(database_url: str) -> None:
+    store = EventStore(psycopg_pool_for(database_url), url=database_url, pinned_connections=2)
+    with store:
+        store.append("s", [NewEvent("Happened", {})])
+        in_thread_holding = threading.Event()
+        done = threading.Event()
+
+        def append_and_stay() -> None:
+            store.append("t", [NewEvent("Happened", {})])
+            in_thread_holding.set()
+            done.wait(timeout=10)
+
+        thread = threading.Thread(target=append_and_stay)
+        thread.start()
+        in_thread_holding.wait(timeout=10)
+        assert store._pins.held == 2
+        store._pins.close()
+        assert store._pins.held == 0
+        # After close, appends still work, checked out per call.
+        store.append("s", [NewEvent("Happened", {})])
+        assert store._pins.held == 0
+        done.set()
+        thread.join()
