@@ -115,15 +115,20 @@ class _RunModel:
             found |= more
 
 
+_any_uuid = st.uuids()
 _messages = st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), max_size=12)
 
 
 @st.composite
-def run_histories(draw: st.DrawFn, max_steps: int = 25) -> tuple[uuid.UUID, list[NewEvent]]:
+def run_histories(
+    draw: st.DrawFn, max_steps: int = 25, run_ids: st.SearchStrategy[uuid.UUID] = _any_uuid
+) -> tuple[uuid.UUID, list[NewEvent]]:
     """A run's stream as the engine could write it: started, nodes made ready, claimed with fencing
     tokens, progressing, checkpointing, memoizing steps, succeeding, retrying, failing, reclaimed after a
-    crash or when stuck, released, parked, cancelled, and the run retried or refreshed by an operator."""
-    run_id = draw(st.uuids())
+    crash or when stuck, released, parked, cancelled, and the run retried or refreshed by an operator.
+    Tests that keep the runs of many examples in one database draw fresh `run_ids`
+    (`st.builds(uuid.uuid4)`), so that no two histories share a stream."""
+    run_id = draw(run_ids)
     size = draw(st.integers(1, 4))
     nodes = [f"n{i}" for i in range(size)]
     deps = {n: draw(st.sets(st.sampled_from(nodes[:i]))) if i else set() for i, n in enumerate(nodes)}
