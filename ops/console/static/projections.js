@@ -3,7 +3,7 @@
 // every 2 s while shown. Every lever asks for confirmation first, saying what it will do.
 import { count, get, h, poll, post, seconds, showNotice, when } from "./api.js";
 import { confirmAction } from "./confirm.js";
-import { progressView } from "./progress.js";
+import { headPosition, progressView } from "./progress.js";
 
 // The last health of each projection, by name: what the confirmations estimate their work from.
 const health = new Map();
@@ -45,14 +45,8 @@ function row(p, chosen) {
       h("button", { "data-testid": `verify-${p.name}`, onclick: () => request(p.name, "verify") }, "Verify")));
 }
 
-// About how many events the log holds: the projection's cursor position and the events after it.
-function logSize(name) {
-  const p = health.get(name);
-  return p ? Number(p.cursor.split(":")[1]) + p.lag_events_head : null;
-}
-
 function leverConsequences(name, action, body) {
-  const n = logSize(name);
+  const n = headPosition([...health.values()]); // about how many events the log holds
   const events = n == null ? "" : ` (about ${count(n)} events)`;
   if (action === "rebuild") {
     return {
@@ -121,16 +115,17 @@ function details(name) {
   async function load() {
     const runRows = (await get(`/projections/${encodeURIComponent(name)}/runs`)).runs;
     const long = (x) => ["rebuild", "verify", "replay"].includes(x.kind);
+    const head = headPosition([...health.values()]);
     const active = runRows.filter((x) => x.status === "running" && long(x));
     ongoing.hidden = !active.length;
     ongoing.replaceChildren(...active.map((x) => h("div", { "data-testid": "ongoing-run", "data-kind": x.kind },
-      h("strong", {}, `${x.kind} #${x.id} running `), progressView(x))));
+      h("strong", {}, `${x.kind} #${x.id} running `), progressView(x, head))));
     runs.replaceChildren(h("tr", {}, ["id", "kind", "status", "trigger", "actor", "progress", "started", "ended", "error"]
       .map((t) => h("th", {}, t))),
       ...runRows.map((x) => h("tr", { "data-testid": "projection-run", "data-kind": x.kind, "data-status": x.status, "data-run-id": x.id },
         h("td", {}, x.id), h("td", {}, x.kind), h("td", {}, h("span", { class: `status s-${x.status}` }, x.status)),
         h("td", {}, x.trigger), h("td", {}, x.actor),
-        h("td", {}, long(x) ? progressView(x) : `${count(x.events_processed)} events · ${count(Math.round(x.rate))}/s`),
+        h("td", {}, long(x) ? progressView(x, head) : `${count(x.events_processed)} events · ${count(Math.round(x.rate))}/s`),
         h("td", {}, when(x.started_at)), h("td", {}, when(x.ended_at)), h("td", { class: "error-text" }, x.error || ""))));
     // Failures need the admin scope (a tenant's admin sees its tenant's); without it the rest still refreshes.
     const failRows = await get(`/failures?projection=${encodeURIComponent(name)}`).then((f) => f.failures, (err) => err);
