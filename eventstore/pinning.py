@@ -39,18 +39,27 @@ class _Pin:
     """A connection held for one thread. `lock` is held while the connection is in use, so that no other
     thread takes it back in the middle of an append."""
 
-    __slots__ = ("conn", "last_used", "lock", "pid", "poller")
+    __slots__ = ("conn", "cursor", "last_used", "lock", "pid", "poller")
 
     def __init__(self) -> None:
         self.conn: Connection | None = None
+        #: One cursor for all of the thread's appends: a new cursor per statement costs more than the
+        #: statement's own parameters.
+        self.cursor: psycopg.Cursor[Any] | None = None
         self.lock = threading.Lock()
         self.last_used = 0.0
         self.pid = os.getpid()
         #: Watches the connection's socket for the liveness probe (see `_alive`); made once per connection.
         self.poller = select.poll()
 
+    def drop(self) -> Connection | None:
+        """Let go of the connection (to give it back); returns it."""
+        conn, self.conn, self.cursor = self.conn, None, None
+        return conn
+
     def hold(self, conn: Connection) -> None:
         self.conn = conn
+        self.cursor = conn.cursor()
         self.poller = select.poll()
         self.poller.register(conn.pgconn.socket, select.POLLIN)
 
@@ -87,23 +96,24 @@ class PinnedConnections:
     @contextmanager
     def connection(self) -> Iterator[Connection]:
         """This thread's pinned connection, or a connection checked out for this call only."""
-        conn = self.acquire()
-        if conn is None:
+        pin = self._lock_pin()
+        if pin is None:
             with self._pool.connection() as checked_out:
                 yield checked_out
             return
         try:
-            yield conn
+            assert pin.conn is not None
+            yield pin.conn
         finally:
             self.release()
 
-    def acquire(self) -> Connection | None:
-        """This thread's pinned connection, live, for one use: end the use with `release`. None when this
-        thread cannot have one: then check a connection out of the pool for the call.
+    def acquire(self) -> psycopg.Cursor[Any] | None:
+        """A cursor on this thread's pinned connection, live, for one use: end the use with `release`.
+        None when this thread cannot have one: then check a connection out of the pool for the call.
 
         The hot path's form of `connection()`, without a generator to drive."""
         pin = self._lock_pin()
-        return None if pin is None else pin.conn
+        return None if pin is None else pin.cursor
 
     def release(self) -> None:
         """End this thread's use of its pinned connection. A connection that broke during the use goes
@@ -173,7 +183,7 @@ class PinnedConnections:
             if now - other.last_used < self.idle_seconds or not other.lock.acquire(blocking=False):
                 continue
             try:
-                conn, other.conn = other.conn, None
+                conn = other.drop()
                 self._held.discard(other)
             finally:
                 other.lock.release()
@@ -184,7 +194,7 @@ class PinnedConnections:
 
     def _unpin(self, pin: _Pin) -> None:
         """Give `pin`'s connection back (called with `pin.lock` held); the pool discards a broken one."""
-        conn, pin.conn = pin.conn, None
+        conn = pin.drop()
         with self._lock:
             self._held.discard(pin)
         if conn is not None:
@@ -233,7 +243,7 @@ def _give_back(pool: psycopg_pool.ConnectionPool, pin: _Pin, held: set[_Pin], lo
         # parent's session.
         return
     with pin.lock:
-        conn, pin.conn = pin.conn, None
+        conn = pin.drop()
         with lock:
             held.discard(pin)
     if conn is not None:

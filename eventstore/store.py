@@ -293,7 +293,7 @@ class EventStore:
                         _wrong_version(conn, tenant, *missing)
                 elif (pinned := self._pins.acquire()) is not None:
                     try:
-                        rows = pinned.execute(query, params).fetchall()
+                        rows = pinned.execute(query, params).fetchall()  # a cursor, reused
                         if not rows and missing is not None:
                             _wrong_version(pinned, tenant, *missing)
                     finally:
@@ -671,7 +671,10 @@ def _one_stream(append: StreamAppend, params: dict[str, Any]) -> tuple[bytes, di
 
 
 def _wrong_version(
-    conn: psycopg.Connection[Any], tenant: str, stream_id: str, expected: ExpectedVersion
+    conn: psycopg.Connection[Any] | psycopg.Cursor[Any],
+    tenant: str,
+    stream_id: str,
+    expected: ExpectedVersion,
 ) -> None:
     """A single-stream statement inserted nothing: the expected version does not hold; say which it is."""
     row = conn.execute(Q["stream_version"], {"tenant": tenant, "stream_id": stream_id}).fetchone()
