@@ -10,7 +10,8 @@ DROP INDEX IF EXISTS ledgerflow.workflow_queue_ready;
 -- A node's end, for the queue, in one statement (one round trip with the run-stream append that follows it
 -- in the same transaction):
 --   * the fence: the caller's claim must still hold the node (LF004 otherwise, LF005 if p_check_cancel and
---     the run is being cancelled); its row lock keeps a reclaimer waiting until the transaction commits;
+--     the run is being cancelled); the row lock of its change keeps a reclaimer waiting until the
+--     transaction commits, and a reclaimer that got there first leaves nothing for it to change;
 --   * the node's row goes, or, with p_retry_in, is ready again after that many seconds;
 --   * the nodes that became runnable are queued, the first of them already claimed with p_claim_token
 --     when the caller hands it to itself (p_claim_token not NULL), so it runs next without a claim.
@@ -41,16 +42,31 @@ CREATE FUNCTION ledgerflow.wf_end_node(
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
+    v_cancel  boolean;
     v_crashes int;
 BEGIN
-    PERFORM ledgerflow.wf_fence(p_run_id, p_node, p_token, p_check_cancel);
+    -- The fence of ledgerflow.wf_fence, folded into the row's own change (one row version, not two): the
+    -- row changes only while the caller's claim is the current one and its lease has not lapsed.
     IF p_retry_in IS NULL THEN
-        DELETE FROM ledgerflow.workflow_queue q WHERE q.run_id = p_run_id AND q.node = p_node;
+        DELETE FROM ledgerflow.workflow_queue q
+         WHERE q.run_id = p_run_id AND q.node = p_node AND q.token = p_token AND q.status = 'claimed'
+           AND q.lease_expires_at > clock_timestamp()
+        RETURNING q.cancel_requested INTO v_cancel;
     ELSE
         UPDATE ledgerflow.workflow_queue q
            SET status = 'ready', ready_at = clock_timestamp() + make_interval(secs => p_retry_in),
                token = NULL, worker_name = NULL, worker_instance = NULL, lease_expires_at = NULL
-         WHERE q.run_id = p_run_id AND q.node = p_node;
+         WHERE q.run_id = p_run_id AND q.node = p_node AND q.token = p_token AND q.status = 'claimed'
+           AND q.lease_expires_at > clock_timestamp()
+        RETURNING q.cancel_requested INTO v_cancel;
+    END IF;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'lease lost' USING ERRCODE = 'LF004',
+            DETAIL = json_build_object('run_id', p_run_id, 'node', p_node, 'token', p_token)::text;
+    END IF;
+    IF p_check_cancel AND v_cancel THEN
+        RAISE EXCEPTION 'run cancelled' USING ERRCODE = 'LF005',
+            DETAIL = json_build_object('run_id', p_run_id, 'node', p_node)::text;
     END IF;
 
     IF cardinality(p_ready) > 0 THEN
