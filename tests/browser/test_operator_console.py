@@ -206,8 +206,7 @@ def test_projection_levers_ask_first_and_do_nothing_when_declined(page: Page, co
 
     page.click("[data-testid=rebuild-test_counter]")
     dialog = page.locator("[data-testid=confirm-dialog]")
-    expect(dialog).to_contain_text("rebuilt from the whole log")
-    expect(dialog).to_contain_text(re.compile(r"about \d+ events"))
+    expect(dialog).to_contain_text("rebuilt from the whole log (every event in it")
     decline(page, names="Rebuild test_counter", how="button")
     page.click("[data-testid=verify-test_counter]")
     expect(dialog).to_contain_text("costs as much as a rebuild")
@@ -341,13 +340,13 @@ def test_a_rebuild_shows_its_total_rate_and_time_left(browser: Browser, slow_con
 
         REBUILDS_MAY_PASS.clear()
         page.click("[data-testid=rebuild-test_held]")
-        confirm(page, names="about 200 events")
+        confirm(page, names="Rebuild test_held")
         ongoing = page.locator("[data-testid=ongoing-run][data-kind=rebuild]")
         expect(ongoing).to_be_visible()
         # Held at the 151st event: the batches before it are done, the rest is to come.
         expect(ongoing.locator("[data-testid=op-done]")).to_have_text("150 events read")
         expect(ongoing.locator("[data-testid=op-total]")).to_have_attribute("data-total", "200")
-        expect(ongoing.locator("[data-testid=op-total]")).to_have_text("75% of about 200 events")
+        expect(ongoing.locator("[data-testid=op-total]")).to_have_text("75% of 200 events")
         expect(ongoing.locator("[data-testid=op-rate]")).to_have_text(re.compile(r"^[\d,]+ events/s$"))
         time_left = re.compile(r"^(under 1 s|about \d+ (s|min \d+ s)) left$")
         expect(ongoing.locator("[data-testid=op-left]")).to_have_text(time_left)
@@ -365,9 +364,9 @@ def test_a_rebuild_shows_its_total_rate_and_time_left(browser: Browser, slow_con
 
         REBUILDS_MAY_PASS.clear()  # a verify builds a scratch copy the same way: it shows the same
         page.click("[data-testid=verify-test_held]")
-        confirm(page, names="about 200 events")
+        confirm(page, names="went through 200 events")
         verifying = page.locator("[data-testid=ongoing-run][data-kind=verify]")
-        expect(verifying.locator("[data-testid=op-total]")).to_have_text("75% of about 200 events")
+        expect(verifying.locator("[data-testid=op-total]")).to_have_text("75% of 200 events")
         expect(verifying.locator("[data-testid=op-left]")).to_have_text(time_left)
         REBUILDS_MAY_PASS.set()
         verify = page.locator("[data-testid=projection-run][data-kind=verify]").first

@@ -1,12 +1,9 @@
 // #/projections[/<name>]: every projection's health and the safe horizon; for the chosen projection its
 // runs history with the progress of long runs, open failures (retry / skip) and a replay form. Refreshed
 // every 2 s while shown. Every lever asks for confirmation first, saying what it will do.
-import { count, get, h, poll, post, seconds, showNotice, when } from "./api.js";
+import { attempt, count, get, getToken, h, poll, post, seconds, showNotice, when } from "./api.js";
 import { confirmAction } from "./confirm.js";
-import { headPosition, progressView } from "./progress.js";
-
-// The last health of each projection, by name: what the confirmations estimate their work from.
-const health = new Map();
+import { progressView } from "./progress.js";
 
 export function render(root, selected) {
   const table = h("table", { id: "projections-table", "data-testid": "projections-table" });
@@ -18,7 +15,6 @@ export function render(root, selected) {
   const stop = poll(async () => {
     const data = await get("/projections");
     const rows = data.projections;
-    for (const p of rows) health.set(p.name, p);
     table.replaceChildren(head(), ...rows.map((p) => row(p, p.name === selected)));
     horizon.replaceChildren(horizonView(data.horizon));
     if (detail) await detail.load();
@@ -45,9 +41,16 @@ function row(p, chosen) {
       h("button", { "data-testid": `verify-${p.name}`, onclick: () => request(p.name, "verify") }, "Verify")));
 }
 
-function leverConsequences(name, action, body) {
-  const n = headPosition([...health.values()]); // about how many events the log holds
-  const events = n == null ? "" : ` (about ${count(n)} events)`;
+// What the last rebuild or verify of `name` went through: the best guide to what the next one will read.
+async function lastTotal(name) {
+  const answer = await attempt("GET", `/projections/${encodeURIComponent(name)}/runs?limit=50`, undefined, getToken());
+  if (answer instanceof Error) return null;
+  return answer.runs.find((r) => ["rebuild", "verify"].includes(r.kind) && r.events_total != null) || null;
+}
+
+function leverConsequences(name, action, body, last) {
+  const events = last ? ` (the last ${last.kind}, #${last.id}, went through ${count(last.events_total)} events; ` +
+    "more if events were appended since)" : " (every event in it: the count shows once it starts)";
   if (action === "rebuild") {
     return {
       title: `Rebuild ${name}?`,
@@ -74,7 +77,8 @@ function leverConsequences(name, action, body) {
 }
 
 async function request(name, action, body = {}) {
-  if (!(await confirmAction(leverConsequences(name, action, body)))) return;
+  const last = await lastTotal(name);
+  if (!(await confirmAction(leverConsequences(name, action, body, last)))) return;
   let answer;
   try { answer = await post(`/projections/${encodeURIComponent(name)}/${action}`, body); } catch { return; }
   const target = `#/projections/${encodeURIComponent(name)}`;
@@ -115,17 +119,16 @@ function details(name) {
   async function load() {
     const runRows = (await get(`/projections/${encodeURIComponent(name)}/runs`)).runs;
     const long = (x) => ["rebuild", "verify", "replay"].includes(x.kind);
-    const head = headPosition([...health.values()]);
     const active = runRows.filter((x) => x.status === "running" && long(x));
     ongoing.hidden = !active.length;
     ongoing.replaceChildren(...active.map((x) => h("div", { "data-testid": "ongoing-run", "data-kind": x.kind },
-      h("strong", {}, `${x.kind} #${x.id} running `), progressView(x, head))));
+      h("strong", {}, `${x.kind} #${x.id} running `), progressView(x))));
     runs.replaceChildren(h("tr", {}, ["id", "kind", "status", "trigger", "actor", "progress", "started", "ended", "error"]
       .map((t) => h("th", {}, t))),
       ...runRows.map((x) => h("tr", { "data-testid": "projection-run", "data-kind": x.kind, "data-status": x.status, "data-run-id": x.id },
         h("td", {}, x.id), h("td", {}, x.kind), h("td", {}, h("span", { class: `status s-${x.status}` }, x.status)),
         h("td", {}, x.trigger), h("td", {}, x.actor),
-        h("td", {}, long(x) ? progressView(x, head) : `${count(x.events_processed)} events · ${count(Math.round(x.rate))}/s`),
+        h("td", {}, long(x) ? progressView(x) : `${count(x.events_processed)} events · ${count(Math.round(x.rate))}/s`),
         h("td", {}, when(x.started_at)), h("td", {}, when(x.ended_at)), h("td", { class: "error-text" }, x.error || ""))));
     // Failures need the admin scope (a tenant's admin sees its tenant's); without it the rest still refreshes.
     const failRows = await get(`/failures?projection=${encodeURIComponent(name)}`).then((f) => f.failures, (err) => err);
