@@ -3,9 +3,9 @@
 While a worker process lives it holds a session-level advisory lock on a connection of its own, and a
 row in `ledgerflow.worker_presence` says the lock can be trusted. A crash closes the session and
 PostgreSQL releases the lock at once; peers check a few times a second (one cheap query on their own
-presence connection) and, when a registered process's lock is gone, call `on_peers_gone`, which takes
-its nodes over (`workflows.recovery.take_back` or `sweep`) within a second instead of at the end of
-its leases.
+presence connection) and, when a registered process's lock is gone (or a lease lapsed), call
+`on_orphans`, which takes its nodes over (`workflows.recovery.take_back` or `sweep`) within a second
+instead of at the end of its leases.
 
 What does not close the session does not end the presence: a paused process (SIGSTOP), a slow network
 or a busy database leave the lock held, and the lease stays the fallback for a worker that hangs or is
@@ -64,7 +64,7 @@ class _Registration:
 @dataclass(frozen=True)
 class _Watch:
     still_held: bool
-    peers_gone: bool
+    orphans: bool
 
 
 class Presence:
@@ -77,13 +77,13 @@ class Presence:
         *,
         worker_name: str,
         instance: str,
-        on_peers_gone: Callable[[], object],
+        on_orphans: Callable[[], object],
         interval: float = WATCH_INTERVAL,
     ) -> None:
         self._url = url
         self._worker_name = worker_name
         self._instance = instance
-        self._on_peers_gone = on_peers_gone
+        self._on_orphans = on_orphans
         self._interval = interval
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -129,7 +129,8 @@ class Presence:
                 self._take_over()
 
     def watch_once(self) -> bool:
-        """One check: register again if the presence was lost; True when a registered peer is gone."""
+        """One check: register again if the presence was lost; True when there are orphans to take
+        back (a registered peer is gone, or a lease lapsed)."""
         if self._stopping.is_set():
             return False  # never register again once stopping
         if self._conn is None or self._conn.closed:
@@ -150,12 +151,12 @@ class Presence:
         assert watch is not None
         if not watch.still_held:
             self._fall_back_to_leases("the presence lock is no longer held by this connection's backend")
-        return watch.peers_gone
+        return watch.orphans
 
     def _take_over(self) -> None:
         # Kept apart from the presence connection: a failed takeover must never end this presence.
         try:
-            self._on_peers_gone()
+            self._on_orphans()
         except Exception as exc:
             if not is_unavailable(exc):
                 log.exception("workflow_takeover_failed", instance=self._instance, error=str(exc))

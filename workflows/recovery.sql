@@ -117,18 +117,24 @@ SELECT pg_backend_pid() <> %(backend_pid)s
                       AND l.pid = %(backend_pid)s)
 
 -- name: presence_watch
--- The peers' check, a few times a second on the presence connection itself (no pool checkout), about
--- 0.05 ms of server time: whether this connection is still on the backend that holds this process's
--- lock (a pooler moves clients between backends; a session lock never leaves its backend), and whether
--- any other registered process is gone.
+-- The peers' check, a few times a second on the presence connection itself (no pool checkout), under
+-- 0.1 ms of server time: whether this connection is still on the backend that holds this process's lock
+-- (a pooler moves clients between backends; a session lock never leaves its backend), and whether there
+-- are orphans to take back: another registered process is gone, or a lease lapsed (the oldest lease is
+-- the first entry of the leases index), so a hung worker's nodes go once its lease lapses, not at the
+-- next periodic sweep.
 SELECT pg_backend_pid() = %(backend_pid)s AS still_held,
        EXISTS (SELECT 1 FROM ledgerflow.wf_worker_presence()
-                WHERE NOT alive AND instance <> %(instance)s) AS peers_gone
+                WHERE NOT alive AND instance <> %(instance)s)
+       OR EXISTS (SELECT 1 FROM ledgerflow.workflow_queue
+                   WHERE status = 'claimed' AND lease_expires_at < clock_timestamp()) AS orphans
 
 -- name: presence_watch_only
--- The same check for a process that cannot hold a presence of its own (it still takes dead peers over).
+-- The same check for a process that cannot hold a presence of its own (it still takes orphans over).
 SELECT EXISTS (SELECT 1 FROM ledgerflow.wf_worker_presence()
-                WHERE NOT alive AND instance <> %(instance)s) AS peers_gone
+                WHERE NOT alive AND instance <> %(instance)s)
+       OR EXISTS (SELECT 1 FROM ledgerflow.workflow_queue
+                   WHERE status = 'claimed' AND lease_expires_at < clock_timestamp()) AS orphans
 
 -- name: presence_deregister
 -- A clean stop: the row goes first, then the lock (by closing the session), so no peer reads the stop

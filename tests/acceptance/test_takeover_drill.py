@@ -82,19 +82,18 @@ registry.register(held)
 
 class PresentWorker(WorkflowWorker):
     """A workflow worker with the two additions recovery offers it: a presence, started before the first
-    claim, whose watch takes gone peers over; and, at start-up and at every takeover, the orphaned nodes
-    claimed for it in the statement that takes them back (`take_back`), then started by the claim loop
-    as if it had just claimed them. TAKEOVER_TAKE_BACK=0 leaves them ready for the claim loop instead."""
+    claim, whose watch takes orphans over at once; and, at start-up and at every takeover, the orphaned
+    nodes claimed for it in the statement that takes them back (`take_back`) and started batch by batch
+    as they commit. TAKEOVER_TAKE_BACK=0 leaves them ready for the claim loop instead."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._taken: list[Claim] = []
-        self._taken_lock = threading.Lock()
+        self._taking_back = threading.Lock()  # one take-back at a time: each counts the free slots
         self.presence = Presence(
             self.engine.store.url,
             worker_name=self.name,
             instance=self.instance,
-            on_peers_gone=lambda: self.recover("presence"),
+            on_orphans=lambda: self.recover("presence"),
         )
 
     def run(self) -> None:
@@ -108,28 +107,26 @@ class PresentWorker(WorkflowWorker):
         if trigger == "periodic" or os.environ.get("TAKEOVER_TAKE_BACK") == "0":
             super().recover(trigger)
         else:
-            with self._taken_lock:
-                slots = self.settings.concurrency - len(self._running) - len(self._taken)
-            take_back(
-                self.engine,
-                self.registry,
-                self._claimant,
-                slots=slots,
-                trigger=trigger,
-                start=self._hand_over,
-            )
+            with self._taking_back:
+                slots = self.settings.concurrency - len(self._running)
+                take_back(
+                    self.engine,
+                    self.registry,
+                    self._claimant,
+                    slots=slots,
+                    trigger=trigger,
+                    start=self._start,
+                )
         self._wake.set()
 
-    def _hand_over(self, claims: list[Claim]) -> None:
-        """Claims taken back go to the claim loop, which starts them as if it had just claimed them."""
-        with self._taken_lock:
-            self._taken += claims
-        self._wake.set()
-
-    def _claim(self, limit: int) -> list[Claim]:
-        with self._taken_lock:
-            taken, self._taken = self._taken[:limit], self._taken[limit:]
-        return taken or super()._claim(limit)
+    def _start(self, claims: list[Claim]) -> None:
+        """What `claim_and_start` does with the claims it made: load their runs in one query, then run
+        each (heartbeats cover it from here)."""
+        states = self._load_claimed(claims)
+        for claim, state in zip(claims, self._own_copies(claims, states), strict=True):
+            with self._lock:
+                self._running[claim.token] = (claim, None)
+            self._pool.submit(self._execute, claim, state)
 
 
 def main() -> None:
@@ -389,6 +386,7 @@ def test_a_paused_worker_behind_a_slow_network_on_a_busy_database_keeps_its_node
             paused_for = time.monotonic() - began
         gate.touch()
         wait_until(lambda: all_done(engine, run_ids), timeout=60, what="the runs to finish")
+        workers.stop_all()  # before the slow link closes under them
     assert reclaims(store, run_ids) == [], "a live worker's node was taken over"
     assert workers.entered(peer) == {}, "a node of the paused worker ran on the peer"
     assert peer.poll() is None
@@ -413,12 +411,41 @@ def test_a_killed_worker_is_taken_over_long_before_its_lease_lapses(
     wait_until(lambda: len(workers.entered(taker)) == count, timeout=60, what="every node to run again")
     entered = workers.entered(taker).values()
     first, last = min(entered) - killed, max(entered) - killed
-    wait_until(lambda: all_done(engine, run_ids), timeout=120, what="the runs to finish")
+    wait_until(lambda: all_done(engine, run_ids), timeout=300, what="the runs to finish")
     print(f"\n{count} nodes of a SIGKILLed worker (lease 10 s) running elsewhere: ", end="")
     print(f"the first {first:.2f}s, all {last:.2f}s after the kill; ", end="")
     print(takeover_sweeps(store, "taker", killed))
     assert set(reclaims(store, run_ids)) == {"worker_gone"}
     assert last < 5.0, f"takeover took {last:.2f}s from the kill; the lease is 10 s"
+
+
+def test_a_hung_worker_is_taken_over_as_soon_as_its_lease_lapses(store: EventStore, workers: Workers) -> None:
+    """Its session stays open (SIGSTOP), so its presence holds: the lease is the fallback."""
+    engine = Engine(store, registry)
+    hung = workers.start("hung", lease_ttl=3.0, concurrency=20, block=True)
+    wait_until(lambda: present(store, 1), timeout=30, what="the worker to hold its presence")
+    run_ids = [engine.start("held").run_id for _ in range(20)]
+    wait_until(lambda: len(workers.entered(hung)) == 20, timeout=60, what="every first node to run")
+    taker = workers.start("taker", lease_ttl=3.0, concurrency=20)
+    wait_until(lambda: present(store, 2), timeout=30, what="the taker to hold its presence")
+    hung.send_signal(signal.SIGSTOP)
+    with store.pool.connection() as conn:
+        # The hung worker's leases as it last renewed them: nothing renews them any more.
+        row = conn.execute(
+            "SELECT extract(epoch FROM max(lease_expires_at))::float8 FROM ledgerflow.workflow_queue "
+            "WHERE status = 'claimed' AND worker_name = 'hung'"
+        ).fetchone()
+    assert row is not None
+    assert row[0] is not None
+    lapsed = float(row[0])
+    wait_until(lambda: len(workers.entered(taker)) == 20, timeout=60, what="every node to run again")
+    last = max(workers.entered(taker).values()) - lapsed
+    wait_until(lambda: all_done(engine, run_ids), timeout=60, what="the runs to finish")
+    print(
+        f"\n20 nodes of a hung worker (lease 3 s) running elsewhere {last:.2f}s after the last lease lapsed"
+    )
+    assert set(reclaims(store, run_ids)) == {"lease_expired"}
+    assert last < 3.0
 
 
 def test_a_restarted_worker_runs_its_nodes_again_at_once(store: EventStore, workers: Workers) -> None:
@@ -435,7 +462,7 @@ def test_a_restarted_worker_runs_its_nodes_again_at_once(store: EventStore, work
     new = workers.start("again", concurrency=count)
     wait_until(lambda: len(workers.entered(new)) == count, timeout=60, what="every node to run again")
     last = max(workers.entered(new).values())
-    wait_until(lambda: all_done(engine, run_ids), timeout=120, what="the runs to finish")
+    wait_until(lambda: all_done(engine, run_ids), timeout=300, what="the runs to finish")
     print(f"\n{count} nodes of a SIGKILLed worker running again in its restarted process: ", end="")
     print(f"all {last - spawned:.2f}s from the spawn, {last - killed:.2f}s from the kill; ", end="")
     print(takeover_sweeps(store, "again", spawned))

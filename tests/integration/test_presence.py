@@ -38,7 +38,7 @@ LONG_LEASE = WorkerSettings(lease_ttl=3600)
 HOLD_PRESENCE = """
 import sys, threading
 from workflows.presence import Presence
-presence = Presence(sys.argv[1], worker_name=sys.argv[2], instance=sys.argv[3], on_peers_gone=lambda: None)
+presence = Presence(sys.argv[1], worker_name=sys.argv[2], instance=sys.argv[3], on_orphans=lambda: None)
 presence.start()
 threading.Event().wait(600)
 """
@@ -83,7 +83,7 @@ def watcher(store: EventStore, gone: threading.Event | None = None) -> Presence:
         store.url,
         worker_name="peer",
         instance=uuid.uuid4().hex[:12],
-        on_peers_gone=(gone or threading.Event()).set,
+        on_orphans=(gone or threading.Event()).set,
         interval=3600,  # the tests call watch_once themselves
     )
     peer.start()
@@ -123,7 +123,7 @@ def test_the_watch_asks_for_a_takeover_when_a_peer_dies(
     dies = WorkflowWorker(Engine(store, registry), registry, LONG_LEASE, name="dies")
     process = hold_presence_elsewhere(store, dies, presence_processes)
     gone = threading.Event()
-    peer = Presence(store.url, worker_name="peer", instance="peer1", on_peers_gone=gone.set, interval=0.05)
+    peer = Presence(store.url, worker_name="peer", instance="peer1", on_orphans=gone.set, interval=0.05)
     peer.start()
     try:
         assert peer.mode is PresenceMode.SESSION
@@ -135,7 +135,7 @@ def test_the_watch_asks_for_a_takeover_when_a_peer_dies(
 
 
 def test_a_clean_stop_is_not_read_as_a_crash(store: EventStore) -> None:
-    leaving = Presence(store.url, worker_name="leaving", instance="l1", on_peers_gone=lambda: None)
+    leaving = Presence(store.url, worker_name="leaving", instance="l1", on_orphans=lambda: None)
     leaving.start()
     assert registered(store, "l1")
     peer = watcher(store)
@@ -154,7 +154,7 @@ def test_live_processes_sharing_a_name_keep_their_nodes(store: EventStore, engin
     first = WorkflowWorker(engine, registry, LONG_LEASE, name="same")
     second = WorkflowWorker(engine, registry, LONG_LEASE, name="same")
     presences = [
-        Presence(store.url, worker_name=w.name, instance=w.instance, on_peers_gone=lambda: None)
+        Presence(store.url, worker_name=w.name, instance=w.instance, on_orphans=lambda: None)
         for w in (first, second)
     ]
     for p in presences:
@@ -195,7 +195,7 @@ def test_a_presence_taken_before_the_server_started_is_not_trusted(
 
 
 def test_a_terminated_presence_session_registers_again(store: EventStore) -> None:
-    presence = Presence(store.url, worker_name="w", instance="w1", on_peers_gone=lambda: None, interval=0.05)
+    presence = Presence(store.url, worker_name="w", instance="w1", on_orphans=lambda: None, interval=0.05)
     presence.start()
     try:
         with store.pool.connection() as conn:
@@ -216,6 +216,25 @@ def test_a_terminated_presence_session_registers_again(store: EventStore) -> Non
         assert presence.mode is PresenceMode.SESSION
     finally:
         presence.stop()
+
+
+def test_the_watch_sees_a_lapsed_lease_at_once(store: EventStore, engine: Engine) -> None:
+    """A hung worker (its session open, its presence held) is taken over once its lease lapses: the
+    watch notices within one interval, without waiting for a periodic sweep."""
+    run_id = engine.start("linear").run_id
+    hung = WorkflowWorker(engine, registry, WorkerSettings(lease_ttl=0.5), name="hung")
+    presence = Presence(store.url, worker_name=hung.name, instance=hung.instance, on_orphans=lambda: None)
+    presence.start()
+    peer = watcher(store)
+    try:
+        assert len(hung._claim(1)) == 1  # and no heartbeat renews it
+        assert peer.watch_once() is False
+        wait_until(peer.watch_once, timeout=10, what="the watch to see the lapsed lease")
+        assert sweep(engine, registry, worker_name="peer", instance="p1").reclaimed == 1
+    finally:
+        peer.stop()
+        presence.stop()
+    assert reclaim_reasons(store, run_id) == ["lease_expired"]
 
 
 # -- taking nodes back as claims ---------------------------------------------------------------------
@@ -314,7 +333,7 @@ def test_behind_a_transaction_pooler_the_presence_falls_back_to_leases_and_says_
     store: EventStore, pgbouncer_url: str
 ) -> None:
     with capture_logs() as logs:
-        presence = Presence(pgbouncer_url, worker_name="pooled", instance="b1", on_peers_gone=lambda: None)
+        presence = Presence(pgbouncer_url, worker_name="pooled", instance="b1", on_orphans=lambda: None)
         presence.start()
         try:
             assert presence.mode is PresenceMode.POOLED
