@@ -291,10 +291,13 @@ def _apply_batch(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
         for n in run.nodes.values()
         if (row := node_row(run_id, n)) != before_nodes.get((run_id, n.name))
     ]
-    if changed_runs:
-        ctx.execute(_UPSERT_RUNS, _columns(changed_runs, json_column=RUN_COLUMNS.index("input")))
-    if changed_nodes:
-        ctx.execute(_UPSERT_NODES, _columns(changed_nodes))
+    if not (changed_runs or changed_nodes):
+        return
+    with ctx.conn.pipeline():  # both writes in one round trip
+        if changed_runs:
+            ctx.execute(_UPSERT_RUNS, _columns(changed_runs, json_column=RUN_COLUMNS.index("input")))
+        if changed_nodes:
+            ctx.execute(_UPSERT_NODES, _columns(changed_nodes))
 
 
 def _runs_to_load(typed: Sequence[tuple[ev.WorkflowEvent, RecordedEvent]]) -> list[uuid.UUID]:
@@ -312,9 +315,16 @@ def _runs_to_load(typed: Sequence[tuple[ev.WorkflowEvent, RecordedEvent]]) -> li
 def _load(ctx: ApplyContext, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, RunState]:
     if not run_ids:
         return {}
-    with ctx.conn.cursor(row_factory=dict_row) as cur:
-        runs = cur.execute(ctx.sql(_LOAD_RUNS), {"ids": run_ids}).fetchall()
-        nodes = cur.execute(ctx.sql(_LOAD_NODES), {"ids": run_ids}).fetchall()
+    conn = ctx.conn
+    # Both reads in one round trip: the first fetch sends them together.
+    with (
+        conn.pipeline(),
+        conn.cursor(row_factory=dict_row) as runs_of,
+        conn.cursor(row_factory=dict_row) as nodes_of_runs,
+    ):
+        runs_of.execute(ctx.sql(_LOAD_RUNS), {"ids": run_ids})
+        nodes_of_runs.execute(ctx.sql(_LOAD_NODES), {"ids": run_ids})
+        runs, nodes = runs_of.fetchall(), nodes_of_runs.fetchall()
     nodes_of: dict[uuid.UUID, list[dict[str, Any]]] = {r["run_id"]: [] for r in runs}
     for n in nodes:
         nodes_of[n["run_id"]].append(n)
