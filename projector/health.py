@@ -49,7 +49,7 @@ def projection_health(
         for p in projections:
             current = state.get_cursor(conn, p.name)
             cursor = current.cursor if current else Cursor()
-            lag = state.lag(conn, cursor)
+            lag = state.lag(conn, cursor, p.event_types)
             lease = state.lease_of(conn, p.name)
             failures = state.open_failures(conn, p.name)
             # A failure blocks every tenant's rows, so the state says "blocked" to all; the count (and

@@ -73,13 +73,14 @@ RETURNING id
 
 -- name: count_run_events
 -- What a run goes through: the events after its start cursor up to its target (to the end of the log when
--- it has none), of its tenant only for a tenant's run.
+-- it has none), of the types its projection reads, of its tenant only for a tenant's run.
 WITH counted AS (
     SELECT count(*) AS n FROM ledgerflow.events
      WHERE (transaction_id, position) > (%(start_tx)s::text::xid8, %(start_position)s)
        AND (%(target_tx)s::bigint IS NULL
             OR (transaction_id, position) <= (%(target_tx)s::text::xid8, %(target_position)s))
        AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+       AND (%(types)s::text[] IS NULL OR event_type = ANY (%(types)s::text[]))
 )
 UPDATE ledgerflow.projection_runs SET events_total = (SELECT n FROM counted) WHERE id = %(run_id)s
 RETURNING events_total
@@ -202,12 +203,14 @@ SELECT position, transaction_id::text::bigint, tenant, stream_id, stream_version
 
 -- name: lag
 -- How far a projection trails: events below the safe horizon not yet applied, events committed at all
--- not yet applied, and the age of the oldest of them. Counts stop at 1,000,000 to stay cheap.
+-- not yet applied, and the age of the oldest of them; of the types it reads only (its cursor row is not
+-- moved over the others while it idles). Counts stop at 1,000,000 to stay cheap.
 WITH h AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin),
 behind AS (
     SELECT e.transaction_id, e.recorded_at
       FROM ledgerflow.events e
      WHERE (e.transaction_id, e.position) > (%(tx)s::text::xid8, %(position)s::bigint)
+       AND (%(types)s::text[] IS NULL OR e.event_type = ANY (%(types)s::text[]))
      ORDER BY e.transaction_id, e.position
      LIMIT 1000000
 )

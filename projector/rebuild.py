@@ -216,7 +216,9 @@ def _record_run(
         # Counted once, for the progress shown (a total, a rate, the time left). A rebuild or verify goes
         # to the end of the log, not to the live cursor; events appended meanwhile take it a little past.
         until = target if kind == "replay" else None
-        state.count_run_events(conn, run_id, start=start, target=until, tenant=tenant)
+        state.count_run_events(
+            conn, run_id, start=start, target=until, tenant=tenant, types=projection.event_types
+        )
         return run_id
 
 

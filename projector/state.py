@@ -6,6 +6,7 @@ so callers combine them in one transaction where a guarantee needs it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -184,15 +185,26 @@ def lease_of(conn: Conn, projection: str) -> LeaseInfo | None:
 # -- runs -------------------------------------------------------------------------------------------
 
 
+def _types(types: Sequence[str] | None) -> list[str] | None:
+    return None if types is None else list(types)
+
+
 def count_run_events(
-    conn: Conn, run_id: int, *, start: Cursor, target: Cursor | None, tenant: str | None
+    conn: Conn,
+    run_id: int,
+    *,
+    start: Cursor,
+    target: Cursor | None,
+    tenant: str | None,
+    types: Sequence[str] | None,
 ) -> int:
-    """Count the events run `run_id` goes through and record the total on the run."""
+    """Count the events (of `types`; all with None) run `run_id` goes through; record it on the run."""
     row = conn.execute(
         Q["count_run_events"],
         {
             "run_id": run_id,
             "tenant": tenant,
+            "types": _types(types),
             "start_tx": start.transaction_id,
             "start_position": start.position,
             "target_tx": target.transaction_id if target else None,
@@ -371,8 +383,10 @@ class Lag:
     horizon_xmin: int
 
 
-def lag(conn: Conn, cursor: Cursor) -> Lag:
-    row = conn.execute(Q["lag"], {"tx": str(cursor.transaction_id), "position": cursor.position}).fetchone()
+def lag(conn: Conn, cursor: Cursor, types: Sequence[str] | None = None) -> Lag:
+    """How far a reader at `cursor` of events of `types` (all, with None) trails."""
+    params = {"tx": str(cursor.transaction_id), "position": cursor.position, "types": _types(types)}
+    row = conn.execute(Q["lag"], params).fetchone()
     assert row is not None
     return Lag(int(row[0]), int(row[1]), float(row[2] or 0.0), int(row[3]))
 

@@ -51,3 +51,19 @@ def test_the_time_left_follows_the_rate(store: EventStore) -> None:
         )
     assert recorded(store, run.run_id).seconds_left == 6.0
     run.execute()
+
+
+def test_lag_and_totals_count_only_the_types_a_projection_reads(store: EventStore) -> None:
+    from projector.health import projection_health
+    from workflows import workflow_tables
+
+    rebuild = start_rebuild(store, workflow_tables)
+    rebuild.execute()
+    store.append("order-1", [NewEvent("Placed", {}) for _ in range(50)])
+    wait_until(lambda: not store.events_beyond_horizon(), what="the events to be readable")
+    health = {h.name: h for h in projection_health(store, [stream_catalogue, workflow_tables])}
+    assert health["workflow_tables"].lag_events == 0, "no workflow event is waiting for it"
+    assert health["stream_catalogue"].lag_events == 50
+    verify = start_verify(store, workflow_tables)
+    assert recorded(store, verify.run_id).events_total == 0
+    verify.execute()
