@@ -200,7 +200,8 @@ SELECT EXISTS (SELECT 1 FROM ledgerflow.events
                 WHERE transaction_id >= pg_snapshot_xmin(pg_current_snapshot()))
 
 -- name: notify
-SELECT pg_notify('ledgerflow_events', '')
+-- Sent by the notifier through libpq directly (simple protocol, no parameters, no rows back).
+NOTIFY ledgerflow_events
 
 -- name: listen
 LISTEN ledgerflow_events

@@ -1,0 +1,37 @@
+"""Appends wake listeners through the notifier, which outlives the loss of its connection."""
+
+from __future__ import annotations
+
+import psycopg
+
+from eventstore import EventStore, NewEvent
+from tests.waiting import wait_until
+
+
+def woken(listener: psycopg.Connection[object], timeout: float) -> bool:
+    return any(n.channel == "ledgerflow_events" for n in listener.notifies(timeout=timeout, stop_after=1))
+
+
+def test_an_append_wakes_every_listener(store: EventStore) -> None:
+    with psycopg.connect(store.url, autocommit=True) as listener:
+        listener.execute("LISTEN ledgerflow_events")
+        store.append("s", [NewEvent("Happened", {})])
+        assert woken(listener, timeout=10)
+
+
+def test_the_notifier_reconnects_after_its_backend_is_terminated(store: EventStore) -> None:
+    with psycopg.connect(store.url, autocommit=True) as listener:
+        listener.execute("LISTEN ledgerflow_events")
+        store.append("s", [NewEvent("Happened", {})])
+        assert woken(listener, timeout=10)
+        ended = listener.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = 'ledgerflow-notifier'"
+        ).fetchone()
+        assert ended == (1,)
+
+        def append_and_hear() -> bool:
+            store.append("s", [NewEvent("Happened", {})])
+            return woken(listener, timeout=0.2)
+
+        wait_until(append_and_hear, what="a wake-up through the notifier's new connection")
