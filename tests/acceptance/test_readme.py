@@ -304,3 +304,36 @@ def _check_outputs(steps: list[Step], shell: Shell) -> None:
     assert re.match(r"HTTP/\S+ 201", appended.out), appended.out
     assert "acme" in _find(steps, "lf tokens list").out
     assert "database" in _find(steps, "lf doctor").out
+
+
+def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {
+        "LEDGERFLOW_DATABASE_URL": database_url,
+        "LEDGERFLOW_WORKFLOWS": "tests.flows:registry",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+def test_values_the_tour_captures_are_printed_alone(database_url: str) -> None:
+    """`$(...)` takes the whole of stdout: a run id or a secret and nothing else."""
+    started = _cli(database_url, "workflows", "start", "linear", "--input", '{"n": 1}', "--print-id")
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", run_id)
+
+    token = _cli(database_url, "tokens", "create", "--tenant", "acme", "--print-secret")
+    assert token.returncode == 0, token.stderr
+    assert re.fullmatch(r"lf_[\w-]+\n", token.stdout)
+
+    # No worker runs here: the run cannot end, and wait says so with its own exit status.
+    waited = _cli(database_url, "workflows", "wait", run_id, "--timeout", "0.5")
+    assert waited.returncode == 2, waited.stderr
+    assert "still running" in waited.stderr
