@@ -2,11 +2,13 @@
 
 Each end is one transaction of two round trips: the queue's side in one statement (the fence on the claim,
 the node's row, the newly runnable nodes, and the successor the worker hands to itself, already claimed),
-then the run-stream events with the exact version the worker knows. The decision of what runs next (and
-whether the run ended) is made from the worker's own copy of the run's state, kept up to date with the
-events it appends; if the run changed meanwhile the append fails, the worker reads only the events it has
-not seen and decides again, so two sibling nodes finishing at the same moment cannot both miss (or both
-start) their common dependent.
+then the run-stream events with the exact version the worker knows. The end of a run also claims a ready
+node of another run for the worker, in the same transaction (a third round trip when it finds one).
+
+The decision of what runs next (and whether the run ended) is made from the worker's own copy of the
+run's state, kept up to date with the events it appends; if the run changed meanwhile the append fails,
+the worker reads only the events it has not seen and decides again, so two sibling nodes finishing at the
+same moment cannot both miss (or both start) their common dependent.
 """
 
 from __future__ import annotations
