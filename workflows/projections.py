@@ -234,23 +234,50 @@ def state_from_rows(run: dict[str, Any], nodes: Sequence[dict[str, Any]]) -> Run
 
 # -- applying a batch -------------------------------------------------------------------------------
 
-_LOAD_RUNS = "SELECT * FROM {workflow_runs} WHERE run_id = ANY(%(ids)s)"
-_LOAD_NODES = "SELECT * FROM {workflow_nodes} WHERE run_id = ANY(%(ids)s)"
-# One statement per table and batch: the changed rows as parallel arrays, inserted or updated in place.
-_UPSERT_RUNS = """
-INSERT INTO {workflow_runs} (run_id, tenant, workflow, key, status, current_node, nodes_total, nodes_done,
-                             input, error, cancel_requested, created_at, updated_at, finished_at)
-SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::int[],
-                     %s::int[], %s::jsonb[], %s::text[], %s::bool[], %s::timestamptz[], %s::timestamptz[],
-                     %s::timestamptz[])
-ON CONFLICT (run_id) DO UPDATE
-   SET tenant = EXCLUDED.tenant, workflow = EXCLUDED.workflow, key = EXCLUDED.key, status = EXCLUDED.status,
-       current_node = EXCLUDED.current_node, nodes_total = EXCLUDED.nodes_total,
-       nodes_done = EXCLUDED.nodes_done, input = EXCLUDED.input, error = EXCLUDED.error,
-       cancel_requested = EXCLUDED.cancel_requested, created_at = EXCLUDED.created_at,
-       updated_at = EXCLUDED.updated_at, finished_at = EXCLUDED.finished_at
+# One round trip: each run's row with its nodes' columns as arrays in node order (a join would repeat
+# the run's input once per node).
+_LOAD = """
+SELECT r.*, n.*
+  FROM {workflow_runs} r
+  CROSS JOIN LATERAL (
+        SELECT array_agg(node ORDER BY position) AS n_node,
+               array_agg(position ORDER BY position) AS n_position,
+               array_agg(status ORDER BY position) AS n_status,
+               array_agg(attempt ORDER BY position) AS n_attempt,
+               array_agg(crashes ORDER BY position) AS n_crashes,
+               array_agg(generation ORDER BY position) AS n_generation,
+               array_agg(progress_current ORDER BY position) AS n_progress_current,
+               array_agg(progress_total ORDER BY position) AS n_progress_total,
+               array_agg(progress_message ORDER BY position) AS n_progress_message,
+               array_agg(checkpoints ORDER BY position) AS n_checkpoints,
+               array_agg(worker ORDER BY position) AS n_worker,
+               array_agg(error ORDER BY position) AS n_error,
+               array_agg(stuck ORDER BY position) AS n_stuck,
+               array_agg(started_at ORDER BY position) AS n_started_at,
+               array_agg(finished_at ORDER BY position) AS n_finished_at,
+               array_agg(duration_ms ORDER BY position) AS n_duration_ms,
+               array_agg(updated_at ORDER BY position) AS n_updated_at
+          FROM {workflow_nodes}
+         WHERE run_id = r.run_id
+       ) n
+ WHERE r.run_id = ANY(%(ids)s)
 """
-_UPSERT_NODES = """
+# One statement, one round trip: the changed rows of both tables as parallel arrays (either may be
+# empty), inserted or updated in place.
+_UPSERT = """
+WITH runs AS (
+    INSERT INTO {workflow_runs} (run_id, tenant, workflow, key, status, current_node, nodes_total, nodes_done,
+                                 input, error, cancel_requested, created_at, updated_at, finished_at)
+    SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::int[],
+                         %s::int[], %s::jsonb[], %s::text[], %s::bool[], %s::timestamptz[], %s::timestamptz[],
+                         %s::timestamptz[])
+    ON CONFLICT (run_id) DO UPDATE
+       SET tenant = EXCLUDED.tenant, workflow = EXCLUDED.workflow, key = EXCLUDED.key,
+           status = EXCLUDED.status, current_node = EXCLUDED.current_node, nodes_total = EXCLUDED.nodes_total,
+           nodes_done = EXCLUDED.nodes_done, input = EXCLUDED.input, error = EXCLUDED.error,
+           cancel_requested = EXCLUDED.cancel_requested, created_at = EXCLUDED.created_at,
+           updated_at = EXCLUDED.updated_at, finished_at = EXCLUDED.finished_at
+)
 INSERT INTO {workflow_nodes} (run_id, node, position, status, attempt, crashes, generation, progress_current,
                               progress_total, progress_message, checkpoints, worker, error, stuck, started_at,
                               finished_at, duration_ms, updated_at)
@@ -291,13 +318,10 @@ def _apply_batch(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
         for n in run.nodes.values()
         if (row := node_row(run_id, n)) != before_nodes.get((run_id, n.name))
     ]
-    if not (changed_runs or changed_nodes):
-        return
-    with ctx.conn.pipeline():  # both writes in one round trip
-        if changed_runs:
-            ctx.execute(_UPSERT_RUNS, _columns(changed_runs, json_column=RUN_COLUMNS.index("input")))
-        if changed_nodes:
-            ctx.execute(_UPSERT_NODES, _columns(changed_nodes))
+    if changed_runs or changed_nodes:
+        input_column = RUN_COLUMNS.index("input")
+        runs_columns = _columns(changed_runs, len(RUN_COLUMNS), json_column=input_column)
+        ctx.execute(_UPSERT, [*runs_columns, *_columns(changed_nodes, len(NODE_COLUMNS))])
 
 
 def _runs_to_load(typed: Sequence[tuple[ev.WorkflowEvent, RecordedEvent]]) -> list[uuid.UUID]:
@@ -315,25 +339,21 @@ def _runs_to_load(typed: Sequence[tuple[ev.WorkflowEvent, RecordedEvent]]) -> li
 def _load(ctx: ApplyContext, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, RunState]:
     if not run_ids:
         return {}
-    conn = ctx.conn
-    # Both reads in one round trip: the first fetch sends them together.
-    with (
-        conn.pipeline(),
-        conn.cursor(row_factory=dict_row) as runs_of,
-        conn.cursor(row_factory=dict_row) as nodes_of_runs,
-    ):
-        runs_of.execute(ctx.sql(_LOAD_RUNS), {"ids": run_ids})
-        nodes_of_runs.execute(ctx.sql(_LOAD_NODES), {"ids": run_ids})
-        runs, nodes = runs_of.fetchall(), nodes_of_runs.fetchall()
-    nodes_of: dict[uuid.UUID, list[dict[str, Any]]] = {r["run_id"]: [] for r in runs}
-    for n in nodes:
-        nodes_of[n["run_id"]].append(n)
-    return {r["run_id"]: state_from_rows(r, nodes_of[r["run_id"]]) for r in runs}
+    with ctx.conn.cursor(row_factory=dict_row) as cur:
+        found = cur.execute(ctx.sql(_LOAD), {"ids": run_ids}).fetchall()
+    return {r["run_id"]: state_from_rows(r, _node_rows(r)) for r in found}
 
 
-def _columns(rows: Sequence[tuple[Any, ...]], json_column: int | None = None) -> list[list[Any]]:
-    """Rows as one list per column, for `unnest`."""
-    columns = [list(c) for c in zip(*rows, strict=True)]
+def _node_rows(loaded: dict[str, Any]) -> list[dict[str, Any]]:
+    """The node rows of a loaded run, from its `n_<column>` arrays (NULL when the run has no nodes)."""
+    columns = [c for c in NODE_COLUMNS if c != "run_id"]
+    arrays = [loaded[f"n_{c}"] or [] for c in columns]
+    return [dict(zip(columns, values, strict=True)) for values in zip(*arrays, strict=True)]
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], width: int, json_column: int | None = None) -> list[list[Any]]:
+    """Rows as one list per column, for `unnest` (`width` empty lists when there are no rows)."""
+    columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
     if json_column is not None:
         columns[json_column] = [Jsonb(v) for v in columns[json_column]]
     return columns
