@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -222,6 +223,10 @@ def shell(tmp_path: Path, database_url: str) -> Iterator[Shell]:
         opened.stop()
 
 
+@pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("curl") is None,
+    reason="the tour is typed in bash and uses curl",
+)
 def test_the_tour_runs_as_written(shell: Shell, database_url: str) -> None:
     port = _free_port()
     steps: list[Step] = []
