@@ -32,20 +32,25 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
+from eventstore import direct
+
 Connection = psycopg.Connection[Any]
 
 
-class _Pin:
+class Pin:
     """A connection held for one thread. `lock` is held while the connection is in use, so that no other
     thread takes it back in the middle of an append."""
 
-    __slots__ = ("conn", "cursor", "last_used", "lock", "pid", "poller")
+    __slots__ = ("conn", "cursor", "direct", "last_used", "lock", "pid", "poller", "prepared")
 
     def __init__(self) -> None:
         self.conn: Connection | None = None
         #: One cursor for all of the thread's appends: a new cursor per statement costs more than the
         #: statement's own parameters.
         self.cursor: psycopg.Cursor[Any] | None = None
+        #: Whether `conn` can take `eventstore.direct`'s path, and the statements it prepared there.
+        self.direct = False
+        self.prepared: set[bytes] = set()
         self.lock = threading.Lock()
         self.last_used = 0.0
         self.pid = os.getpid()
@@ -60,6 +65,8 @@ class _Pin:
     def hold(self, conn: Connection) -> None:
         self.conn = conn
         self.cursor = conn.cursor()
+        self.direct = direct.usable(conn)
+        self.prepared = set()
         self.poller = select.poll()
         self.poller.register(conn.pgconn.socket, select.POLLIN)
 
@@ -70,7 +77,7 @@ class _Owner:
 
     __slots__ = ("__weakref__", "pin")
 
-    def __init__(self, pin: _Pin) -> None:
+    def __init__(self, pin: Pin) -> None:
         self.pin = pin
 
 
@@ -84,7 +91,7 @@ class PinnedConnections:
         self._pid = os.getpid()
         self._local = threading.local()
         #: Pins that hold a connection. Guarded by `_lock`.
-        self._held: set[_Pin] = set()
+        self._held: set[Pin] = set()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -107,18 +114,17 @@ class PinnedConnections:
         finally:
             self.release()
 
-    def acquire(self) -> psycopg.Cursor[Any] | None:
-        """A cursor on this thread's pinned connection, live, for one use: end the use with `release`.
-        None when this thread cannot have one: then check a connection out of the pool for the call.
+    def acquire(self) -> Pin | None:
+        """This thread's pin, its connection live, for one use: end the use with `release`. None when
+        this thread cannot have one: then check a connection out of the pool for the call.
 
         The hot path's form of `connection()`, without a generator to drive."""
-        pin = self._lock_pin()
-        return None if pin is None else pin.cursor
+        return self._lock_pin()
 
     def release(self) -> None:
         """End this thread's use of its pinned connection. A connection that broke during the use goes
         back to the pool, which discards it; the thread's next use takes another."""
-        pin: _Pin = self._local.owner.pin
+        pin: Pin = self._local.owner.pin
         try:
             conn = pin.conn
             if conn is not None and (conn.closed or conn.broken):
@@ -128,13 +134,13 @@ class PinnedConnections:
         finally:
             pin.lock.release()
 
-    def _lock_pin(self) -> _Pin | None:
+    def _lock_pin(self) -> Pin | None:
         """This thread's pin, locked and holding a live connection; None when it cannot have one."""
         if self._closed or self.limit < 1 or os.getpid() != self._pid:
             return None
         owner: _Owner | None = getattr(self._local, "owner", None)
         if owner is None:
-            owner = _Owner(_Pin())
+            owner = _Owner(Pin())
             self._local.owner = owner
             # A plain function with no reference to `self`: the store can be collected while the thread lives.
             weakref.finalize(owner, _give_back, self._pool, owner.pin, self._held, self._lock)
@@ -151,7 +157,7 @@ class PinnedConnections:
             raise
         return pin
 
-    def _take(self, pin: _Pin) -> bool:
+    def _take(self, pin: Pin) -> bool:
         """Give `pin` a connection from the pool, within the limit (reclaiming an idle pin if need be)."""
         with self._lock:
             if len(self._held) >= self.limit and not self._reclaim_idle():
@@ -192,7 +198,7 @@ class PinnedConnections:
             return True
         return False
 
-    def _unpin(self, pin: _Pin) -> None:
+    def _unpin(self, pin: Pin) -> None:
         """Give `pin`'s connection back (called with `pin.lock` held); the pool discards a broken one."""
         conn = pin.drop()
         with self._lock:
@@ -236,7 +242,7 @@ def _alive(conn: Connection, poller: select.poll | None) -> bool:
     return pgconn.status == psycopg.pq.ConnStatus.OK
 
 
-def _give_back(pool: psycopg_pool.ConnectionPool, pin: _Pin, held: set[_Pin], lock: threading.Lock) -> None:
+def _give_back(pool: psycopg_pool.ConnectionPool, pin: Pin, held: set[Pin], lock: threading.Lock) -> None:
     """The pinning thread ended (or the process exits): return its connection to the pool."""
     if pin.pid != os.getpid():
         # Inherited through a fork: the connection is the parent's, and closing it here would end the

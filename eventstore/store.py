@@ -16,7 +16,7 @@ import structlog
 from psycopg import sql
 
 from eventstore import _validation as check
-from eventstore import jsonvalue, telemetry
+from eventstore import direct, jsonvalue, telemetry
 from eventstore.db import translate_errors
 from eventstore.errors import ConflictError, InvalidInputError, WrongExpectedVersionError
 from eventstore.events import (
@@ -250,7 +250,10 @@ class EventStore:
             "correlation_id": event.correlation_id,
             "causation_id": event.causation_id,
         }
-        return self._write(_ONE_EVENT[_bump_key(expected)], params, tenant, 1, 1, conn, (stream_id, expected))
+        key = _bump_key(expected)
+        return self._write(
+            _ONE_EVENT[key], params, tenant, 1, 1, conn, (stream_id, expected), _ONE_EVENT_DIRECT[key]
+        )
 
     def _write(
         self,
@@ -261,11 +264,13 @@ class EventStore:
         events: int,
         conn: psycopg.Connection[Any] | None,
         missing: tuple[str, ExpectedVersion] | None,
+        direct_form: direct.DirectStatement | None = None,
     ) -> AppendResult:
         """Run an append statement; `missing`: the stream and expectation of a single-stream statement,
-        which writes no row (rather than raising) when the expected version does not hold."""
+        which writes no row (rather than raising) when the expected version does not hold;
+        `direct_form`: the statement's form for `eventstore.direct`, if it has one."""
         if not telemetry.tracing():
-            return self._write_untraced(query, params, tenant, conn, missing)
+            return self._write_untraced(query, params, tenant, conn, missing, direct_form)
         with telemetry.tracer.start_as_current_span(
             "ledgerflow.append",
             attributes={
@@ -274,7 +279,7 @@ class EventStore:
                 "ledgerflow.events": events,
             },
         ):
-            return self._write_untraced(query, params, tenant, conn, missing)
+            return self._write_untraced(query, params, tenant, conn, missing, direct_form)
 
     def _write_untraced(
         self,
@@ -283,6 +288,7 @@ class EventStore:
         tenant: str,
         conn: psycopg.Connection[Any] | None,
         missing: tuple[str, ExpectedVersion] | None,
+        direct_form: direct.DirectStatement | None,
     ) -> AppendResult:
         began = time.perf_counter()
         try:
@@ -291,11 +297,20 @@ class EventStore:
                     rows = conn.execute(query, params).fetchall()
                     if not rows and missing is not None:
                         _wrong_version(conn, tenant, *missing)
-                elif (pinned := self._pins.acquire()) is not None:
+                elif (pin := self._pins.acquire()) is not None:
                     try:
-                        rows = pinned.execute(query, params).fetchall()  # a cursor, reused
+                        cursor, pinned = pin.cursor, pin.conn
+                        assert cursor is not None
+                        assert pinned is not None
+                        if direct_form is not None and pin.direct:
+                            rows = [
+                                (r[0].decode(), int(r[1]), int(r[2]), int(r[3]))  # type: ignore[union-attr,arg-type]
+                                for r in direct.execute(pinned, pin.prepared, direct_form, params)
+                            ]
+                        else:
+                            rows = cursor.execute(query, params).fetchall()
                         if not rows and missing is not None:
-                            _wrong_version(pinned, tenant, *missing)
+                            _wrong_version(cursor, tenant, *missing)
                     finally:
                         self._pins.release()
                 else:
@@ -652,6 +667,11 @@ _STREAM_PAGE = {
     for backward, name in ((False, "next_forward"), (True, "next_backward"))
 }
 _ONE_EVENT = _with_bumps(Q["append_one_event"])
+#: The same statements for `eventstore.direct`, by the same keys.
+_ONE_EVENT_DIRECT = {
+    key: direct.DirectStatement.of(f"append_one_event_{'exact' if key is None else key.name.lower()}", query)
+    for key, query in _ONE_EVENT.items()
+}
 
 
 def _bump_key(expected: ExpectedVersion) -> ExpectedState | None:
