@@ -15,7 +15,9 @@ Three workloads, each measured for every system in every run, each system on its
       the machine's CPUs ("where the limit is"). Then `--latency-runs` runs one after another with
       nothing else queued, for the per-node overhead (one body's entry to the next's) and the hand-off
       (one body's return to the next body's entry: recording the success, readying and claiming the
-      successor, loading the run, starting the body). Hand-offs are also reported under the 500-run load.
+      successor, loading the run, starting the body), for ledgerflow also split at the start of the
+      transaction recording the success (its NodeSucceeded's recorded_at, read after the measurement).
+      Hand-offs are also reported under the 500-run load.
   (b) 1,000 runs in flight, each blocked in its first node; the worker process is SIGKILLed and a new one
       with the same name (DBOS: the same executor id) is spawned. Measured from the new process's spawn:
       until the first and until all 1,000 first nodes run again in it, and until all runs completed.
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import itertools
 import json
 import os
 import shutil
@@ -411,6 +414,9 @@ class Throughput:
     server_cpu: float  # CPU seconds of the database's backends over the window
     machine_cpu: float = 0.0  # CPU seconds every process of the machine spent over the window
     transactions: int | None = None  # the database's transactions over the window (and a second after)
+    #: ledgerflow, runs one after another: the hand-off split at the success transaction's start
+    success_begins: list[float] = field(default_factory=list)
+    success_to_next: list[float] = field(default_factory=list)
     #: (threads, child processes) of each executing process at the end of the window
     shapes: list[tuple[int, int]] = field(default_factory=list)
     overheads: list[float] = field(default_factory=list)  # runs one after another
@@ -441,10 +447,47 @@ class Throughput:
 
 def lf_sequential(
     engine: Engine, marks: MarkLog, s: Settings, procs: Sequence[subprocess.Popen[bytes]]
-) -> None:
+) -> list[uuid.UUID]:
     """Runs one after another, nothing else queued: each started once the previous one completed."""
+    ids = []
     for _ in range(s.latency_runs):
-        lf_wait_one(engine, marks, engine.start(LINEAR).run_id, procs)
+        run_id = engine.start(LINEAR).run_id
+        lf_wait_one(engine, marks, run_id, procs)
+        ids.append(run_id)
+    return ids
+
+
+# Read after the measurement: when each node's success was recorded (the recording transaction's start).
+SUCCEEDED = """
+SELECT stream_id, data->>'node', extract(epoch FROM recorded_at)::float8
+  FROM ledgerflow.events
+ WHERE tenant = 'default' AND stream_id = ANY (%(streams)s) AND event_type = %(type)s
+"""
+
+
+def lf_handoff_split(
+    store: EventStore, marks: MarkLog, run_ids: Sequence[uuid.UUID]
+) -> tuple[list[float], list[float]]:
+    """The hand-off in two: (body return to the start of the transaction recording its success, that
+    start to the next body's entry). The first part is the worker's own work before it writes; the
+    second is the recording transaction, the successor's claim, loading the run and starting the body."""
+    with store.pool.connection() as conn:
+        rows = conn.execute(
+            SUCCEEDED, {"streams": [ev.run_stream(r) for r in run_ids], "type": ev.NODE_SUCCEEDED}
+        ).fetchall()
+    recorded = {(stream, node): float(at) for stream, node, at in rows}
+    times = marks.update().by_run()
+    before: list[float] = []
+    after: list[float] = []
+    for r in run_ids:
+        for prev, nxt in itertools.pairwise(LINEAR_NODES):
+            returned = times.get((str(r), prev, RETURN))
+            began = recorded.get((ev.run_stream(r), prev))
+            entered = times.get((str(r), nxt, ENTER))
+            if returned is not None and began is not None and entered is not None:
+                before.append(began - returned)
+                after.append(entered - began)
+    return before, after
 
 
 def lf_wait_one(
@@ -515,10 +558,9 @@ def lf_throughput(
         result.transactions = transactions
         result.shapes = shapes
         if sequential:
-            before = set(marks.update().entered("first"))
-            lf_sequential(engine, marks, s, workers)
-            seq = [r for r in marks.update().entered("first") if r not in before]
-            result.overheads, result.handoffs = node_gaps(marks, seq, LINEAR_NODES)
+            seq_ids = lf_sequential(engine, marks, s, workers)
+            result.overheads, result.handoffs = node_gaps(marks, [str(r) for r in seq_ids], LINEAR_NODES)
+            result.success_begins, result.success_to_next = lf_handoff_split(store, marks, seq_ids)
     return result, scan_logs(procs.logs())
 
 
@@ -999,11 +1041,19 @@ def report_throughput(results: Results, s: Settings, labels: dict[str, str]) -> 
     def handoffs(t: Throughput) -> list[float]:
         return t.handoffs
 
+    def success_begins(t: Throughput) -> list[float]:
+        return t.success_begins
+
+    def success_to_next(t: Throughput) -> list[float]:
+        return t.success_to_next
+
     metrics: list[tuple[str, Callable[[Throughput], list[float]], float, float | None]] = [
         ("node overhead p50: body entry to next body entry", overheads, 50, 0.002),
         ("node overhead p99", overheads, 99, None),
         ("hand-off p50: body return to next body entry", handoffs, 50, None),
         ("hand-off p99", handoffs, 99, None),
+        ("  hand-off part 1 p50: body return to its success transaction's start", success_begins, 50, None),
+        ("  hand-off part 2 p50: that start to the next body's entry", success_to_next, 50, None),
     ]
     for title, pick, q, target in metrics:
         mine, theirs = per_run(lf1, pick, q), per_run(dbos, pick, q)
