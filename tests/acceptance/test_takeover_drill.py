@@ -83,12 +83,13 @@ registry.register(held)
 class PresentWorker(WorkflowWorker):
     """A workflow worker with the two additions recovery offers it: a presence, started before the first
     claim, whose watch takes orphans over at once; and, at start-up and at every takeover, the orphaned
-    nodes claimed for it in the statement that takes them back (`take_back`) and started batch by batch
-    as they commit. TAKEOVER_TAKE_BACK=0 leaves them ready for the claim loop instead."""
+    nodes claimed for it in the statement that takes them back (`take_back`), handed to the claim loop
+    batch by batch as they commit. TAKEOVER_TAKE_BACK=0 leaves them ready for the claim loop instead."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._taking_back = threading.Lock()  # one take-back at a time: each counts the free slots
+        self._handed: list[Claim] = []
         self.presence = Presence(
             self.engine.store.url,
             worker_name=self.name,
@@ -115,18 +116,29 @@ class PresentWorker(WorkflowWorker):
                     self._claimant,
                     slots=slots,
                     trigger=trigger,
-                    start=self._start,
+                    start=self._hand_over,
                 )
         self._wake.set()
 
-    def _start(self, claims: list[Claim]) -> None:
-        """What `claim_and_start` does with the claims it made: load their runs in one query, then run
-        each (heartbeats cover it from here)."""
-        states = self._load_claimed(claims)
-        for claim, state in zip(claims, self._own_copies(claims, states), strict=True):
-            with self._lock:
+    def _hand_over(self, claims: list[Claim]) -> None:
+        """Held from now on (heartbeats renew them, a stop hands them back); the claim loop starts them,
+        while recovery goes on taking back the next batch."""
+        with self._lock:
+            for claim in claims:
                 self._running[claim.token] = (claim, None)
+            self._handed += claims
+        self._wake.set()
+
+    def claim_and_start(self) -> bool:
+        with self._lock:
+            handed, self._handed = self._handed, []
+        if not handed:
+            return super().claim_and_start()
+        # What claim_and_start does with the claims it makes: their runs in one query, then each runs.
+        states = self._load_claimed(handed)
+        for claim, state in zip(handed, self._own_copies(handed, states), strict=True):
             self._pool.submit(self._execute, claim, state)
+        return True
 
 
 def main() -> None:
