@@ -73,7 +73,7 @@ class NodeEvent(WorkflowEvent):
 class RunStarted(WorkflowEvent):
     event_type: ClassVar[str] = RUN_STARTED
     workflow: str
-    version: str = "1"
+    version: str | int = "1"  # the definition's version, as its author wrote it
     key: str | None = None
     input: Any = None
     input_fingerprint: str
