@@ -13,10 +13,14 @@ Four workloads, each measured for every system in every run:
 
 The baseline is "raw psycopg": the same rows written with the cheapest plain SQL into
 `bench_raw.events`, a twin of `ledgerflow.events` (same columns, defaults, identity, generated column,
-constraints and indexes), with stream versions computed by the client. What ledgerflow adds on top
-(the streams table, the plpgsql function, validation, the pool, the subscriber wake-up) is what the
-ratio ledgerflow/raw measures. Absolute numbers on a shared machine drift; the ratios are taken per run
-(both sides measured minutes apart at most, in rotating order) and the median over runs is reported.
+constraints and indexes), with stream versions computed by the client, through psycopg's ordinary
+`execute` on connections held for the whole run. What ledgerflow adds on top (the per-stream version row,
+the plpgsql function for batches, validation, the subscriber wake-up) is what the ratio ledgerflow/raw
+measures. Its appending threads hold pool connections too (eventstore/pinning.py) and send one-event
+appends through libpq directly (eventstore/direct.py): the bench measures the store as a user gets it,
+while raw stays the plain psycopg a user would write. Absolute numbers on a shared machine drift; the
+ratios are taken per run (both sides measured minutes apart at most, in rotating order) and the median
+over runs is reported.
 """
 
 from __future__ import annotations
