@@ -1,14 +1,25 @@
 """The event store: an append-only PostgreSQL log with optimistic concurrency, idempotent appends and
 gap-free reading."""
 
+from eventstore._guard import require_ledgerflow_packages
+from eventstore._validation import (
+    EVENT_TYPE_PATTERN,
+    IDEMPOTENCY_KEY_PATTERN,
+    check_stream_id,
+    check_tenant,
+)
 from eventstore.connect import open_store
+from eventstore.db import redact, resolve_database_url, translate, wrap_exceptions
 from eventstore.errors import (
+    ConfigurationError,
     ConflictError,
     DatabaseUnavailableError,
     EventTooLargeError,
     IdempotencyConflictError,
     InvalidInputError,
     LedgerflowError,
+    MigrationError,
+    NotFoundError,
     WrongExpectedVersionError,
 )
 from eventstore.events import (
@@ -21,6 +32,7 @@ from eventstore.events import (
     EncodedEvent,
     EncodedPage,
     ExpectedState,
+    ExpectedVersion,
     NewEvent,
     ReadPage,
     RecordedEvent,
@@ -28,7 +40,13 @@ from eventstore.events import (
     StreamPage,
 )
 from eventstore.eventtypes import EventTypes
+from eventstore.jsonvalue import dumps as json_dumps
+from eventstore.jsonvalue import loads as json_loads
+from eventstore.migrate import Migration, applied_versions, pending_migrations
+from eventstore.migrate import migrate as apply_migrations
+from eventstore.outage import Outage, OutageState, backoff, is_unavailable, sleeper
 from eventstore.settings import DatabaseSettings
+from eventstore.sqlfile import load_queries
 from eventstore.store import EventStore, Horizon
 from eventstore.subscribe import Subscription
 
@@ -36,10 +54,13 @@ __ledgerflow_package__ = True
 
 __all__ = [
     "ANY",
+    "EVENT_TYPE_PATTERN",
+    "IDEMPOTENCY_KEY_PATTERN",
     "NO_STREAM",
     "START",
     "STREAM_EXISTS",
     "AppendResult",
+    "ConfigurationError",
     "ConflictError",
     "Cursor",
     "DatabaseSettings",
@@ -50,16 +71,38 @@ __all__ = [
     "EventTooLargeError",
     "EventTypes",
     "ExpectedState",
+    "ExpectedVersion",
     "Horizon",
     "IdempotencyConflictError",
     "InvalidInputError",
     "LedgerflowError",
+    "Migration",
+    "MigrationError",
     "NewEvent",
+    "NotFoundError",
+    "Outage",
+    "OutageState",
     "ReadPage",
     "RecordedEvent",
     "StreamAppend",
     "StreamPage",
     "Subscription",
     "WrongExpectedVersionError",
+    "applied_versions",
+    "apply_migrations",
+    "backoff",
+    "check_stream_id",
+    "check_tenant",
+    "is_unavailable",
+    "json_dumps",
+    "json_loads",
+    "load_queries",
     "open_store",
+    "pending_migrations",
+    "redact",
+    "require_ledgerflow_packages",
+    "resolve_database_url",
+    "sleeper",
+    "translate",
+    "wrap_exceptions",
 ]

@@ -26,10 +26,14 @@ from typing import Any, Final, Literal
 import structlog
 from psycopg.rows import kwargs_row
 
-from eventstore import EventStore, InvalidInputError, LedgerflowError
-from eventstore._validation import check_tenant
-from eventstore.db import translate_errors
-from eventstore.sqlfile import load_queries
+from eventstore import (
+    EventStore,
+    InvalidInputError,
+    LedgerflowError,
+    check_tenant,
+    load_queries,
+    wrap_exceptions,
+)
 
 __all__ = [
     "SCOPES",
@@ -219,7 +223,7 @@ def create_token(
         "lifetime_seconds": lifetime,
         "token_hash": hash_secret(secret),
     }
-    with translate_errors(), store.pool.connection() as conn:
+    with wrap_exceptions(), store.pool.connection() as conn:
         conn.execute(Q["insert_token"], params)
     log.info(
         "api_token_created",
@@ -235,7 +239,7 @@ def create_token(
 
 def revoke_token(store: EventStore, token_id: str) -> bool:
     """Revoke a token; True if it was live, False if it is unknown or was already revoked."""
-    with translate_errors(), store.pool.connection() as conn:
+    with wrap_exceptions(), store.pool.connection() as conn:
         revoked = conn.execute(Q["revoke_token"], {"id": token_id}).fetchone() is not None
     if revoked:
         log.info("api_token_revoked", token_id=token_id)
@@ -245,7 +249,7 @@ def revoke_token(store: EventStore, token_id: str) -> bool:
 def list_tokens(store: EventStore) -> list[TokenInfo]:
     """Every token, live, expired and revoked, oldest first (never their secrets, which are not kept)."""
     with (
-        translate_errors(),
+        wrap_exceptions(),
         store.pool.connection() as conn,
         conn.cursor(row_factory=kwargs_row(TokenInfo.of_row)) as cur,
     ):
@@ -254,7 +258,7 @@ def list_tokens(store: EventStore) -> list[TokenInfo]:
 
 def has_server_admin_token(store: EventStore) -> bool:
     """Whether a server administrator's token was ever created (live, expired or revoked)."""
-    with translate_errors(), store.pool.connection() as conn:
+    with wrap_exceptions(), store.pool.connection() as conn:
         return conn.execute(Q["has_server_admin_token"]).fetchone() is not None
 
 
@@ -264,7 +268,7 @@ def authenticate(store: EventStore, secret: str) -> Principal:
     if match is None:
         raise AuthenticationError("the bearer token is malformed: API tokens look like 'lf_<id>_<secret>'")
     token_hash = hash_secret(secret)
-    with translate_errors(), store.pool.connection() as conn:
+    with wrap_exceptions(), store.pool.connection() as conn:
         row = conn.execute(Q["authenticate"], {"id": match[1], "token_hash": token_hash}).fetchone()
     # compare_digest: the answer takes as long whichever character of the hash differs.
     if row is None or not hmac.compare_digest(str(row[2]), token_hash):

@@ -23,18 +23,19 @@ from eventstore import (
     ANY,
     NO_STREAM,
     STREAM_EXISTS,
+    ConfigurationError,
     Cursor,
     DatabaseUnavailableError,
     EventStore,
+    ExpectedVersion,
     LedgerflowError,
     NewEvent,
-    jsonvalue,
+    apply_migrations,
+    json_dumps,
+    json_loads,
     open_store,
+    resolve_database_url,
 )
-from eventstore.db import resolve_database_url
-from eventstore.errors import ConfigurationError
-from eventstore.events import ExpectedVersion
-from eventstore.migrate import migrate as apply_migrations
 from ops import cli_projections, cli_tokens, cli_workflows
 from ops.cli_common import console, err_console, settings_of
 from ops.cli_errors import explain
@@ -125,7 +126,7 @@ def append(
     """Append one event to a stream."""
     try:
         # Numbers keep their exact decimal value (1.00000000000000000001 stays so).
-        parsed_data, parsed_metadata = jsonvalue.loads(data), jsonvalue.loads(metadata)
+        parsed_data, parsed_metadata = json_loads(data), json_loads(metadata)
     except ValueError as exc:
         raise click.BadParameter(f"--data and --metadata take JSON objects: {exc}") from None
     with _store(ctx) as store:
@@ -155,7 +156,7 @@ def read(ctx: click.Context, stream_id: str, tenant: str, backward: bool, limit:
     if as_json:
         for e in events:
             click.echo(
-                jsonvalue.dumps(
+                json_dumps(
                     {
                         "version": e.stream_version,
                         "position": e.position,
@@ -173,7 +174,7 @@ def read(ctx: click.Context, stream_id: str, tenant: str, backward: bool, limit:
             str(e.stream_version),
             str(e.position),
             e.type,
-            jsonvalue.dumps(e.data)[:80],
+            json_dumps(e.data)[:80],
             e.recorded_at.isoformat(timespec="seconds"),
         )
     console.print(table)
@@ -213,7 +214,7 @@ def tail(
         try:
             for e in subscription:
                 click.echo(
-                    jsonvalue.dumps(
+                    json_dumps(
                         {
                             "cursor": str(e.cursor),
                             "stream": e.stream_id,

@@ -11,8 +11,7 @@ import re
 import psycopg
 import pydantic
 
-from eventstore import DatabaseUnavailableError, LedgerflowError
-from eventstore.db import redact
+from eventstore import DatabaseUnavailableError, LedgerflowError, redact
 
 #: (pattern in the driver's message, advice). The first match wins.
 _CONNECT_ADVICE: list[tuple[re.Pattern[str], str]] = [

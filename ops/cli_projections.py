@@ -19,8 +19,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from eventstore import Cursor, EventStore, open_store
-from eventstore.errors import NotFoundError
+from eventstore import Cursor, EventStore, NotFoundError, open_store
 from ops.cli_common import console, emit_json, err_console, settings_of
 from ops.services import all_projections, open_store_when_available
 from projector import (
@@ -28,15 +27,20 @@ from projector import (
     Projection,
     ProjectorWorker,
     RebuildResult,
+    Run,
     VerifyResult,
     WorkerSettings,
+    find,
+    get_run,
+    list_failures,
+    list_runs,
+    projection_health,
+    request_failure_retry,
+    request_failure_skip,
     start_rebuild,
     start_replay,
     start_verify,
-    state,
 )
-from projector.health import projection_health
-from projector.registry import find
 
 
 def _projections(ctx: click.Context) -> list[Projection]:
@@ -134,7 +138,7 @@ def _with_progress(store: EventStore, run: PendingRun, description: str) -> tupl
     """A progress display on stderr for `run`: events done of the total counted at its start, the rate and
     the time left."""
     with store.pool.connection() as conn:
-        recorded = state.get_run(conn, run.run_id)
+        recorded = get_run(conn, run.run_id)
     total = recorded.events_total if recorded else None
     bar = Progress(
         TextColumn("{task.description}"),
@@ -257,7 +261,7 @@ def replay_command(
 def runs_command(ctx: click.Context, name: str | None, limit: int, as_json: bool) -> None:
     """Recent catch-up, replay, rebuild and verify runs."""
     with open_store(settings_of(ctx)) as store, store.pool.connection() as conn:
-        runs = state.list_runs(conn, name, limit)
+        runs = list_runs(conn, name, limit)
     if as_json:
         emit_json([_run_dict(r) for r in runs])
         return
@@ -277,7 +281,7 @@ def runs_command(ctx: click.Context, name: str | None, limit: int, as_json: bool
     console.print(table)
 
 
-def _run_dict(r: state.Run) -> dict[str, Any]:
+def _run_dict(r: Run) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, datetime) else v) for k, v in r.__dict__.items()} | {"rate": r.rate}
 
 
@@ -293,7 +297,7 @@ def failures_group() -> None:
 @click.pass_context
 def failures_list(ctx: click.Context, projection: str | None, include_closed: bool, as_json: bool) -> None:
     with open_store(settings_of(ctx)) as store, store.pool.connection() as conn:
-        found = state.list_failures(conn, projection, include_closed=include_closed)
+        found = list_failures(conn, projection, include_closed=include_closed)
     if as_json:
         emit_json(
             [
@@ -323,10 +327,10 @@ def failures_list(ctx: click.Context, projection: str | None, include_closed: bo
 
 
 def _act(ctx: click.Context, failure_id: int, action: str) -> None:
-    from projector.rebuild import default_actor
+    from projector import default_actor
 
     with open_store(settings_of(ctx)) as store, store.pool.connection() as conn:
-        request = state.request_failure_retry if action == "retry" else state.request_failure_skip
+        request = request_failure_retry if action == "retry" else request_failure_skip
         if not request(conn, failure_id, default_actor()):
             raise NotFoundError(f"no open failure {failure_id}; see `ledgerflow failures list`")
     console.print(

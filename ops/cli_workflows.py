@@ -16,10 +16,17 @@ from eventstore import InvalidInputError, open_store
 from ops.cli_common import ICONS, console, emit_json, err_console, settings_of
 from ops.services import open_store_when_available
 from ops.settings import Settings
-from workflows import Engine, WorkerSettings, WorkflowRegistry, WorkflowWorker, queue
-from workflows.loading import load_workflows
-from workflows.recovery import sweep
-from workflows.state import RunState
+from workflows import (
+    Engine,
+    RunState,
+    WorkerSettings,
+    WorkflowRegistry,
+    WorkflowWorker,
+    load_workflows,
+    queue_summary,
+    recent_recoveries,
+    sweep,
+)
 
 
 def registry_of(settings: Settings) -> WorkflowRegistry:
@@ -223,7 +230,7 @@ def list_runs(
     ctx: click.Context, status: str | None, workflow: str | None, tenant: str, limit: int, as_json: bool
 ) -> None:
     """Recent runs, from the workflow_runs projection (kept by `ledgerflow projector` or `serve`)."""
-    from workflows.read import list_runs as read_runs
+    from workflows import list_runs as read_runs
 
     with open_store(settings_of(ctx)) as store:
         runs = read_runs(store, tenant=tenant, status=status, workflow=workflow, limit=limit)
@@ -297,8 +304,8 @@ def recover(ctx: click.Context) -> None:
             trigger="operator",
         )
         with store.pool.connection() as conn:
-            summary = queue.summary(conn)
-            recent = queue.recent_recoveries(conn, 10)
+            summary = queue_summary(conn)
+            recent = recent_recoveries(conn, 10)
     console.print(
         f"reclaimed {report.reclaimed}, parked {report.parked}, stuck {report.stuck} "
         f"in {report.duration_ms:.1f} ms; queue: {summary.ready} ready, {summary.running} running, "

@@ -28,10 +28,17 @@ from ops.cli_common import ICONS, console
 from ops.settings import Settings
 from ops.telemetry import configure_logging
 from projector import ProjectorWorker, WorkerSettings, load_projections
-from workflows import Engine, workflow_tables
-from workflows import events as ev
-from workflows.demo import registry, sample_schema
-from workflows.read import run_nodes
+from workflows import (
+    NODE_CHECKPOINT,
+    NODE_RECLAIMED,
+    STEP_RECORDED,
+    Engine,
+    run_nodes,
+    run_stream,
+    sample_schema,
+    workflow_tables,
+)
+from workflows import demo_registry as registry
 
 CRASH_NODE = "column_enrichment"
 
@@ -161,12 +168,12 @@ def _drive(
     console.print()
     for note in notes:
         console.print(f"• {note}", highlight=False)
-    events = store.read_stream(ev.run_stream(run_id), limit=100_000)
-    steps = sum(e.type == ev.STEP_RECORDED for e in events)
-    reclaims = [e for e in events if e.type == ev.NODE_RECLAIMED]
+    events = store.read_stream(run_stream(run_id), limit=100_000)
+    steps = sum(e.type == STEP_RECORDED for e in events)
+    reclaims = [e for e in events if e.type == NODE_RECLAIMED]
     if crashed_at is not None:
         # From the log: the items the killed attempt finished, and where the next attempt began.
-        checkpoints = [e for e in events if e.type == ev.NODE_CHECKPOINT and e.data["node"] == CRASH_NODE]
+        checkpoints = [e for e in events if e.type == NODE_CHECKPOINT and e.data["node"] == CRASH_NODE]
         finished = sum(e.data["attempt"] == 1 for e in checkpoints)
         console.print(
             f"• {CRASH_NODE} resumed at item {finished + 1} of {tables}, not at 1: the {finished} items "

@@ -11,13 +11,9 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from eventstore import EventStore, LedgerflowError
-from eventstore.db import wrap_exceptions
-from eventstore.migrate import pending_migrations
-from eventstore.sqlfile import load_queries
-from projector import Projection
-from projector.health import projection_health
-from workflows import queue
+from eventstore import EventStore, LedgerflowError, load_queries, pending_migrations, wrap_exceptions
+from projector import Projection, projection_health
+from workflows import queue_summary
 
 Level = Literal["ok", "warn", "fail"]
 Q = load_queries("ops", "doctor.sql")
@@ -127,7 +123,7 @@ def diagnose(
             found.append(Finding(f"projection {p.name}", "ok", f"{p.state}, {p.lag_events} events behind"))
 
     with store.pool.connection() as conn:
-        summary = queue.summary(conn)
+        summary = queue_summary(conn)
     if summary.orphaned:
         found.append(
             Finding(

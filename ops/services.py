@@ -9,13 +9,10 @@ from typing import TYPE_CHECKING
 
 import tenacity
 
-from eventstore import EventStore, open_store
-from eventstore.db import translate_errors
-from eventstore.outage import Outage, backoff, is_unavailable, sleeper
+from eventstore import EventStore, Outage, backoff, is_unavailable, open_store, sleeper, wrap_exceptions
 from ops.settings import Settings
 from projector import Projection, load_projections
-from workflows import Engine, WorkflowRegistry, workflow_tables
-from workflows.loading import load_workflows
+from workflows import Engine, WorkflowRegistry, load_workflows, workflow_tables
 
 if TYPE_CHECKING:
     from ops.roles import Role
@@ -65,7 +62,7 @@ def open_store_when_available(
     for attempt in retrying:
         with attempt:
             try:
-                with translate_errors():
+                with wrap_exceptions():
                     store = open_store(attempt_settings, name=name)
             except Exception as exc:
                 if is_unavailable(exc):

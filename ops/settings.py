@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from eventstore.settings import DatabaseSettings
+from eventstore import DatabaseSettings
 
 
 class Settings(DatabaseSettings):

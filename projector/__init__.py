@@ -7,12 +7,14 @@ require_ledgerflow_packages("eventstore")
 
 from projector.catalogue import stream_catalogue  # noqa: E402
 from projector.errors import RunInProgressError  # noqa: E402
+from projector.health import ProjectionHealth, projection_health  # noqa: E402
 from projector.projection import ApplyContext, Projection, Table  # noqa: E402
 from projector.rebuild import (  # noqa: E402
     PendingRun,
     RebuildResult,
     ReplayResult,
     VerifyResult,
+    default_actor,
     rebuild,
     replay,
     start_rebuild,
@@ -21,28 +23,50 @@ from projector.rebuild import (  # noqa: E402
     sweep_abandoned,
     verify,
 )
-from projector.registry import load_projections  # noqa: E402
+from projector.registry import find, load_projections  # noqa: E402
 from projector.runner import LeaseLost, RetrySettings  # noqa: E402
+from projector.state import (  # noqa: E402
+    Failure,
+    Run,
+    get_run,
+    list_failures,
+    list_runs,
+    request_failure_retry,
+    request_failure_skip,
+)
+from projector.tables import missing_tables  # noqa: E402
 from projector.worker import ProjectorWorker, WorkerSettings  # noqa: E402
 
 __ledgerflow_package__ = True
 
 __all__ = [
     "ApplyContext",
+    "Failure",
     "LeaseLost",
     "PendingRun",
     "Projection",
+    "ProjectionHealth",
     "ProjectorWorker",
     "RebuildResult",
     "ReplayResult",
     "RetrySettings",
+    "Run",
     "RunInProgressError",
     "Table",
     "VerifyResult",
     "WorkerSettings",
+    "default_actor",
+    "find",
+    "get_run",
+    "list_failures",
+    "list_runs",
     "load_projections",
+    "missing_tables",
+    "projection_health",
     "rebuild",
     "replay",
+    "request_failure_retry",
+    "request_failure_skip",
     "start_rebuild",
     "start_replay",
     "start_verify",

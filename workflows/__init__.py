@@ -7,23 +7,46 @@ require_ledgerflow_packages("eventstore", "projector")
 
 from workflows.context import NodeContext  # noqa: E402
 from workflows.definition import DefinitionError, NodeSpec, RetryPolicy, Workflow, WorkflowRegistry  # noqa: E402
+from workflows.demo import registry as demo_registry  # noqa: E402
+from workflows.demo import sample_schema  # noqa: E402
 from workflows.engine import Engine, Started  # noqa: E402
 from workflows.errors import NodeLeaseLost, NodeTimeout, RunCancelled, RunStateError, WorkerStopping  # noqa: E402
+from workflows.events import (  # noqa: E402
+    NODE_CHECKPOINT,
+    NODE_RECLAIMED,
+    RESERVED_CATEGORIES,
+    RESERVED_TYPE_PREFIX,
+    STEP_RECORDED,
+    run_stream,
+)
+from workflows.loading import load_workflows  # noqa: E402
 from workflows.projections import workflow_tables  # noqa: E402
+from workflows.queue import QueueSummary, Recovery, recent_recoveries  # noqa: E402
+from workflows.queue import summary as queue_summary  # noqa: E402
+from workflows.read import list_runs, run_nodes  # noqa: E402
+from workflows.recovery import sweep  # noqa: E402
 from workflows.scheduler import NodeStatus  # noqa: E402
-from workflows.state import RunState  # noqa: E402
+from workflows.state import NodeState, RunState  # noqa: E402
 from workflows.worker import WorkerSettings, WorkflowWorker  # noqa: E402
 
 __ledgerflow_package__ = True
 
 __all__ = [
+    "NODE_CHECKPOINT",
+    "NODE_RECLAIMED",
+    "RESERVED_CATEGORIES",
+    "RESERVED_TYPE_PREFIX",
+    "STEP_RECORDED",
     "DefinitionError",
     "Engine",
     "NodeContext",
     "NodeLeaseLost",
     "NodeSpec",
+    "NodeState",
     "NodeStatus",
     "NodeTimeout",
+    "QueueSummary",
+    "Recovery",
     "RetryPolicy",
     "RunCancelled",
     "RunState",
@@ -34,5 +57,14 @@ __all__ = [
     "Workflow",
     "WorkflowRegistry",
     "WorkflowWorker",
+    "demo_registry",
+    "list_runs",
+    "load_workflows",
+    "queue_summary",
+    "recent_recoveries",
+    "run_nodes",
+    "run_stream",
+    "sample_schema",
+    "sweep",
     "workflow_tables",
 ]

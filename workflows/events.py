@@ -43,6 +43,11 @@ KEY_CLAIMED = "wf.KeyClaimed"
 KEY_RELEASED = "wf.KeyReleased"
 
 RUN_CATEGORY = "wf"
+KEY_CATEGORY = "wfkey"
+#: Stream categories and the event-type prefix that only the engine writes: an event forged elsewhere
+#: could break the workers of a run (which serve every tenant) or block the run tables for everyone.
+RESERVED_CATEGORIES = frozenset({RUN_CATEGORY, KEY_CATEGORY})
+RESERVED_TYPE_PREFIX = "wf."
 
 
 class WorkflowEventError(InvalidInputError):
@@ -262,7 +267,7 @@ def run_stream(run_id: uuid.UUID) -> str:
 
 
 def key_stream(workflow: str, key: str) -> str:
-    return f"wfkey-{workflow}:{key}"
+    return f"{KEY_CATEGORY}-{workflow}:{key}"
 
 
 def _model(event_type: str) -> type[WorkflowEvent]:

@@ -17,14 +17,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
-from eventstore.db import translate
-from eventstore.errors import (
+from eventstore import (
     ConflictError,
     DatabaseUnavailableError,
     InvalidInputError,
     LedgerflowError,
     MigrationError,
     NotFoundError,
+    translate,
 )
 from ops.auth import AuthenticationError, PermissionDeniedError
 

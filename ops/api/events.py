@@ -21,20 +21,23 @@ from starlette.concurrency import run_in_threadpool
 
 from eventstore import (
     ANY,
+    EVENT_TYPE_PATTERN,
+    IDEMPOTENCY_KEY_PATTERN,
     NO_STREAM,
     STREAM_EXISTS,
     Cursor,
+    EncodedEvent,
     EventStore,
+    ExpectedVersion,
     InvalidInputError,
     NewEvent,
-    jsonvalue,
+    NotFoundError,
+    check_stream_id,
+    json_loads,
 )
-from eventstore._validation import EVENT_TYPE_PATTERN, IDEMPOTENCY_KEY_PATTERN, check_stream_id
-from eventstore.errors import NotFoundError
-from eventstore.events import EncodedEvent, ExpectedVersion
 from ops.api.deps import Appender, Reader, ServicesDep
 from ops.api.errors import CONFLICT, NOT_FOUND
-from workflows import events as wf_events
+from workflows import RESERVED_CATEGORIES, RESERVED_TYPE_PREFIX
 
 
 class _ExactJsonRequest(Request):
@@ -43,7 +46,7 @@ class _ExactJsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             # The guard middleware has refused bodies that are not UTF-8.
-            self._json = jsonvalue.loads((await self.body()).decode("utf-8"))
+            self._json = json_loads((await self.body()).decode("utf-8"))
         return self._json
 
 
@@ -215,25 +218,21 @@ def parse_if_match(value: str | None) -> ExpectedVersion:
     )
 
 
-# Workflow runs keep their state in these streams and event types; the engine alone writes them.
-# An event forged through the API could break the run's workers (which serve every tenant) or block
-# the run table projection for everyone.
-# (See workflows.events: `wf-<run id>` run streams, `wfkey-<workflow>:<key>` key streams, `wf.*` types.)
-_RESERVED_CATEGORIES = frozenset({wf_events.RUN_CATEGORY, "wfkey"})
-_RESERVED_TYPE_PREFIX = "wf."
+# Workflow runs keep their state in reserved streams and event types (workflows.RESERVED_CATEGORIES);
+# the engine alone writes them.
 
 
 def _refuse_reserved(stream_id: str, events: list[EventIn]) -> None:
     category = stream_id.split("-", 1)[0]
-    if category in _RESERVED_CATEGORIES:
+    if category in RESERVED_CATEGORIES:
         raise InvalidInputError(
             f"streams of category {category!r} belong to workflow runs and are written by the engine "
             "alone; start and steer runs through /api/v1/workflows and /api/v1/runs"
         )
     for e in events:
-        if e.type.startswith(_RESERVED_TYPE_PREFIX):
+        if e.type.startswith(RESERVED_TYPE_PREFIX):
             raise InvalidInputError(
-                f"event type {e.type!r} is reserved for the workflow engine ({_RESERVED_TYPE_PREFIX}*)"
+                f"event type {e.type!r} is reserved for the workflow engine ({RESERVED_TYPE_PREFIX}*)"
             )
 
 

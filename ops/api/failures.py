@@ -13,14 +13,20 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel
 
-from eventstore.db import translate_errors
-from eventstore.errors import NotFoundError
+from eventstore import NotFoundError, wrap_exceptions
 from ops.api.deps import Admin, ServicesDep
 from ops.api.errors import NOT_FOUND
 from ops.auth import Principal
 from ops.services import Services
-from projector import state as projector_state
-from projector.registry import find
+from projector import (
+    Failure,
+    find,
+    request_failure_retry,
+    request_failure_skip,
+)
+from projector import (
+    list_failures as failure_records,
+)
 
 router = APIRouter(tags=["projections"])
 
@@ -47,7 +53,7 @@ class FailureOut(BaseModel):
     resolved_by: str | None
 
     @classmethod
-    def of(cls, f: projector_state.Failure) -> FailureOut:
+    def of(cls, f: Failure) -> FailureOut:
         fields = {name: getattr(f, name) for name in cls.model_fields}
         return cls(**fields)
 
@@ -72,10 +78,8 @@ def list_failures(
     """Open failures (with `all`, resolved and skipped ones too), newest first: the token's tenant's, or
     every tenant's for a server administrator."""
     name = find(services.projections, projection).name if projection is not None else None
-    with translate_errors(), services.store.pool.connection() as conn:
-        found = projector_state.list_failures(
-            conn, name, include_closed=all, limit=limit, tenant=_tenant_scope(principal)
-        )
+    with wrap_exceptions(), services.store.pool.connection() as conn:
+        found = failure_records(conn, name, include_closed=all, limit=limit, tenant=_tenant_scope(principal))
     return FailureList(failures=[FailureOut.of(f) for f in found])
 
 
@@ -86,11 +90,9 @@ def _tenant_scope(principal: Principal) -> str | None:
 def _resolve(
     services: Services, failure_id: int, action: Literal["retry", "skip"], principal: Principal
 ) -> None:
-    request = (
-        projector_state.request_failure_retry if action == "retry" else projector_state.request_failure_skip
-    )
+    request = request_failure_retry if action == "retry" else request_failure_skip
     actor = f"api:{principal.token_id}"
-    with translate_errors(), services.store.pool.connection() as conn:
+    with wrap_exceptions(), services.store.pool.connection() as conn:
         # Scoped in the statement itself: another tenant's failure is not found, and nothing changes.
         if not request(conn, failure_id, actor, tenant=_tenant_scope(principal)):
             raise NotFoundError(

@@ -17,12 +17,11 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from eventstore import LedgerflowError
-from eventstore.db import translate_errors
+from eventstore import LedgerflowError, wrap_exceptions
 from ops.api import probes
 from ops.api.deps import ApiSettingsDep, ServicesDep
 from ops.services import Services
-from projector.health import projection_health
+from projector import projection_health
 
 log = structlog.get_logger(__name__)
 router = APIRouter(tags=["health"])
@@ -137,7 +136,7 @@ def readyz(services: ServicesDep, settings: ApiSettingsDep) -> JSONResponse:
                 migrations=_migrations_out(migrations),
             )
             return _json(body, 503)
-        with translate_errors():
+        with wrap_exceptions():
             health = projection_health(services.store, services.projections)
         # A worker sweeps on start-up; twice the abandonment window counts as "lately".
         workers = probes.live_workflow_workers(

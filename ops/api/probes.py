@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eventstore import EventStore
-from eventstore.db import translate_errors
-from eventstore.migrate import Migration, applied_versions, pending_migrations
-from eventstore.sqlfile import load_queries
+from eventstore import (
+    EventStore,
+    Migration,
+    applied_versions,
+    load_queries,
+    pending_migrations,
+    wrap_exceptions,
+)
 
 Q = load_queries("ops.api")
 
@@ -20,17 +24,17 @@ class MigrationStatus:
 
 def ping(store: EventStore, timeout: float) -> None:
     """Raise DatabaseUnavailableError unless the database answers `SELECT 1` within about `timeout`."""
-    with translate_errors(), store.pool.connection(timeout=timeout) as conn:
+    with wrap_exceptions(), store.pool.connection(timeout=timeout) as conn:
         conn.execute(Q["ping"]).fetchone()
 
 
 def migration_status(store: EventStore, timeout: float) -> MigrationStatus:
-    with translate_errors(), store.pool.connection(timeout=timeout) as conn:
+    with wrap_exceptions(), store.pool.connection(timeout=timeout) as conn:
         return MigrationStatus(sorted(applied_versions(conn)), pending_migrations(conn))
 
 
 def live_workflow_workers(store: EventStore, *, recent_seconds: float, timeout: float) -> list[str]:
     """Names of workflow workers seen alive: holding a node lease, or sweeping for orphans lately."""
-    with translate_errors(), store.pool.connection(timeout=timeout) as conn:
+    with wrap_exceptions(), store.pool.connection(timeout=timeout) as conn:
         rows = conn.execute(Q["live_workflow_workers"], {"recent_seconds": recent_seconds}).fetchall()
     return [str(r[0]) for r in rows]

@@ -24,16 +24,22 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, Path, Query
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from eventstore import Cursor
-from eventstore.db import translate_errors
+from eventstore import Cursor, wrap_exceptions
 from ops.api.deps import Admin, JobsDep, Reader, ServicesDep
 from ops.api.errors import CONFLICT, NOT_FOUND
 from ops.auth import SERVER_ADMIN, Principal
 from ops.services import Services
-from projector import PendingRun, Projection, start_rebuild, start_replay, start_verify
-from projector import state as projector_state
-from projector.health import projection_health
-from projector.registry import find
+from projector import (
+    PendingRun,
+    Projection,
+    Run,
+    find,
+    list_runs,
+    projection_health,
+    start_rebuild,
+    start_replay,
+    start_verify,
+)
 
 router = APIRouter(tags=["projections"])
 
@@ -113,7 +119,7 @@ class ProjectionRunOut(BaseModel):
     )
 
     @classmethod
-    def of(cls, r: projector_state.Run, principal: Principal) -> ProjectionRunOut:
+    def of(cls, r: Run, principal: Principal) -> ProjectionRunOut:
         def cursor(tx: int | None, position: int | None) -> str | None:
             return None if tx is None or position is None else str(Cursor(tx, position))
 
@@ -190,7 +196,7 @@ def projections(principal: Reader, services: ServicesDep) -> ProjectionsOut:
     """Every projection's state, cursor, lag, owner and failures, and the log's safe horizon.
 
     A tenant's token sees its own tenant's open failures and last run; a server administrator's, all."""
-    with translate_errors():
+    with wrap_exceptions():
         health = projection_health(
             services.store,
             services.projections,
@@ -225,8 +231,8 @@ def projection_runs(
     """The projection's recent catch-up, replay, rebuild and verify runs, newest first: for a tenant's
     token, the runs over every tenant and its own tenant's, never another tenant's."""
     projection = find(services.projections, name)
-    with translate_errors(), services.store.pool.connection() as conn:
-        runs = projector_state.list_runs(conn, projection.name, limit, tenant=_tenant_scope(principal))
+    with wrap_exceptions(), services.store.pool.connection() as conn:
+        runs = list_runs(conn, projection.name, limit, tenant=_tenant_scope(principal))
     return ProjectionRunList(runs=[ProjectionRunOut.of(r, principal) for r in runs])
 
 
@@ -264,7 +270,7 @@ def rebuild_projection(
     """Rebuild from the whole log in a shadow schema and swap it in atomically (in the background)."""
     projection = find(services.projections, name)
     tenant = _operated_scope(projection, principal, "rebuilding")
-    with translate_errors():
+    with wrap_exceptions():
         pending = start_rebuild(
             services.store,
             projection,
@@ -288,7 +294,7 @@ def verify_projection(
     """Rebuild in a scratch schema and compare digests with the live tables (in the background)."""
     projection = find(services.projections, name)
     tenant = _operated_scope(projection, principal, "verifying")
-    with translate_errors():
+    with wrap_exceptions():
         pending = start_verify(
             services.store,
             projection,
@@ -313,7 +319,7 @@ def replay_projection(
     place, or one tenant's rows, are rebuilt instead (`kind` and `note` say so)."""
     projection = find(services.projections, name)
     tenant = _operated_scope(projection, principal, "replaying")
-    with translate_errors():
+    with wrap_exceptions():
         pending = start_replay(
             services.store,
             projection,

@@ -12,9 +12,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from eventstore.db import translate_errors
+from eventstore import wrap_exceptions
 from ops.api.deps import Reader, ServicesDep
-from workflows import queue
+from workflows import queue_summary, recent_recoveries
 
 router = APIRouter(tags=["runs"])
 
@@ -49,9 +49,9 @@ def recovery(
     principal: Reader, services: ServicesDep, limit: Annotated[int, Query(ge=1, le=200)] = 20
 ) -> RecoveryReport:
     """The scheduler queue (ready, running, orphaned, parked) and the most recent recovery sweeps."""
-    with translate_errors(), services.store.pool.connection() as conn:
-        summary = queue.summary(conn)
-        recent = queue.recent_recoveries(conn, limit)
+    with wrap_exceptions(), services.store.pool.connection() as conn:
+        summary = queue_summary(conn)
+        recent = recent_recoveries(conn, limit)
     return RecoveryReport(
         queue=QueueOut(
             ready=summary.ready, running=summary.running, orphaned=summary.orphaned, parked=summary.parked

@@ -13,15 +13,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from eventstore.db import translate_errors
-from eventstore.errors import NotFoundError
+from eventstore import NotFoundError, wrap_exceptions
 from ops.api.deps import Operator, Reader, ServicesDep
 from ops.api.errors import CONFLICT, NOT_FOUND
 from ops.services import Services
-from projector.tables import missing_tables
-from workflows import RunState, workflow_tables
-from workflows.read import list_runs as read_runs
-from workflows.state import NodeState
+from projector import missing_tables
+from workflows import NodeState, RunState, workflow_tables
+from workflows import list_runs as read_runs
 
 router = APIRouter(tags=["runs"])
 
@@ -178,11 +176,11 @@ def list_runs(
 ) -> RunList:
     """The tenant's recent runs, newest first (from the run table, which trails the log slightly)."""
     store = services.store
-    with translate_errors(), store.pool.connection() as conn:
+    with wrap_exceptions(), store.pool.connection() as conn:
         # Before a projector first runs, the table does not exist yet: no run has been projected.
         if missing_tables(conn, workflow_tables, workflow_tables.schema):
             return RunList(runs=[])
-    with translate_errors():
+    with wrap_exceptions():
         rows = read_runs(store, tenant=principal.tenant, status=status, workflow=workflow, limit=limit)
     return RunList(runs=[RunSummaryOut(**r) for r in rows])
 

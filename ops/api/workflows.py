@@ -8,11 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from eventstore._validation import IDEMPOTENCY_KEY_PATTERN
+from eventstore import IDEMPOTENCY_KEY_PATTERN
 from ops.api.deps import Reader, ServicesDep, Starter
 from ops.api.errors import CONFLICT, NOT_FOUND
-from workflows import Workflow
-from workflows.definition import NodeSpec
+from workflows import NodeSpec, Workflow
 
 router = APIRouter(tags=["workflows"])
 
