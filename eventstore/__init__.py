@@ -9,7 +9,7 @@ from eventstore._validation import (
     check_tenant,
 )
 from eventstore.connect import open_store
-from eventstore.db import redact, resolve_database_url, translate, wrap_exceptions
+from eventstore.db import pipelined, redact, resolve_database_url, synced, translate, wrap_exceptions
 from eventstore.errors import (
     ConfigurationError,
     ConflictError,
@@ -99,10 +99,12 @@ __all__ = [
     "load_queries",
     "open_store",
     "pending_migrations",
+    "pipelined",
     "redact",
     "require_ledgerflow_packages",
     "resolve_database_url",
     "sleeper",
+    "synced",
     "translate",
     "wrap_exceptions",
 ]

@@ -8,6 +8,7 @@ own SQLSTATEs; unique violations map to domain errors by constraint name.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -36,6 +37,35 @@ log = structlog.get_logger(__name__)
 WRONG_EXPECTED_VERSION = "LF001"
 IDEMPOTENCY_CONFLICT = "LF002"
 APPEND_ONLY = "LF003"
+
+
+#: The pipeline each connection in `pipelined` runs, for `synced`.
+_pipelines: weakref.WeakKeyDictionary[psycopg.Connection[Any], psycopg.Pipeline] = weakref.WeakKeyDictionary()
+
+
+@contextmanager
+def pipelined(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Pipeline]:
+    """`conn.pipeline()`, known to `synced`: statements travel together; fetch answers with `synced`."""
+    with conn.pipeline() as pipeline:
+        _pipelines[conn] = pipeline
+        try:
+            yield pipeline
+        finally:
+            _pipelines.pop(conn, None)
+
+
+def synced(cursor: psycopg.Cursor[Any]) -> psycopg.Cursor[Any]:
+    """`cursor`, its answer in. In a `pipelined` block, when the answer has not come yet, a Sync goes out
+    with the statements sent so far, so that the server has finished them and, inside a transaction, waits
+    "idle in transaction" while the client works on the answer, which idle_in_transaction_session_timeout
+    bounds. Fetched as psycopg does, with a flush request, the server would wait mid-pipeline as "active"
+    (and a flush also disarms the idle timer): a client frozen there (SIGSTOP, a long pause) would hold the
+    transaction's row locks past its lease with nothing to end them. No extra round trip: the Sync travels
+    with the statements."""
+    pipeline = _pipelines.get(cursor.connection)
+    if pipeline is not None and cursor.pgresult is None:
+        pipeline.sync()
+    return cursor
 
 
 def resolve_database_url(settings: DatabaseSettings) -> str:

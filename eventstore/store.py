@@ -17,7 +17,7 @@ from psycopg import sql
 
 from eventstore import _validation as check
 from eventstore import direct, jsonvalue, telemetry
-from eventstore.db import translate_errors
+from eventstore.db import synced, translate_errors
 from eventstore.errors import ConflictError, InvalidInputError, WrongExpectedVersionError
 from eventstore.events import (
     START,
@@ -294,7 +294,7 @@ class EventStore:
         try:
             with translate_errors():
                 if conn is not None:
-                    rows = conn.execute(query, params).fetchall()
+                    rows = synced(conn.execute(query, params)).fetchall()
                     if not rows and missing is not None:
                         _wrong_version(conn, tenant, *missing)
                 elif (pin := self._pins.acquire()) is not None:
@@ -697,7 +697,7 @@ def _wrong_version(
     expected: ExpectedVersion,
 ) -> None:
     """A single-stream statement inserted nothing: the expected version does not hold; say which it is."""
-    row = conn.execute(Q["stream_version"], {"tenant": tenant, "stream_id": stream_id}).fetchone()
+    row = synced(conn.execute(Q["stream_version"], {"tenant": tenant, "stream_id": stream_id})).fetchone()
     raise WrongExpectedVersionError(
         tenant, stream_id, _describe(expected), None if row is None else int(row[0])
     )

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from eventstore.db import pipelined, synced
 from eventstore.sqlfile import load_queries
 from workflows.definition import NodeSpec
 
@@ -115,7 +116,7 @@ def claim_later(
             "ttl": ttl,
         },
     )
-    return lambda: [Claim(*r) for r in cursor.fetchall()]
+    return lambda: [Claim(*r) for r in synced(cursor).fetchall()]
 
 
 class FencingTokens:
@@ -132,7 +133,7 @@ class FencingTokens:
     def take(self, conn: Conn) -> int:
         with self._lock:
             if not self._tokens:
-                rows = conn.execute(Q["fencing_tokens"], {"count": self._block}).fetchall()
+                rows = synced(conn.execute(Q["fencing_tokens"], {"count": self._block})).fetchall()
                 self._tokens.extend(int(r[0]) for r in rows)
             return self._tokens.popleft()
 
@@ -159,7 +160,7 @@ def pipelined_transaction(conn: Conn) -> Iterator[Conn]:
     without the server knowing), nothing of it commits."""
     committed = False
     try:
-        with conn.pipeline():
+        with pipelined(conn):
             conn.execute(Q["begin"])
             yield conn
             conn.execute(Q["commit"])
@@ -185,7 +186,7 @@ def fence_at(
     )
 
     def recorded_at() -> datetime:
-        row = cursor.fetchone()
+        row = synced(cursor).fetchone()
         assert row is not None
         return row[0]  # type: ignore[no-any-return]
 
@@ -250,7 +251,7 @@ def end_node(
     )
 
     def outcome() -> NodeEnded:
-        row = cursor.fetchone()
+        row = synced(cursor).fetchone()
         assert row is not None
         return NodeEnded(int(row[0]), row[1])
 
