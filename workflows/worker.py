@@ -39,6 +39,7 @@ from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeLeaseLost, RunCancelled, WorkerStopping
 from workflows.lifecycle import Lifecycle, claimed_event
+from workflows.presence import Presence
 from workflows.queue import Claim, Claimant
 from workflows.recovery import sweep
 from workflows.state import RunState
@@ -116,6 +117,14 @@ class WorkflowWorker:
         self._claimant = Claimant(
             self.name, self.instance, self.id, self.settings.lease_ttl, workflows=tuple(registry.names())
         )
+        # A session the database holds for this process: peers see at once when a crash closes it and
+        # take its nodes back without waiting for their leases to lapse (see workflows.presence).
+        self.presence = Presence(
+            engine.store.url,
+            worker_name=self.name,
+            instance=self.instance,
+            on_orphans=lambda: self._periodic_recovery("presence"),
+        )
 
     @property
     def id(self) -> str:
@@ -127,6 +136,7 @@ class WorkflowWorker:
         """Work until `stop()`."""
         log.info("workflow_worker_started", worker=self.id, workflows=self.registry.names())
         if self.settings.recovery:
+            self.presence.start()  # before the first claim: no node of this process without its presence
             self.recover("startup")
         beats = [Beat("workflow_heartbeat", self.settings.heartbeat_interval, self.heartbeat)]
         if self.settings.recovery:
@@ -149,6 +159,8 @@ class WorkflowWorker:
         finally:
             self._shutdown()
             keepalive.stop()
+            if self.settings.recovery:
+                self.presence.stop()  # after the hand-back: a clean stop is not read as a crash
 
     def stop(self) -> None:
         self.stopping.set()
@@ -415,8 +427,8 @@ class WorkflowWorker:
                 raise
             self.outage.failed(exc)
 
-    def _periodic_recovery(self) -> None:
-        self.recover()
+    def _periodic_recovery(self, trigger: str = "periodic") -> None:
+        self.recover(trigger)
         self._wake.set()
 
     def _shutdown(self) -> None:

@@ -4,8 +4,7 @@ A worker that is paused (SIGSTOP, shorter than its lease), behind a slow network
 is busy, keeps every node it holds: its session and with it its presence lock stay. A worker that is
 SIGKILLed is taken over by a peer well before its lease would lapse, because the kill closes its session.
 
-The workers here are `python -m tests.acceptance.test_takeover_drill`: the `ledgerflow worker` command
-with a worker that holds its presence and takes orphaned nodes back as its own claims (`PresentWorker`).
+The workers here are real `ledgerflow worker` processes, each holding its presence.
 Node bodies note when they were entered in a file per process (one O_APPEND write per line, nothing
 lost to a SIGKILL), so takeover is timed from the kill to the moment the nodes run again elsewhere, on
 this machine's clock.
@@ -27,19 +26,14 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
 import psycopg
 import pytest
 
 from eventstore import EventStore
 from tests.waiting import wait_until
-from workflows import Engine, NodeContext, Workflow, WorkflowRegistry, WorkflowWorker
+from workflows import Engine, NodeContext, Workflow, WorkflowRegistry
 from workflows import events as ev
-from workflows.presence import Presence
-from workflows.queue import Claim
-from workflows.recovery import take_back
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.drill
@@ -77,96 +71,6 @@ def after(ctx: NodeContext) -> int:
 registry.register(held)
 
 
-# -- the worker process ----------------------------------------------------------------------------------
-
-
-class PresentWorker(WorkflowWorker):
-    """A workflow worker with the two additions recovery offers it: a presence, started before the first
-    claim, whose watch takes orphans over at once; and, at start-up and at every takeover, the orphaned
-    nodes claimed for it in the statement that takes them back (`take_back`), handed to the claim loop
-    batch by batch as they commit. TAKEOVER_TAKE_BACK=0 leaves them ready for the claim loop instead."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._taking_back = threading.Lock()  # one take-back at a time: each counts the free slots
-        self._handed: list[Claim] = []
-        self.presence = Presence(
-            self.engine.store.url,
-            worker_name=self.name,
-            instance=self.instance,
-            on_orphans=lambda: self.recover("presence"),
-        )
-
-    def run(self) -> None:
-        self.presence.start()  # before the first claim: no node is ever held without it
-        try:
-            super().run()
-        finally:
-            self.presence.stop()
-
-    def recover(self, trigger: str = "periodic") -> None:
-        if trigger == "periodic" or os.environ.get("TAKEOVER_TAKE_BACK") == "0":
-            super().recover(trigger)
-        else:
-            with self._taking_back:
-                slots = self.settings.concurrency - len(self._running)
-                take_back(
-                    self.engine,
-                    self.registry,
-                    self._claimant,
-                    slots=slots,
-                    trigger=trigger,
-                    start=self._hand_over,
-                )
-        self._wake.set()
-
-    def _hand_over(self, claims: list[Claim]) -> None:
-        """Held from now on (heartbeats renew them, a stop hands them back); the claim loop starts them,
-        while recovery goes on taking back the next batch."""
-        with self._lock:
-            for claim in claims:
-                self._running[claim.token] = (claim, None)
-            self._handed += claims
-        self._wake.set()
-
-    def claim_and_start(self) -> bool:
-        with self._lock:
-            handed, self._handed = self._handed, []
-        if not handed:
-            return super().claim_and_start()
-        # What claim_and_start does with the claims it makes: their runs in one query, then each runs.
-        states = self._load_claimed(handed)
-        for claim, state in zip(handed, self._own_copies(handed, states), strict=True):
-            self._pool.submit(self._execute, claim, state)
-        return True
-
-
-def main() -> None:
-    """`ledgerflow worker`, as a PresentWorker."""
-    from ops.cli_workflows import worker_settings
-    from ops.services import open_store_when_available
-    from ops.settings import Settings
-    from ops.telemetry import configure_logging
-    from workflows.loading import load_workflows
-
-    settings = Settings()
-    configure_logging(settings.log_level, settings.log_format)
-    workflows = load_workflows(settings.workflow_paths)
-    timeout = min(settings.idle_in_transaction_timeout, settings.workflow_lease_ttl)
-    with open_store_when_available(
-        settings.model_copy(update={"idle_in_transaction_timeout": timeout}), name="ledgerflow-worker"
-    ) as store:
-        worker = PresentWorker(
-            Engine(store, workflows), workflows, worker_settings(settings), name=sys.argv[1]
-        )
-
-        def stop(signum: int, frame: FrameType | None) -> None:
-            worker.stop()
-
-        signal.signal(signal.SIGTERM, stop)
-        worker.run()
-
-
 # -- helpers -----------------------------------------------------------------------------------------------
 
 
@@ -202,7 +106,7 @@ class Workers:
         }
         with self.log.open("ab") as out:
             p = subprocess.Popen(
-                [sys.executable, "-m", "tests.acceptance.test_takeover_drill", name],
+                [sys.executable, "-m", "ops.cli", "worker", "--name", name],
                 cwd=ROOT,
                 env=env,
                 stdout=out,
@@ -483,7 +387,3 @@ def test_a_restarted_worker_runs_its_nodes_again_at_once(store: EventStore, work
     print(takeover_sweeps(store, "again", spawned))
     assert set(reclaims(store, run_ids)) == {"worker_restarted"}
     assert last - spawned < 10.0
-
-
-if __name__ == "__main__":
-    main()
