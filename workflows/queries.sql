@@ -87,48 +87,6 @@ UPDATE ledgerflow.workflow_queue
    AND lease_expires_at > clock_timestamp()
 RETURNING token
 
--- name: reclaim
--- Takes back nodes whose lease lapsed, and nodes still held by an earlier process of this worker name
--- (a restart: that process is gone, no need to wait for expiry). SKIP LOCKED: with several recoverers,
--- each row goes to exactly one. A node that crashed too often is parked instead.
-WITH lapsed AS (
-    SELECT run_id, node FROM ledgerflow.workflow_queue
-     WHERE status = 'claimed'
-       AND (lease_expires_at < clock_timestamp()
-            OR (worker_name = %(worker_name)s AND worker_instance <> %(instance)s))
-     ORDER BY lease_expires_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE ledgerflow.workflow_queue q
-   SET status = CASE WHEN q.crashes + 1 > q.max_crashes THEN 'parked' ELSE 'ready' END,
-       crashes = q.crashes + 1, ready_at = clock_timestamp(), token = NULL, worker_instance = NULL,
-       lease_expires_at = NULL
-  FROM lapsed
- WHERE q.run_id = lapsed.run_id AND q.node = lapsed.node
-RETURNING q.run_id, q.node, q.tenant, q.attempt, q.crashes, q.status, q.worker_name,
-          CASE WHEN q.worker_name = %(worker_name)s THEN 'worker_restarted' ELSE 'lease_expired' END
-
--- name: stuck
--- Nodes whose worker still heartbeats but which have reported nothing for longer than their deadline.
-WITH stuck AS (
-    SELECT run_id, node FROM ledgerflow.workflow_queue
-     WHERE status = 'claimed' AND progress_deadline IS NOT NULL
-       AND progress_at < clock_timestamp() - make_interval(secs => progress_deadline)
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE ledgerflow.workflow_queue q
-   SET status = CASE WHEN q.on_stuck = 'retry' THEN 'ready' ELSE q.status END,
-       ready_at = clock_timestamp(), token = CASE WHEN q.on_stuck = 'retry' THEN NULL ELSE q.token END,
-       worker_instance = CASE WHEN q.on_stuck = 'retry' THEN NULL ELSE q.worker_instance END,
-       crashes = CASE WHEN q.on_stuck = 'retry' THEN q.crashes + 1 ELSE q.crashes END,
-       progress_at = clock_timestamp()
-  FROM stuck
- WHERE q.run_id = stuck.run_id AND q.node = stuck.node
-RETURNING q.run_id, q.node, q.tenant, q.attempt, q.on_stuck, q.token, q.worker_name,
-          extract(epoch FROM clock_timestamp() - q.claimed_at)::float8
-
 -- name: cancel_run
 -- Pending nodes never start: their rows go. Claimed nodes learn of it at their next fenced write.
 WITH flagged AS (
@@ -140,12 +98,6 @@ WITH flagged AS (
     RETURNING node
 )
 SELECT (SELECT coalesce(array_agg(node), '{}') FROM flagged), (SELECT coalesce(array_agg(node), '{}') FROM dropped)
-
--- name: record_recovery
-INSERT INTO ledgerflow.workflow_recoveries
-       (worker, trigger, started_at, duration_ms, found, reclaimed, parked, stuck, failed)
-VALUES (%(worker)s, %(trigger)s, %(started_at)s, %(duration_ms)s, %(found)s, %(reclaimed)s, %(parked)s,
-        %(stuck)s, %(failed)s)
 
 -- name: recent_recoveries
 SELECT id, worker, trigger, started_at, duration_ms, found, reclaimed, parked, stuck, failed

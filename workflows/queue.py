@@ -38,30 +38,6 @@ class Claim:
     crashes: int
 
 
-@dataclass(frozen=True)
-class Reclaimed:
-    run_id: uuid.UUID
-    node: str
-    tenant: str
-    attempt: int
-    crashes: int
-    status: str  # ready again, or parked
-    previous_worker: str | None
-    reason: str
-
-
-@dataclass(frozen=True)
-class Stuck:
-    run_id: uuid.UUID
-    node: str
-    tenant: str
-    attempt: int
-    action: str
-    token: int | None
-    worker: str | None
-    seconds: float
-
-
 def enqueue(
     conn: Conn,
     run_id: uuid.UUID,
@@ -267,15 +243,6 @@ def heartbeat(conn: Conn, instance: str, tokens: Sequence[int], ttl: float) -> s
     return {int(r[0]) for r in rows}
 
 
-def reclaim(conn: Conn, *, worker_name: str, instance: str, limit: int) -> list[Reclaimed]:
-    params = {"worker_name": worker_name, "instance": instance, "limit": limit}
-    return [Reclaimed(*r) for r in conn.execute(Q["reclaim"], params).fetchall()]
-
-
-def stuck(conn: Conn, limit: int) -> list[Stuck]:
-    return [Stuck(*r) for r in conn.execute(Q["stuck"], {"limit": limit}).fetchall()]
-
-
 def cancel_run(conn: Conn, run_id: uuid.UUID) -> tuple[list[str], list[str]]:
     """Flag the run's claimed nodes and drop its waiting ones; returns (running, dropped) node names."""
     row = conn.execute(Q["cancel_run"], {"run_id": run_id}).fetchone()
@@ -295,10 +262,6 @@ class Recovery:
     parked: int
     stuck: int
     failed: int
-
-
-def record_recovery(conn: Conn, **fields: Any) -> None:
-    conn.execute(Q["record_recovery"], fields)
 
 
 def recent_recoveries(conn: Conn, limit: int = 20) -> list[Recovery]:
