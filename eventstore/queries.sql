@@ -209,3 +209,21 @@ LISTEN ledgerflow_events
 -- name: snapshot_xmax
 -- The next transaction id to be handed out: every transaction committed so far has a smaller one.
 SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+
+-- name: end_frozen_sessions
+-- Sessions of the caller's kind of worker (the same pool application name: processes of one kind share
+-- their settings, so their lease length) that have waited on their client inside a transaction for longer
+-- than a lease: a frozen process (SIGSTOP, a long pause). The server's
+-- idle_in_transaction_session_timeout ends most of them, but not one left mid-pipeline ("active", waiting
+-- for the client) or whose idle timer a protocol Flush disarmed; their row locks would keep a peer from
+-- taking over for as long as the process stays frozen. Ended here, their transactions roll back, which
+-- is what the timeout would have done.
+SELECT pid, application_name, pg_terminate_backend(pid)
+  FROM pg_stat_activity
+ WHERE datname = current_database() AND pid <> pg_backend_pid()
+   AND application_name = current_setting('application_name')
+   AND application_name IN ('ledgerflow-projector', 'ledgerflow-worker', 'ledgerflow-serve')
+   AND xact_start IS NOT NULL
+   AND (state IN ('idle in transaction', 'idle in transaction (aborted)')
+        OR (state = 'active' AND wait_event = 'ClientRead'))
+   AND state_change < clock_timestamp() - make_interval(secs => %(seconds)s)

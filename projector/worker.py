@@ -27,6 +27,7 @@ import psycopg
 import structlog
 
 from eventstore import ConflictError, Cursor, EventStore
+from eventstore.frozen import end_frozen_sessions
 from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
 from projector import state, tables
@@ -348,6 +349,7 @@ class ProjectorWorker:
                     log.warning("projection_lease_lost", projection=name, worker=self.id)
                     self._lost(name)
             state.heartbeat_runs(conn, self.id)
+            end_frozen_sessions(conn, self.settings.lease_ttl)
             for run_id, projection, kind, owner in state.mark_abandoned_runs(
                 conn, self.settings.abandoned_after
             ):

@@ -30,6 +30,7 @@ from opentelemetry import trace
 
 from eventstore import ANY, NewEvent, StreamAppend
 from eventstore._validation import dump_json_object
+from eventstore.frozen import end_frozen_sessions
 from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
 from workflows import events as ev
@@ -408,9 +409,10 @@ class WorkflowWorker:
     def heartbeat(self) -> None:
         with self._lock:
             tokens = list(self._running)
-        if not tokens:
-            return
         with self.engine.store.pool.connection() as conn:
+            end_frozen_sessions(conn, self.settings.lease_ttl)
+            if not tokens:
+                return
             alive = queue.heartbeat(conn, self.instance, tokens, self.settings.lease_ttl)
         with self._lock:
             still_running = set(self._running) - self._ending
