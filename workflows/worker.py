@@ -28,7 +28,7 @@ from typing import TypeVar
 import structlog
 from opentelemetry import trace
 
-from eventstore import ANY, NewEvent, StreamAppend
+from eventstore import ANY, ConflictError, NewEvent, StreamAppend
 from eventstore._validation import dump_json_object
 from eventstore.frozen import end_frozen_sessions
 from eventstore.keepalive import Beat, Keepalive
@@ -199,6 +199,9 @@ class WorkflowWorker:
         except Exception as exc:
             if is_unavailable(exc):
                 self.outage.failed(exc)  # the loop waits for the database before claiming again
+            elif isinstance(exc, ConflictError):
+                # Expected contention with other workers (a run changed under the claim): claim again.
+                log.debug("workflow_claim_conflict", error=str(exc))
             else:
                 log.exception("workflow_claim_failed", error=str(exc))
                 self.stopping.wait(self.settings.poll_interval)
