@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -37,7 +38,7 @@ from eventstore import (
     resolve_database_url,
 )
 from ops import cli_projections, cli_tokens, cli_workflows
-from ops.cli_common import console, err_console, settings_of
+from ops.cli_common import console, emit_json, err_console, settings_of
 from ops.cli_errors import explain
 from ops.settings import Settings
 from ops.telemetry import configure_logging
@@ -231,11 +232,15 @@ def tail(
 
 
 @cli.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for programs.")
 @click.pass_context
-def horizon(ctx: click.Context) -> None:
+def horizon(ctx: click.Context, as_json: bool) -> None:
     """Show the log's safe horizon and the transactions holding it back."""
     with _store(ctx) as store:
         h = store.horizon()
+    if as_json:
+        emit_json(dataclasses.asdict(h))
+        return
     console.print(
         f"head position {h.head_position}; {h.waiting_events} committed events wait behind the horizon"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import time
@@ -290,8 +291,9 @@ def refresh(ctx: click.Context, run_id: str, input_json: str | None, tenant: str
 
 
 @click.command("recover")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for programs.")
 @click.pass_context
-def recover(ctx: click.Context) -> None:
+def recover(ctx: click.Context, as_json: bool) -> None:
     """Reclaim orphaned nodes now (workers also do this continuously) and show recent recoveries."""
     settings = settings_of(ctx)
     registry = registry_of(settings)
@@ -306,6 +308,15 @@ def recover(ctx: click.Context) -> None:
         with store.pool.connection() as conn:
             summary = queue_summary(conn)
             recent = recent_recoveries(conn, 10)
+    if as_json:
+        emit_json(
+            {
+                "report": dataclasses.asdict(report),
+                "queue": dataclasses.asdict(summary),
+                "recent": [dataclasses.asdict(r) for r in recent],
+            }
+        )
+        return
     console.print(
         f"reclaimed {report.reclaimed}, parked {report.parked}, stuck {report.stuck} "
         f"in {report.duration_ms:.1f} ms; queue: {summary.ready} ready, {summary.running} running, "

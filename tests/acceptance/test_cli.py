@@ -66,3 +66,15 @@ def test_demo_kills_its_worker_and_the_run_resumes_at_the_next_item(database_url
     final_table = out.rsplit("ontology_extraction · succeeded", 1)[-1].split("•", 1)[0]
     assert "running" not in final_table, "no node of a finished run runs"
     assert "▶" not in final_table
+
+
+def test_horizon_and_recover_answer_json_for_programs(database_url: str) -> None:
+    horizon = run(database_url, "horizon", "--json")
+    assert horizon.returncode == 0, horizon.stderr
+    assert set(json.loads(horizon.stdout)) == {"xmin", "head_position", "waiting_events", "holders"}
+    recover = run(database_url, "recover", "--json")
+    assert recover.returncode == 0, recover.stderr
+    found = json.loads(recover.stdout)
+    assert found["report"]["reclaimed"] == 0
+    assert set(found["queue"]) == {"ready", "running", "orphaned", "parked"}
+    assert isinstance(found["recent"], list)
