@@ -230,7 +230,3 @@ def wrap_exceptions(
         if own is None and constraints and unique:
             own = constraints.get(exc.diag.constraint_name or "")
         raise (own(exc) if own is not None else translate(exc)) from exc
-
-
-#: The boundary for eventstore's own SQL (no SQLSTATEs beyond the event log's).
-translate_errors = wrap_exceptions

@@ -17,7 +17,7 @@ from psycopg import sql
 
 from eventstore import _validation as check
 from eventstore import direct, jsonvalue, telemetry
-from eventstore.db import synced, translate_errors
+from eventstore.db import synced, wrap_exceptions
 from eventstore.errors import ConflictError, InvalidInputError, WrongExpectedVersionError
 from eventstore.events import (
     START,
@@ -292,7 +292,7 @@ class EventStore:
     ) -> AppendResult:
         began = time.perf_counter()
         try:
-            with translate_errors():
+            with wrap_exceptions():
                 if conn is not None:
                     rows = synced(conn.execute(query, params)).fetchall()
                     if not rows and missing is not None:
@@ -420,7 +420,7 @@ class EventStore:
             counts[stream_id] = counts.get(stream_id, 0) + 1
         if not pairs:
             return 0
-        with translate_errors(), self.pool.connection() as conn, conn.transaction():
+        with wrap_exceptions(), self.pool.connection() as conn, conn.transaction():
             reached = conn.execute(
                 Q["bump_streams_for_import"],
                 {"tenant": tenant, "stream_ids": list(counts), "counts": list(counts.values())},
@@ -470,7 +470,7 @@ class EventStore:
         _check_limit(limit)
         version = from_version if from_version is not None else (_END if backward else _FORWARD_FROM_START)
         query = Q["read_stream_backward"] if backward else Q["read_stream_forward"]
-        with translate_errors(), self.pool.connection() as conn:
+        with wrap_exceptions(), self.pool.connection() as conn:
             rows = conn.execute(
                 query, {"tenant": tenant, "stream_id": stream_id, "version": version, "limit": limit}
             ).fetchall()
@@ -503,7 +503,7 @@ class EventStore:
             "limit": limit,
             "max_bytes": budget,
         }
-        with translate_errors(), self.pool.connection() as conn:
+        with wrap_exceptions(), self.pool.connection() as conn:
             rows = conn.execute(_STREAM_PAGE[backward], params).fetchall()
         events = tuple(_encoded(r) for r in rows)
         if not events or (len(events) < limit and int(rows[-1][0]) < budget):
@@ -520,7 +520,7 @@ class EventStore:
         for stream_id in stream_ids:
             check.check_stream_id(stream_id)
         found: dict[str, list[RecordedEvent]] = {s: [] for s in stream_ids}
-        with translate_errors(), self.pool.connection() as conn:
+        with wrap_exceptions(), self.pool.connection() as conn:
             rows = conn.execute(
                 Q["read_streams"], {"tenant": tenant, "stream_ids": list(stream_ids)}
             ).fetchall()
@@ -533,7 +533,7 @@ class EventStore:
         """The version of the stream's last event, or None if the stream does not exist."""
         check.check_tenant(tenant)
         check.check_stream_id(stream_id)
-        with translate_errors(), self.pool.connection() as conn:
+        with wrap_exceptions(), self.pool.connection() as conn:
             row = conn.execute(Q["stream_version"], {"tenant": tenant, "stream_id": stream_id}).fetchone()
         return None if row is None else int(row[0])
 
@@ -598,7 +598,7 @@ class EventStore:
             "limit": limit,
             "max_bytes": budget,
         }
-        with translate_errors(), self._connection(conn) as c:
+        with wrap_exceptions(), self._connection(conn) as c:
             rows = c.execute(Q["read_all"], params).fetchall()
         xmin = int(rows[0][0])
         if rows[0][2] is None:
@@ -619,7 +619,7 @@ class EventStore:
 
     def horizon(self, *, holders: int = 5) -> Horizon:
         """The safe horizon, and which transactions hold it back (pid, application, age)."""
-        with translate_errors(), self.pool.connection() as conn:
+        with wrap_exceptions(), self.pool.connection() as conn:
             xmin, head, waiting = conn.execute(Q["horizon"]).fetchone() or (0, 0, 0)
             found = conn.execute(Q["horizon_holders"], {"limit": holders}).fetchall()
         return Horizon(
@@ -632,14 +632,14 @@ class EventStore:
     def committed_so_far(self) -> Cursor:
         """A cursor that every event committed before this call lies below: a reader whose cursor reaches
         it has seen all of them (used to wait for a reader to catch up with "now")."""
-        with translate_errors(), self.pool.connection() as conn:
+        with wrap_exceptions(), self.pool.connection() as conn:
             row = conn.execute(Q["snapshot_xmax"]).fetchone()
         assert row is not None
         return Cursor(int(row[0]), 0)
 
     def events_beyond_horizon(self) -> bool:
         """True when committed events wait for an older transaction to finish before they can be read."""
-        with translate_errors(), self.pool.connection() as conn:
+        with wrap_exceptions(), self.pool.connection() as conn:
             row = conn.execute(Q["events_beyond_horizon"]).fetchone()
         return bool(row and row[0])
 

@@ -11,7 +11,7 @@ import re
 import psycopg
 import pydantic
 
-from eventstore import DatabaseUnavailableError, LedgerflowError, redact
+from eventstore import DatabaseUnavailableError, redact
 
 #: (pattern in the driver's message, advice). The first match wins.
 _CONNECT_ADVICE: list[tuple[re.Pattern[str], str]] = [
@@ -58,9 +58,7 @@ def explain(exc: BaseException, database_url: str | None) -> tuple[str, str] | N
             _FALLBACK_ADVICE,
         )
         return f"cannot use the database at {where}: {_first_line(message)}", advice
-    if isinstance(exc, LedgerflowError):
-        return None  # these already say what to do; the CLI prints them as they are
-    return None
+    return None  # ledgerflow's own errors already say what to do; the CLI prints them as they are
 
 
 def _setting_problem(error: object) -> str:

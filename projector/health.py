@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from eventstore import Cursor, EventStore
-from eventstore.db import translate_errors
+from eventstore.db import wrap_exceptions
 from projector import state
 from projector.projection import Projection
 from projector.rebuild import sweep_abandoned
@@ -43,7 +43,7 @@ def projection_health(
     """Every projection's health. With `tenant`, as that tenant may see it: its own open failures, and
     runs over every tenant or its own (never another tenant's)."""
     found: list[ProjectionHealth] = []
-    with translate_errors(), store.pool.connection() as conn:
+    with wrap_exceptions(), store.pool.connection() as conn:
         if abandoned_after is not None:
             sweep_abandoned(conn, abandoned_after)
         for p in projections:

@@ -412,10 +412,9 @@ class WorkflowWorker:
     def heartbeat(self) -> None:
         with self._lock:
             tokens = list(self._running)
+        if not tokens:
+            return
         with self.engine.store.pool.connection() as conn:
-            end_frozen_sessions(conn, self.settings.lease_ttl)
-            if not tokens:
-                return
             alive = queue.heartbeat(conn, self.instance, tokens, self.settings.lease_ttl)
         with self._lock:
             still_running = set(self._running) - self._ending
@@ -426,6 +425,10 @@ class WorkflowWorker:
 
     def recover(self, trigger: str = "periodic") -> None:
         try:
+            if trigger == "periodic":
+                # Here, every recovery interval, not in the heartbeat (the shutdown loop beats every 50 ms).
+                with self.engine.store.pool.connection() as conn:
+                    end_frozen_sessions(conn, self.settings.lease_ttl)
             sweep(self.engine, self.registry, worker_name=self.name, instance=self.instance, trigger=trigger)
         except Exception as exc:
             if not is_unavailable(exc):

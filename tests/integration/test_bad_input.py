@@ -10,7 +10,7 @@ import psycopg.errors
 import pytest
 
 from eventstore import EventStore, EventTooLargeError, InvalidInputError, NewEvent, StreamAppend
-from eventstore.db import translate_errors, wrap_exceptions
+from eventstore.db import wrap_exceptions
 from eventstore.errors import DuplicateEventIdError
 from eventstore.store import DEFAULT_TENANT
 
@@ -130,7 +130,7 @@ def test_event_ids_are_unique_per_tenant_and_tell_nothing_of_other_tenants(store
 
 
 def test_driver_errors_keep_their_cause(store: EventStore) -> None:
-    with pytest.raises(InvalidInputError) as raised, store.pool.connection() as conn, translate_errors():
+    with pytest.raises(InvalidInputError) as raised, store.pool.connection() as conn, wrap_exceptions():
         conn.execute("SELECT 'x'::int")
     assert isinstance(raised.value.__cause__, psycopg.errors.InvalidTextRepresentation)
     assert "invalid input syntax for type integer" in str(raised.value)
