@@ -17,6 +17,7 @@ import pytest
 
 from eventstore import EventStore, NewEvent
 from ops.auth import create_token
+from projector import projection_health, stream_catalogue
 from tests.acceptance.test_serve_restart import ROOT, free_port, healthy
 from tests.waiting import wait_until
 
@@ -29,6 +30,10 @@ ROUNDS = 3
 #: it in a few kB, so a budget counted in stored bytes would let hundreds of them into one page.
 PAD = 1024 * 1024 - 200
 MiB = 1024 * 1024
+
+
+def caught_up(store: EventStore) -> bool:
+    return all(h.lag_events_head == 0 for h in projection_health(store, [stream_catalogue]))
 
 
 def _rss(process: psutil.Process) -> int:
@@ -63,7 +68,7 @@ def test_concurrent_reads_of_large_events_keep_memory_bounded_and_healthz_answer
             wait_until(lambda: healthy(probe), timeout=60, what="serve to answer")
         process = psutil.Process(server.pid)
         # Let the projector work through the log first: its pages are part of the baseline.
-        time.sleep(3)
+        wait_until(lambda: caught_up(store), timeout=120, what="the projections to catch up")
         baseline = _rss(process)
 
         stop = threading.Event()
