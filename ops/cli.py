@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
@@ -181,6 +183,37 @@ def read(ctx: click.Context, stream_id: str, tenant: str, backward: bool, limit:
     console.print(table)
 
 
+class _DeferredInterrupt:
+    """SIGINT as KeyboardInterrupt, except inside `deferred()` blocks, at whose end it is raised."""
+
+    def __init__(self) -> None:
+        self._deferring = False
+        self._pending = False
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        if self._pending:
+            raise KeyboardInterrupt
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self._pending = True
+        if not self._deferring:
+            raise KeyboardInterrupt
+
+
 @cli.command()
 @click.option("--after", default="0:0", show_default=True, help="A cursor, <transaction_id>:<position>.")
 @click.option(
@@ -212,20 +245,24 @@ def tail(
             start, tenant=tenant, categories=categories or None, types=types or None
         )
         printed = start
+        interrupt = _DeferredInterrupt()
         try:
-            for e in subscription:
-                click.echo(
-                    json_dumps(
-                        {
-                            "cursor": str(e.cursor),
-                            "stream": e.stream_id,
-                            "version": e.stream_version,
-                            "type": e.type,
-                            "data": e.data,
-                        }
-                    )
-                )
-                printed = e.cursor
+            with interrupt.installed():
+                for e in subscription:
+                    # A line and its cursor go together: Ctrl-C in between waits for both.
+                    with interrupt.deferred():
+                        click.echo(
+                            json_dumps(
+                                {
+                                    "cursor": str(e.cursor),
+                                    "stream": e.stream_id,
+                                    "version": e.stream_version,
+                                    "type": e.type,
+                                    "data": e.data,
+                                }
+                            )
+                        )
+                        printed = e.cursor
         except KeyboardInterrupt:
             # Not the subscription's cursor: it is at the end of the page read, past events not printed.
             err_console.print(f"stopped; resume with --after {printed}", highlight=False)

@@ -42,10 +42,9 @@ def interrupt(tail: subprocess.Popen[bytes]) -> str:
 
 
 def test_the_resume_cursor_is_that_of_the_last_event_printed(store: EventStore, tmp_path: Path) -> None:
-    total = 20_000
-    for start in range(0, total, 1000):
-        for i in range(start, start + 1000, 100):
-            store.append(f"order-{i}", [NewEvent("Placed", {"n": n}) for n in range(i, i + 100)])
+    # Enough that the tail is still printing when it is interrupted (about 5 s of output at full speed).
+    total = 200_000
+    store.import_events((f"order-{n // 100}", NewEvent("Placed", {"n": n})) for n in range(total))
     wait_until(lambda: not store.events_beyond_horizon(), what="the events to be readable")
 
     first_out = tmp_path / "first.jsonl"
