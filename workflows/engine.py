@@ -117,9 +117,11 @@ class Engine:
         key: str | None = None,
         idempotency_key: str | None = None,
         tenant: str = "default",
+        triggered_by: ev.TriggeringEvent | None = None,
     ) -> Started:
         """Start a run. With `key`, at most one run per key is active: a second start returns the active
-        run. With `idempotency_key`, a repeat returns the first run; other input under it conflicts."""
+        run. With `idempotency_key`, a repeat returns the first run; other input under it conflicts.
+        `triggered_by`: the log event that started it (`workflows.triggers`), recorded in RunStarted."""
         check_tenant(tenant)
         wf = self.registry.get(workflow)
         input_fp = fingerprint(input)
@@ -146,7 +148,9 @@ class Engine:
                     return Started(uuid.UUID(last[0].data["run_id"]), created=False)
                 key_version = last[0].stream_version if last else None
             try:
-                return self._start(wf, run_id, input, input_fp, key, key_version, idempotency_key, tenant)
+                return self._start(
+                    wf, run_id, input, input_fp, key, key_version, idempotency_key, tenant, triggered_by
+                )
             except WrongExpectedVersionError as exc:
                 if exc.stream_id == ev.run_stream(run_id):  # a concurrent idempotent start won
                     return Started(run_id, created=False)
@@ -163,6 +167,7 @@ class Engine:
         key_version: int | None,
         idempotency_key: str | None,
         tenant: str,
+        triggered_by: ev.TriggeringEvent | None = None,
     ) -> Started:
         roots = wf.roots()
         started = ev.event(
@@ -175,6 +180,8 @@ class Engine:
             input_fingerprint=input_fp,
             nodes=wf.topological_order(),
             fingerprints={n: s.fingerprint for n, s in wf.nodes.items()},
+            # Only when set: every other start writes the same payload as before.
+            **({"triggered_by": triggered_by.model_dump()} if triggered_by is not None else {}),
         )
         appends = [
             StreamAppend(

@@ -39,6 +39,9 @@ RUN_REFRESHED = "wf.RunRefreshed"
 RUN_COMPLETED = "wf.RunCompleted"
 RUN_FAILED = "wf.RunFailed"
 RUN_CANCELLED = "wf.RunCancelled"
+NODE_WAITING = "wf.NodeWaiting"
+SIGNAL_RECEIVED = "wf.SignalReceived"
+SIGNAL_TAKEN = "wf.SignalTaken"
 KEY_CLAIMED = "wf.KeyClaimed"
 KEY_RELEASED = "wf.KeyReleased"
 
@@ -75,6 +78,18 @@ class NodeEvent(WorkflowEvent):
 # -- the run --------------------------------------------------------------------------------------
 
 
+class TriggeringEvent(BaseModel):
+    """The log event whose arrival started a run (see `workflows.triggers`): where it is in the log."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    event_id: str
+    stream_id: str
+    type: str
+    transaction_id: int
+    position: int
+
+
 class RunStarted(WorkflowEvent):
     event_type: ClassVar[str] = RUN_STARTED
     workflow: str
@@ -85,6 +100,8 @@ class RunStarted(WorkflowEvent):
     #: Every node, in topological order (jsonb does not keep the key order of `fingerprints`).
     nodes: list[str]
     fingerprints: dict[str, str]
+    #: Set when an event in the log started the run (a trigger), absent for every other start.
+    triggered_by: TriggeringEvent | None = None
 
 
 class NodesReady(WorkflowEvent):
@@ -232,6 +249,44 @@ class NodeCancelled(NodeEvent):
     event_type: ClassVar[str] = NODE_CANCELLED
 
 
+# -- waiting --------------------------------------------------------------------------------------
+
+
+class NodeWaiting(NodeEvent):
+    """The node suspended itself and holds no worker: until `until` (a timer's due time, or a signal
+    wait's timeout), or, for a signal wait, until `signal` arrives. When it wakes, its body runs again from
+    the start, with its recorded steps, checkpoints and waits replayed from the log."""
+
+    event_type: ClassVar[str] = NODE_WAITING
+    attempt: int
+    #: Which wait of the node's body this is (stable across runs of the body: see NodeContext).
+    key: str
+    #: ISO 8601 with a UTC offset; None: a signal wait without a timeout.
+    until: str | None = None
+    signal: str | None = None
+
+
+class SignalReceived(WorkflowEvent):
+    """A signal sent to the run (`Engine.signal`): kept in the log until a node's wait takes it, so a
+    signal sent before the node waits is not lost."""
+
+    event_type: ClassVar[str] = SIGNAL_RECEIVED
+    name: str
+    payload: Any = None
+    actor: str | None = None
+
+
+class SignalTaken(NodeEvent):
+    """A node's wait ended: it took the run's `index`-th signal (0-based, in the order received), or
+    timed out (`index` None). A memo: the body, run again, gets the same answer from it."""
+
+    event_type: ClassVar[str] = SIGNAL_TAKEN
+    attempt: int | None = None
+    key: str
+    name: str
+    index: int | None = None
+
+
 MODELS: dict[str, type[WorkflowEvent]] = {
     m.event_type: m
     for m in (
@@ -250,6 +305,9 @@ MODELS: dict[str, type[WorkflowEvent]] = {
         NodeStuck,
         NodeParked,
         NodeCancelled,
+        NodeWaiting,
+        SignalReceived,
+        SignalTaken,
         RunCancelRequested,
         RunRetried,
         RunRefreshed,

@@ -63,6 +63,8 @@ class RunState:
     input: Any = None
     input_fingerprint: str = ""
     fingerprints: dict[str, str] = field(default_factory=dict)
+    #: The log event that started the run, for runs a trigger started.
+    triggered_by: ev.TriggeringEvent | None = None
     status: str = "running"
     cancel_requested: bool = False
     error: str | None = None
@@ -144,6 +146,7 @@ def _touched(run: RunState, name: str, at: datetime) -> NodeState:
 def _run_started(run: RunState, e: ev.RunStarted, at: datetime) -> None:
     run.workflow, run.key, run.input = e.workflow, e.key, e.input
     run.input_fingerprint, run.fingerprints = e.input_fingerprint, dict(e.fingerprints)
+    run.triggered_by = e.triggered_by
     run.started_at = at
     for name in [*e.nodes, *e.fingerprints]:
         _touched(run, name, at)
