@@ -18,9 +18,19 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
+from croniter import croniter
+
 from eventstore.errors import InvalidInputError, NotFoundError
 
-__all__ = ["DefinitionError", "NodeSpec", "RetryPolicy", "Workflow", "WorkflowRegistry"]
+__all__ = [
+    "DefinitionError",
+    "NodeSpec",
+    "RetryPolicy",
+    "Schedule",
+    "Trigger",
+    "Workflow",
+    "WorkflowRegistry",
+]
 
 # Names end up in event payloads, log fields and metric labels, so they are kept to one safe alphabet.
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
@@ -174,13 +184,73 @@ class NodeSpec:
         return hashlib.sha256(_canonical_json(facts).encode()).hexdigest()
 
 
-class Workflow:
-    """A named DAG of nodes. Fan-out and fan-in are just several dependents or several dependencies."""
+@dataclass(frozen=True)
+class Trigger:
+    """Start one run of the workflow for every event of type `event_type` appended to the log (only in
+    streams of `category`, the part of the stream id before its first `-`, when given). The run's input
+    is the event (see `workflows.triggers.trigger_input`); it runs in the event's tenant."""
 
-    def __init__(self, name: str, version: str = "1") -> None:
+    event_type: str
+    category: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.event_type, str) or not self.event_type.strip():
+            raise DefinitionError(f"a trigger needs an event type, got {self.event_type!r}")
+        if self.category is not None and (
+            not isinstance(self.category, str) or not self.category or "-" in self.category
+        ):
+            raise DefinitionError(
+                f"a trigger's category is a stream id's part before its first '-', got {self.category!r}"
+            )
+
+
+CatchUp = Literal["skip", "all"]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Start one run per tick of `cron` (UTC; five fields, or six with seconds last), across all workers.
+
+    `catch_up` says what happens to ticks that passed while no worker ran: "skip" starts at most one run,
+    for the latest of them; "all" starts one per missed tick, at most `max_catch_up` (the latest ones).
+    Runs belong to `tenant` and get `{"tick": <ISO 8601 time of the tick>}` as their input."""
+
+    cron: str
+    catch_up: CatchUp = "skip"
+    max_catch_up: int = 100
+    tenant: str = "default"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cron, str) or not croniter.is_valid(self.cron):
+            raise DefinitionError(f"invalid cron expression {self.cron!r}, e.g. '*/5 * * * *'")
+        if self.catch_up not in ("skip", "all"):
+            raise DefinitionError(f"catch_up must be 'skip' or 'all', got {self.catch_up!r}")
+        if not isinstance(self.max_catch_up, int) or self.max_catch_up < 1:
+            raise DefinitionError(f"max_catch_up must be at least 1, got {self.max_catch_up!r}")
+
+
+class Workflow:
+    """A named DAG of nodes. Fan-out and fan-in are just several dependents or several dependencies.
+
+    `triggers`: events in the log that each start a run; `schedule`: ticks that each start a run."""
+
+    def __init__(
+        self,
+        name: str,
+        version: str = "1",
+        *,
+        triggers: Iterable[Trigger] = (),
+        schedule: Schedule | None = None,
+    ) -> None:
         _check_name("workflow", name)
         self.name = name
         self.version = version
+        self.triggers = tuple(triggers)
+        if not all(isinstance(t, Trigger) for t in self.triggers):
+            raise DefinitionError(f"workflow {name!r}: triggers must be Trigger values")
+        if schedule is not None and not isinstance(schedule, Schedule):
+            raise DefinitionError(f"workflow {name!r}: schedule must be a Schedule")
+        self.schedule = schedule
         self._nodes: dict[str, NodeSpec] = {}
         self._sealed = False  # set on registration: the registry holds only validated graphs
 
