@@ -35,6 +35,7 @@ from projector.state import (  # noqa: E402
     request_failure_skip,
 )
 from projector.tables import missing_tables  # noqa: E402
+from projector.waiting import ProjectionBehindError, wait_for  # noqa: E402
 from projector.worker import ProjectorWorker, WorkerSettings  # noqa: E402
 
 __ledgerflow_package__ = True
@@ -45,6 +46,7 @@ __all__ = [
     "LeaseLost",
     "PendingRun",
     "Projection",
+    "ProjectionBehindError",
     "ProjectionHealth",
     "ProjectorWorker",
     "RebuildResult",
@@ -73,4 +75,5 @@ __all__ = [
     "stream_catalogue",
     "sweep_abandoned",
     "verify",
+    "wait_for",
 ]

@@ -1,0 +1,136 @@
+"""Reading one's own writes: waiting until a projection has applied the log up to a cursor.
+
+A writer appends, gets its events' cursors, and wants its next read of a projection's tables to show
+what it wrote. `wait_for` returns once the projection has passed the cursor:
+
+* its durable cursor has reached it: a projection's table changes commit with its cursor, so its tables
+  then show every event up to the cursor; or
+* nothing the projection reads lies between its durable cursor and the wanted one. A projection that
+  does not read the written types writes its cursor only when it applies something, so its cursor alone
+  would never pass such a write. The check reads the log from the projection's cursor with the
+  projection's types, gap-free: it answers yes only once every transaction up to the write has ended.
+
+It does not poll in a loop: it listens on the channel that every cursor advance notifies when its batch
+commits (migration 0017), and looks again when its projection's name arrives. Between notifications it
+looks again every `_RECHECK` seconds, for the one change no notification announces: an older open
+transaction ending, which lets the log's horizon pass the write. Lives in `projector` rather than on the
+store, because only the projector knows projections, their cursors and the types they read; the store
+stays below it (`eventstore` imports nothing of `projector`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import psycopg
+import structlog
+
+from eventstore import START, AppendResult, Cursor, EventStore, InvalidInputError, LedgerflowError
+from eventstore.db import wrap_exceptions
+from eventstore.sqlfile import load_queries
+from projector import state
+from projector.projection import Projection
+
+log = structlog.get_logger(__name__)
+Q = load_queries("projector", "waiting.sql")
+
+#: How often a waiter looks again without a notification (for a horizon held back by an older transaction).
+_RECHECK = 0.25
+_CONNECT_TIMEOUT = 5
+
+
+class ProjectionBehindError(LedgerflowError, TimeoutError):
+    """The projection did not pass the wanted cursor within the time given. Nothing is wrong with the
+    write; the projection's tables do not show it yet."""
+
+    code = "projection_behind"
+
+    def __init__(self, projection: str, position: Cursor | None, wanted: Cursor, timeout: float) -> None:
+        self.projection, self.position, self.wanted, self.timeout = projection, position, wanted, timeout
+        where = f"is at {position}" if position is not None else "has not run yet"
+        super().__init__(
+            f"projection {projection!r} {where}, not yet past {wanted}, after waiting {timeout:g}s; "
+            "ask again, or see whether a projector runs it and whether it is blocked "
+            "(`ledgerflow projections status`, `ledgerflow failures list`)"
+        )
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "projection": self.projection,
+            "position": None if self.position is None else str(self.position),
+            "min_cursor": str(self.wanted),
+            "timeout": self.timeout,
+        }
+
+
+def cursor_of(written: Cursor | AppendResult) -> Cursor:
+    """The cursor a reader must pass to see `written`: its own, or an append's last event's."""
+    if isinstance(written, Cursor):
+        return written
+    if isinstance(written, AppendResult) and written.events:
+        return max(Cursor(e.transaction_id, e.position) for e in written.events)
+    raise InvalidInputError(f"wait for a Cursor or an AppendResult with events, not {written!r}")
+
+
+def passed(
+    store: EventStore, projection: Projection, wanted: Cursor, conn: psycopg.Connection[Any]
+) -> tuple[Cursor | None, bool]:
+    """The projection's durable cursor (None before it first ran), and whether it has passed `wanted`."""
+    current = state.get_cursor(conn, projection.name)
+    if current is None:
+        return None, False
+    at = current.cursor
+    if at >= wanted:
+        return at, True
+    # Behind: does anything the projection reads lie between its cursor and the wanted one?
+    page = store.read_all(at, limit=1, types=projection.event_types, conn=conn)
+    if page.events:
+        return at, wanted < page.events[0].cursor
+    return at, page.caught_up and page.cursor >= wanted
+
+
+def wait_for(
+    store: EventStore, projection: Projection, written: Cursor | AppendResult, *, timeout: float = 10.0
+) -> Cursor:
+    """Wait until `projection` has passed `written` (a cursor, or an append's result); return the
+    projection's cursor then. Raises ProjectionBehindError after `timeout` seconds (0: look once)."""
+    wanted = cursor_of(written)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
+        raise InvalidInputError(f"timeout {timeout!r} is invalid: use a number of seconds")
+    if timeout < 0:
+        raise InvalidInputError(f"timeout {timeout!r} is invalid: it must not be negative")
+    if wanted == START:
+        return wanted
+    deadline = time.monotonic() + timeout
+    with wrap_exceptions():
+        with store.pool.connection() as conn:
+            at, done = passed(store, projection, wanted, conn)
+        if done:
+            return at or wanted
+        if timeout == 0:
+            raise ProjectionBehindError(projection.name, at, wanted, timeout)
+        # Behind: listen first, then look again, so that no advance falls between the look and the wait.
+        with psycopg.connect(
+            store.url, autocommit=True, application_name="ledgerflow-waiter", connect_timeout=_CONNECT_TIMEOUT
+        ) as listener:
+            listener.execute(Q["listen_projections"])
+            while True:
+                at, done = passed(store, projection, wanted, listener)
+                if done:
+                    return at or wanted
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.info("projection_wait_timed_out", projection=projection.name, wanted=str(wanted))
+                    raise ProjectionBehindError(projection.name, at, wanted, timeout)
+                _next_advance(listener, projection.name, min(left, _RECHECK))
+
+
+def _next_advance(listener: psycopg.Connection[Any], name: str, timeout: float) -> None:
+    """Until `name`'s cursor advances (or `timeout`): other projections' advances are skipped."""
+    until = time.monotonic() + timeout
+    while (left := until - time.monotonic()) > 0:
+        for note in listener.notifies(timeout=left, stop_after=1):
+            if note.payload == name:
+                return
