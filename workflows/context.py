@@ -6,7 +6,16 @@ survive crashes without paying twice.
   resumed node continues at the first unfinished item;
 - `step(key, fn)`: a memoized step; its result is recorded in the log and returned without calling `fn`
   again on retry or resume (the expensive call is paid once);
-- `start_workflow(...)`: starts another workflow exactly once, however often the node is retried.
+- `start_workflow(...)`: starts another workflow exactly once, however often the node is retried;
+- `sleep(seconds)` / `sleep_until(when)`: a durable timer;
+- `wait_for_signal(name, timeout=...)`: the payload of a signal sent to the run (`Engine.signal`).
+
+A node that waits holds no worker thread and no connection: the wait is recorded, the node's queue row
+becomes due when the wait ends, and the worker lets go of it. When it wakes (on any worker, also after
+every worker restarted), its body runs again from the start, exactly as after a crash: steps,
+checkpoints and ended waits are answered from the log, so the body gets back to where it waited. Waits
+are told apart by the order in which the body makes them (the second `sleep` of a body is its second
+wait, whatever happened in between), unless given a `key`.
 
 Every write carries the claim's fencing token: once the claim is lost, writes raise NodeLeaseLost.
 Every call also checks for cancellation, shutdown and the node's timeout.
@@ -15,19 +24,23 @@ Every call also checks for cancellation, shutdown and the node's timeout.
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from eventstore import ANY, NewEvent
+from eventstore import ANY, ExpectedVersion, InvalidInputError, NewEvent, WrongExpectedVersionError
 from eventstore._validation import dump_json_object
+from eventstore.errors import ConflictError
 from workflows import events as ev
 from workflows import queue
 from workflows.definition import NodeSpec
 from workflows.engine import Engine, advance
-from workflows.errors import NodeTimeout, RunCancelled, WorkerStopping
+from workflows.errors import NodeSuspended, NodeTimeout, RunCancelled, SignalTimeout, WorkerStopping
 from workflows.lifecycle import fenced_writes
 from workflows.queue import Claim
 from workflows.state import NodeState, RunState
@@ -35,6 +48,7 @@ from workflows.state import NodeState, RunState
 T = TypeVar("T")
 I = TypeVar("I")  # noqa: E741 - the item type
 _PROGRESS_EVERY = 0.25  # seconds between progress events, unless the node finishes a stage
+_TAKE_ATTEMPTS = 50  # a signal taken by a sibling wait meanwhile: look again
 
 
 class NodeContext:
@@ -69,6 +83,8 @@ class NodeContext:
         self.config = dict(spec.config)
         self.outputs: dict[str, Any] = {d: run.node(d).output for d in spec.depends_on}
         self.last_progress_at = time.monotonic()
+        #: Waits made so far by this run of the body, per kind: the next one's key is its place in line.
+        self._waits: Counter[str] = Counter()
 
     # -- checks ---------------------------------------------------------------------------------------
 
@@ -81,14 +97,18 @@ class NodeContext:
         if timeout is not None and time.monotonic() - self._started > timeout:
             raise NodeTimeout(f"node {self.node!r} exceeded its timeout of {timeout:g}s")
 
-    def _write(self, events: Sequence[NewEvent]) -> None:
+    def _write(self, events: Sequence[NewEvent], expected_version: ExpectedVersion = ANY) -> None:
         """Append under the claim's fence: one transaction, two round trips."""
         self.check()
         claim = self._claim
         with fenced_writes(), self._engine.pipelined_transaction() as conn:
             recorded_at = queue.fence_at(conn, claim.run_id, claim.node, claim.token)
             result = self._engine.store.append(
-                ev.run_stream(claim.run_id), events, expected_version=ANY, tenant=claim.tenant, conn=conn
+                ev.run_stream(claim.run_id),
+                events,
+                expected_version=expected_version,
+                tenant=claim.tenant,
+                conn=conn,
             )
             at = recorded_at()
         advance(self._run, events, result, at)
@@ -222,6 +242,77 @@ class NodeContext:
         self._state.children[child_key] = str(started.run_id)
         return started.run_id
 
+    # -- waiting ------------------------------------------------------------------------------------
+
+    def _wait_key(self, kind: str, key: str | None) -> str:
+        self._waits[kind] += 1
+        return key if key is not None else f"{kind}#{self._waits[kind]}"
+
+    def sleep(self, seconds: float, *, key: str | None = None) -> None:
+        """Wait `seconds`, durably: the node lets go of its worker and wakes within about a second of the
+        due time, on any worker. The due time is fixed when the body first reaches this call."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
+            raise InvalidInputError(f"sleep takes a finite number of seconds, got {seconds!r}")
+        self._wait_until(self._wait_key("sleep", key), lambda: _now() + timedelta(seconds=max(seconds, 0)))
+
+    def sleep_until(self, when: datetime, *, key: str | None = None) -> None:
+        """Wait, durably, until `when` (a datetime with a time zone)."""
+        if not isinstance(when, datetime) or when.utcoffset() is None:
+            raise InvalidInputError(f"sleep_until takes a datetime with a time zone, got {when!r}")
+        self._wait_until(self._wait_key("sleep", key), lambda: when)
+
+    def _wait_until(self, key: str, due: Callable[[], datetime]) -> None:
+        self.check()
+        until = self._state.waits.get(key) or due()
+        if _now() < until:
+            raise NodeSuspended(key, until)
+
+    def wait_for_signal(self, name: str, *, timeout: float | None = None, key: str | None = None) -> Any:
+        """The payload of a signal `name` sent to the run, waiting durably for it if none is there yet.
+        Each signal is taken by one wait: the earliest one no other wait took. With `timeout` (seconds,
+        from when the body first reaches this call), raises SignalTimeout once it passes with no signal;
+        the body, run again, gets the same answer (payload or timeout)."""
+        if timeout is not None and not (isinstance(timeout, int | float) and timeout >= 0):
+            raise InvalidInputError(f"timeout must be a number of seconds or None, got {timeout!r}")
+        key = self._wait_key(f"signal:{name}", key)
+        self.check()
+        for _ in range(_TAKE_ATTEMPTS):
+            if key in self._state.taken:
+                index = self._state.taken[key]
+                if index is None:
+                    raise SignalTimeout(f"no signal {name!r} came within the wait's timeout ({key})")
+                return self._run.signals[index].payload
+            index = self._run.untaken_signal(name)
+            waits = self._state.waits
+            until = (
+                waits[key]
+                if key in waits
+                else None
+                if timeout is None
+                else _now() + timedelta(seconds=timeout)
+            )
+            if index is None and (until is None or _now() < until):
+                raise NodeSuspended(key, until, name)
+            taken = ev.event(
+                ev.SIGNAL_TAKEN,
+                self.run_id,
+                node=self.node,
+                attempt=self.attempt,
+                key=key,
+                name=name,
+                index=index,
+            )
+            try:
+                # At the version this node knows: a sibling wait that took the same signal first wins.
+                self._write([taken], expected_version=self._run.version)
+            except WrongExpectedVersionError:
+                self._engine.catch_up(self._run)
+                continue
+            self._state.taken[key] = index
+            if index is not None:
+                self._run.signals_taken.add(index)
+        raise ConflictError(f"run {self.run_id}: the run changed too often while taking signal {name!r}")
+
     def cancelled(self) -> None:
         """Raise RunCancelled now if the run was cancelled (for nodes with long stretches between writes)."""
         claim = self._claim
@@ -230,4 +321,8 @@ class NodeContext:
             queue.fence(conn, claim.run_id, claim.node, claim.token)
 
 
-__all__ = ["NodeContext", "RunCancelled"]
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+__all__ = ["NodeContext", "RunCancelled", "SignalTimeout"]

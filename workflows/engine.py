@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from eventstore import (
     ANY,
     NO_STREAM,
     AppendResult,
+    Cursor,
     EventStore,
     IdempotencyConflictError,
     InvalidInputError,
@@ -46,6 +48,8 @@ T = TypeVar("T")
 
 _RUN_IDS = uuid.UUID("5b1f0c1e-8d4e-4d59-9a57-6c2f3b1d7e10")  # namespace of idempotent run ids
 _MAX_KEY = 200
+_SIGNAL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+_RUN_ENDS = frozenset({ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED})
 _OCC_ATTEMPTS = 50
 _PAGE = 5000
 
@@ -63,6 +67,20 @@ class Started:
     run_id: uuid.UUID
     #: False when an active run for the key, or an earlier start with the idempotency key, was returned.
     created: bool
+    #: Where the start landed in the log: `projector.wait_for(store, workflow_tables, started.cursor)`
+    #: waits until the run tables show the run. None when an existing run was returned (its start is
+    #: older: `store.committed_so_far()` lies beyond it).
+    cursor: Cursor | None = None
+
+
+@dataclass(frozen=True)
+class SignalSent:
+    run_id: uuid.UUID
+    name: str
+    #: The log position of the SignalReceived event (of the first send, for a repeat).
+    position: int
+    #: True when the idempotency key matched an earlier send: nothing new was recorded.
+    duplicate: bool
 
 
 class Engine:
@@ -204,7 +222,11 @@ class Engine:
                 queue.enqueue(conn, run_id, tenant, wf.name, [wf.nodes[r] for r in roots])
         if not result.duplicate:
             log.info("workflow_started", run_id=str(run_id), workflow=wf.name, key=key, tenant=tenant)
-        return Started(run_id, created=not result.duplicate)
+        if result.duplicate:
+            return Started(run_id, created=False)
+        return Started(
+            run_id, created=True, cursor=max(Cursor(e.transaction_id, e.position) for e in result.events)
+        )
 
     def _same_request(
         self,
@@ -218,6 +240,53 @@ class Engine:
         if started.get("workflow") != workflow or started.get("input_fingerprint") != input_fp:
             raise IdempotencyConflictError(tenant, idempotency_key)
         return Started(run_id, created=False)
+
+    # -- signals --------------------------------------------------------------------------------------
+
+    def signal(
+        self,
+        run_id: uuid.UUID,
+        name: str,
+        payload: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        tenant: str = "default",
+        actor: str | None = None,
+    ) -> SignalSent:
+        """Send signal `name` with `payload` to a run: the earliest wait for `name` that has not taken a
+        signal yet gets it (`NodeContext.wait_for_signal`), now if a node waits for it, or later when one
+        does. A repeat with the same `idempotency_key` is recorded once."""
+        check_tenant(tenant)
+        if not isinstance(name, str) or not _SIGNAL_NAME.fullmatch(name):
+            raise InvalidInputError(
+                f"invalid signal name {name!r}: use 1 to 100 characters of letters, digits and _.:-"
+            )
+        stream = ev.run_stream(run_id)
+        last = self.store.read_stream(stream, tenant=tenant, backward=True, limit=1)
+        if not last:
+            raise NotFoundError(
+                f"no run {run_id} (tenant {tenant!r}); list runs with `ledgerflow workflows list`"
+            )
+        if last[0].type in _RUN_ENDS:
+            raise RunStateError(
+                f"run {run_id} has ended ({last[0].type}); no node would ever take the signal"
+            )
+        received = ev.event(ev.SIGNAL_RECEIVED, run_id, name=name, payload=payload, actor=actor)
+        with self.transaction() as conn:
+            # The run's queue rows first (the order every node end takes too): see queue.lock_run_nodes.
+            queue.lock_run_nodes(conn, run_id)
+            result = self.store.append(
+                stream,
+                [received],
+                idempotency_key=None if idempotency_key is None else f"signal:{run_id}:{idempotency_key}",
+                tenant=tenant,
+                conn=conn,
+            )
+            woken = queue.wake_waiting(conn, run_id, name) if not result.duplicate else []
+        log.info(
+            "workflow_signal_sent", run_id=str(run_id), signal=name, woke=woken, duplicate=result.duplicate
+        )
+        return SignalSent(run_id, name, result.last_position, result.duplicate)
 
     # -- operator actions ------------------------------------------------------------------------------
 

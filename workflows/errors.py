@@ -7,6 +7,7 @@ worker that lost its lease would go on working as if it had not.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from datetime import datetime
 
 from eventstore.db import Translation
 from eventstore.db import wrap_exceptions as _wrap_exceptions
@@ -27,6 +28,24 @@ class RunCancelled(BaseException):
 
 class WorkerStopping(BaseException):
     """The worker is shutting down; the node stops and is handed to another worker."""
+
+
+class NodeSuspended(BaseException):
+    """The node waits (a durable timer, or a signal that has not come): its worker records the wait, lets
+    go of the node and of its thread, and the node's body runs again from the start when it wakes."""
+
+    def __init__(self, key: str, until: datetime | None, signal: str | None = None) -> None:
+        what = f"signal {signal!r}" if signal is not None else "a timer"
+        super().__init__(f"waiting for {what} until {until.isoformat() if until else 'it comes'}")
+        self.key = key
+        self.until = until
+        self.signal = signal
+
+
+class SignalTimeout(LedgerflowError, TimeoutError):
+    """`NodeContext.wait_for_signal` ran past its timeout with no signal; the node may handle it."""
+
+    code = "signal_timeout"
 
 
 class NodeTimeout(LedgerflowError, TimeoutError):

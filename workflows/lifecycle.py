@@ -18,6 +18,7 @@ import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -29,7 +30,7 @@ from workflows import events as ev
 from workflows import queue
 from workflows.definition import Workflow
 from workflows.engine import Engine, advance, release_key_appends
-from workflows.errors import SQLSTATES, wrap_exceptions
+from workflows.errors import SQLSTATES, NodeSuspended, wrap_exceptions
 from workflows.queue import Claim, Claimant
 from workflows.scheduler import NodeStatus, run_outcome, runnable_nodes
 from workflows.state import RunState
@@ -68,6 +69,11 @@ def fenced_writes() -> Iterator[None]:
         raise translation(cause) from cause
 
 
+def _suspended(recorded_at: Callable[[], datetime]) -> Callable[[], queue.NodeEnded]:
+    """A suspension's answer in the shape of a node end's: it claims no successor."""
+    return lambda: queue.NodeEnded(0, recorded_at())
+
+
 def fence(conn: Any, claim: Claim, *, check_cancel: bool = True) -> None:
     """In `conn`'s transaction: fail with NodeLeaseLost unless `claim` still holds its node (and, with
     `check_cancel`, with RunCancelled if its run is being cancelled)."""
@@ -83,6 +89,16 @@ class _Decision:
     ready: list[str] = dataclasses.field(default_factory=list)
     #: Not None: the node runs again after this many seconds.
     retry_in: float | None = None
+    #: Not None: the node does not end but waits (see Lifecycle.suspend).
+    suspension: _Suspension | None = None
+
+
+@dataclass(frozen=True)
+class _Suspension:
+    until: datetime | None
+    #: Wake at once: what the node waits for came while it was deciding to wait.
+    now: bool
+    signal: str | None
 
 
 class Lifecycle:
@@ -127,14 +143,21 @@ class Lifecycle:
                         )
                         handoff = queue.Successor(claim_next, successor.token)
                         events.append(claimed_event(successor, claim_next.worker_id))
-                    ended = queue.end_node(
-                        conn,
-                        claim,
-                        retry_in=decision.retry_in,
-                        ready=[wf.nodes[n] for n in decision.ready],
-                        attempts={n: run.node(n).attempt for n in decision.ready},
-                        successor=handoff,
-                    )
+                    if (wait := decision.suspension) is not None:
+                        ended = _suspended(
+                            queue.suspend_node(
+                                conn, claim, until=wait.until, now=wait.now, signal=wait.signal
+                            )
+                        )
+                    else:
+                        ended = queue.end_node(
+                            conn,
+                            claim,
+                            retry_in=decision.retry_in,
+                            ready=[wf.nodes[n] for n in decision.ready],
+                            attempts={n: run.node(n).attempt for n in decision.ready},
+                            successor=handoff,
+                        )
                     terminal = any(e.type in _TERMINAL for e in events)
                     next_run: Callable[[], list[Claim]] | None = None
                     if terminal and claim_next is not None and claim_next.workflows:
@@ -278,6 +301,36 @@ class Lifecycle:
         self._commit(claim, wf, run, decide)
         log.info("workflow_node_cancelled", run_id=str(claim.run_id), node=claim.node)
 
+    def suspend(
+        self, claim: Claim, wf: Workflow, wait: NodeSuspended, *, run: RunState | None = None
+    ) -> None:
+        """The node waits for a timer or a signal: record the wait and make its queue row due when the
+        wait ends, so it holds no worker meanwhile. The wait is recorded at the run's exact version: if a
+        signal came after the node looked (and found none), the append fails, the node's copy reads it,
+        and the node is due at once instead."""
+
+        def decide(run: RunState) -> _Decision:
+            arrived = wait.signal is not None and run.untaken_signal(wait.signal) is not None
+            event = ev.event(
+                ev.NODE_WAITING,
+                claim.run_id,
+                node=claim.node,
+                attempt=claim.attempt,
+                key=wait.key,
+                until=wait.until.isoformat() if wait.until is not None else None,
+                signal=wait.signal,
+            )
+            return _Decision([event], suspension=_Suspension(wait.until, arrived, wait.signal))
+
+        self._commit(claim, wf, run, decide)
+        log.info(
+            "workflow_node_waiting",
+            run_id=str(claim.run_id),
+            node=claim.node,
+            signal=wait.signal,
+            until=wait.until.isoformat() if wait.until is not None else None,
+        )
+
     def release(self, claim: Claim, worker: str) -> None:
         """Hand the node back at once (graceful shutdown): it becomes ready for another worker."""
         with self.engine.transaction() as conn:
@@ -301,7 +354,8 @@ class Lifecycle:
     ) -> list[NewEvent]:
         """The run's closing event, if this transition ends it."""
         in_flight = any(
-            s in (NodeStatus.RUNNING, NodeStatus.READY, NodeStatus.RETRY_SCHEDULED) for s in statuses.values()
+            s in (NodeStatus.RUNNING, NodeStatus.READY, NodeStatus.RETRY_SCHEDULED, NodeStatus.WAITING)
+            for s in statuses.values()
         )
         if run.cancel_requested:
             return [] if in_flight else [ev.event(ev.RUN_CANCELLED, run.run_id)]

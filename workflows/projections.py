@@ -27,7 +27,8 @@ workflow_tables = Projection(
     name="workflow_tables",
     # 2: rows are the fold of workflows.state (a node reclaimed has no worker, a retried node's crashes
     # restart at 0, a refresh starts its nodes afresh, nodes_total counts nodes added by a refresh).
-    version=2,
+    # 3: a node that waits (a timer or a signal) has its own status, with what it waits for and until when.
+    version=3,
     # Shared: workflow_nodes rows carry no tenant, so only a server administrator rebuilds the tables.
     per_tenant=False,
     # The fold counts (crashes, checkpoints): applying an event twice would count it twice, so a replay of
@@ -48,6 +49,7 @@ workflow_tables = Projection(
         ev.NODE_STUCK,
         ev.NODE_PARKED,
         ev.NODE_CANCELLED,
+        ev.NODE_WAITING,
         ev.RUN_CANCEL_REQUESTED,
         ev.RUN_RETRIED,
         ev.RUN_REFRESHED,
@@ -97,6 +99,8 @@ workflow_tables = Projection(
                    finished_at       timestamptz,
                    duration_ms       float8,
                    updated_at        timestamptz NOT NULL,
+                   waiting_for       text,
+                   wake_at           timestamptz,
                    PRIMARY KEY (run_id, node)
                )""",
         ),
@@ -140,6 +144,8 @@ NODE_COLUMNS = (
     "finished_at",
     "duration_ms",
     "updated_at",
+    "waiting_for",
+    "wake_at",
 )
 
 RunRow = tuple[Any, ...]
@@ -188,6 +194,8 @@ def node_row(run_id: uuid.UUID, n: NodeState) -> NodeRow:
         n.finished_at,
         n.duration_ms,
         n.updated_at,
+        n.waiting_for,
+        n.wake_at,
     )
 
 
@@ -228,6 +236,8 @@ def state_from_rows(run: dict[str, Any], nodes: Sequence[dict[str, Any]]) -> Run
             stuck=r["stuck"],
             duration_ms=r["duration_ms"],
             updated_at=r["updated_at"],
+            waiting_for=r["waiting_for"],
+            wake_at=r["wake_at"],
         )
     return state
 
@@ -256,7 +266,9 @@ SELECT r.*, n.*
                array_agg(started_at ORDER BY position) AS n_started_at,
                array_agg(finished_at ORDER BY position) AS n_finished_at,
                array_agg(duration_ms ORDER BY position) AS n_duration_ms,
-               array_agg(updated_at ORDER BY position) AS n_updated_at
+               array_agg(updated_at ORDER BY position) AS n_updated_at,
+               array_agg(waiting_for ORDER BY position) AS n_waiting_for,
+               array_agg(wake_at ORDER BY position) AS n_wake_at
           FROM {workflow_nodes}
          WHERE run_id = r.run_id
        ) n
@@ -280,10 +292,11 @@ WITH runs AS (
 )
 INSERT INTO {workflow_nodes} (run_id, node, position, status, attempt, crashes, generation, progress_current,
                               progress_total, progress_message, checkpoints, worker, error, stuck, started_at,
-                              finished_at, duration_ms, updated_at)
+                              finished_at, duration_ms, updated_at, waiting_for, wake_at)
 SELECT * FROM unnest(%s::uuid[], %s::text[], %s::int[], %s::text[], %s::int[], %s::int[], %s::int[],
                      %s::bigint[], %s::bigint[], %s::text[], %s::int[], %s::text[], %s::text[], %s::bool[],
-                     %s::timestamptz[], %s::timestamptz[], %s::float8[], %s::timestamptz[])
+                     %s::timestamptz[], %s::timestamptz[], %s::float8[], %s::timestamptz[], %s::text[],
+                     %s::timestamptz[])
 ON CONFLICT (run_id, node) DO UPDATE
    SET position = EXCLUDED.position, status = EXCLUDED.status, attempt = EXCLUDED.attempt,
        crashes = EXCLUDED.crashes, generation = EXCLUDED.generation,
@@ -291,7 +304,8 @@ ON CONFLICT (run_id, node) DO UPDATE
        progress_message = EXCLUDED.progress_message, checkpoints = EXCLUDED.checkpoints,
        worker = EXCLUDED.worker, error = EXCLUDED.error, stuck = EXCLUDED.stuck,
        started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at,
-       duration_ms = EXCLUDED.duration_ms, updated_at = EXCLUDED.updated_at
+       duration_ms = EXCLUDED.duration_ms, updated_at = EXCLUDED.updated_at,
+       waiting_for = EXCLUDED.waiting_for, wake_at = EXCLUDED.wake_at
 """
 
 

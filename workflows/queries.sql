@@ -21,8 +21,9 @@ ON CONFLICT (run_id, node) DO UPDATE
 -- worker's workflows, the walk of the ready index (workflow, ready_at) stops after %(limit)s unlocked rows
 -- (statement_timestamp(), unlike clock_timestamp(), can bound the index scan). Rows a workflow's walk
 -- locked beyond the overall limit stay unclaimed and are unlocked at commit.
+-- Nodes with limits (workflows/limits.py) are claimed only with a slot of each: see `refused`.
 WITH picked AS (
-    SELECT r.run_id, r.node
+    SELECT r.run_id, r.node, w.name AS workflow, row_number() OVER (ORDER BY r.ready_at)::int AS n
       FROM unnest(%(workflows)s::text[]) AS w(name)
      CROSS JOIN LATERAL (
           SELECT q.run_id, q.node, q.ready_at FROM ledgerflow.workflow_queue q
@@ -33,14 +34,32 @@ WITH picked AS (
      ) r
      ORDER BY r.ready_at
      LIMIT %(limit)s
+), needs AS (
+    -- The limits each picked node needs: one index probe per node, nothing found when nothing has limits.
+    SELECT p.n, unnest(nl.limits) AS key
+      FROM picked p JOIN ledgerflow.workflow_node_limits nl ON nl.workflow = p.workflow AND nl.node = p.node
+), refused AS (
+    -- Admission, only when a picked node needs a slot: exact under concurrent claimers (an advisory lock
+    -- per limit key until commit; see ledgerflow.wf_limits_admit).
+    SELECT g.candidate, g.wake_at
+      FROM (SELECT WHERE EXISTS (SELECT FROM needs)) AS some_needs
+     CROSS JOIN LATERAL ledgerflow.wf_limits_admit(ARRAY(SELECT n FROM needs ORDER BY n, key),
+                                                   ARRAY(SELECT key FROM needs ORDER BY n, key)) g
+     WHERE NOT g.admitted
+), deferred AS (
+    -- A node refused a slot stays ready, due again when a slot may be free: until then the walk passes
+    -- it by, so the nodes queued behind it are not starved.
+    UPDATE ledgerflow.workflow_queue q SET ready_at = refused.wake_at
+      FROM picked JOIN refused ON refused.candidate = picked.n
+     WHERE q.run_id = picked.run_id AND q.node = picked.node
 )
 UPDATE ledgerflow.workflow_queue q
    SET status = 'claimed', attempt = q.attempt + 1, token = nextval('ledgerflow.workflow_fencing_tokens'),
        worker_name = %(worker_name)s, worker_instance = %(instance)s, claimed_at = clock_timestamp(),
        heartbeat_at = clock_timestamp(), progress_at = clock_timestamp(),
-       lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+       lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s), waiting_for = NULL
   FROM picked
- WHERE q.run_id = picked.run_id AND q.node = picked.node
+ WHERE q.run_id = picked.run_id AND q.node = picked.node AND picked.n NOT IN (SELECT candidate FROM refused)
 RETURNING q.run_id, q.node, q.tenant, q.workflow, q.attempt, q.token, q.cancel_requested, q.crashes
 
 -- name: fencing_tokens
@@ -61,6 +80,25 @@ SELECT crashes, recorded_at
                               %(workflow)s, %(ready)s::text[], %(attempts)s::int[], %(max_crashes)s::int[],
                               %(progress_deadlines)s::float8[], %(on_stuck)s::text[], %(claim_token)s,
                               %(worker_name)s, %(instance)s, %(ttl)s)
+
+-- name: suspend_node
+-- A node suspends itself (a timer or a signal wait); see ledgerflow.wf_suspend_node.
+SELECT ledgerflow.wf_suspend_node(%(run_id)s, %(node)s, %(token)s, %(until)s, %(now)s, %(signal)s)
+
+-- name: lock_run_nodes
+-- Before a signal is recorded: wait for every change of the run's queue rows in flight (a node suspending
+-- itself to wait for this signal, say) and hold them until the signal commits, so that a wait is either
+-- recorded before the signal, and woken by `wake_waiting` (whose own snapshot, taken after this statement,
+-- sees it), or after it, and then fails on the run stream's version and finds the signal.
+SELECT node FROM ledgerflow.workflow_queue WHERE run_id = %(run_id)s ORDER BY node FOR UPDATE
+
+-- name: wake_waiting
+-- The nodes waiting for this signal are due now.
+UPDATE ledgerflow.workflow_queue
+   SET ready_at = clock_timestamp()
+ WHERE run_id = %(run_id)s AND status = 'ready' AND waiting_for = %(signal)s
+   AND ready_at > clock_timestamp()
+RETURNING node
 
 -- name: begin
 BEGIN

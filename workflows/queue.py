@@ -234,6 +234,41 @@ def end_node(
     return outcome
 
 
+def suspend_node(
+    conn: Conn, claim: Claim, *, until: datetime | None, now: bool, signal: str | None
+) -> Callable[[], datetime]:
+    """The node's row is ready again at `until` (None: only when `signal` wakes it), or at once with
+    `now`, under the claim's fence. Sent without waiting for its answer (the run-stream append follows it
+    in the same round trip); the returned call gives the transaction's timestamp."""
+    cursor = conn.execute(
+        Q["suspend_node"],
+        {
+            "run_id": claim.run_id,
+            "node": claim.node,
+            "token": claim.token,
+            "until": until,
+            "now": now,
+            "signal": signal,
+        },
+    )
+
+    def recorded_at() -> datetime:
+        row = synced(cursor).fetchone()
+        assert row is not None
+        return row[0]  # type: ignore[no-any-return]
+
+    return recorded_at
+
+
+def lock_run_nodes(conn: Conn, run_id: uuid.UUID) -> None:
+    conn.execute(Q["lock_run_nodes"], {"run_id": run_id})
+
+
+def wake_waiting(conn: Conn, run_id: uuid.UUID, signal: str) -> list[str]:
+    """Make the run's nodes waiting for `signal` due now; returns their names."""
+    return [r[0] for r in conn.execute(Q["wake_waiting"], {"run_id": run_id, "signal": signal}).fetchall()]
+
+
 def release(conn: Conn, run_id: uuid.UUID, node: str, token: int) -> bool:
     return conn.execute(Q["release"], {"run_id": run_id, "node": node, "token": token}).fetchone() is not None
 

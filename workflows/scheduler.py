@@ -21,6 +21,7 @@ class NodeStatus(StrEnum):
     PENDING = "pending"  # waiting for its dependencies
     READY = "ready"  # dependencies succeeded, waiting for a worker
     RUNNING = "running"
+    WAITING = "waiting"  # suspended by a timer or a signal wait; holds no worker until it wakes
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # out of attempts, or the error was not retryable
     RETRY_SCHEDULED = "retry_scheduled"  # failed an attempt, the next one is due later

@@ -52,6 +52,21 @@ class NodeState:
     stuck: bool = False
     duration_ms: float | None = None
     updated_at: datetime | None = None
+    #: The waits of the node's body (timers and signal waits) by key: their due time or timeout, if any,
+    #: as first recorded, so that the body run again waits for the same moment.
+    waits: dict[str, datetime | None] = field(default_factory=dict)
+    #: Ended signal waits by key: the index of the run's signal each took, None for a timeout.
+    taken: dict[str, int | None] = field(default_factory=dict)
+    #: While WAITING: the signal it waits for (None for a timer) and when it wakes at the latest.
+    waiting_for: str | None = None
+    wake_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ReceivedSignal:
+    name: str
+    payload: Any
+    at: datetime
 
 
 @dataclass
@@ -75,11 +90,21 @@ class RunState:
     #: The node claimed last, until the run ends.
     current_node: str | None = None
     updated_at: datetime | None = None
+    #: Every signal sent to the run, in the order received; a signal's index is its place here.
+    signals: list[ReceivedSignal] = field(default_factory=list)
+    #: Indexes of the signals some node's wait has taken.
+    signals_taken: set[int] = field(default_factory=set)
 
     def node(self, name: str) -> NodeState:
         if name not in self.nodes:
             self.nodes[name] = NodeState(name, position=len(self.nodes))
         return self.nodes[name]
+
+    def untaken_signal(self, name: str) -> int | None:
+        """The index of the earliest signal named `name` that no wait has taken yet, or None."""
+        return next(
+            (i for i, s in enumerate(self.signals) if s.name == name and i not in self.signals_taken), None
+        )
 
     @property
     def statuses(self) -> dict[str, NodeStatus]:
@@ -125,7 +150,7 @@ E = TypeVar("E", bound=ev.WorkflowEvent)
 Change = Callable[[RunState, Any, datetime], None]
 _APPLY: dict[type[ev.WorkflowEvent], Change] = {}
 #: Memos record what a node may reuse; they change no row of the tables and are not read by them.
-_MEMOS = (ev.StepRecorded, ev.ChildStarted)
+_MEMOS = (ev.StepRecorded, ev.ChildStarted, ev.SignalReceived, ev.SignalTaken)
 
 
 def _on(model: type[E]) -> Callable[[Callable[[RunState, E, datetime], None]], Change]:
@@ -211,6 +236,7 @@ def _node_claimed(run: RunState, e: ev.NodeClaimed, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.status, n.attempt, n.token, n.worker = NodeStatus.RUNNING, e.attempt, e.token, e.worker
     n.started_at, n.finished_at, n.duration_ms, n.progress, n.stuck = at, None, None, None, False
+    n.waiting_for, n.wake_at = None, None
     run.current_node = e.node
 
 
@@ -293,3 +319,24 @@ def _node_parked(run: RunState, e: ev.NodeParked, at: datetime) -> None:
 def _node_cancelled(run: RunState, e: ev.NodeCancelled, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.status, n.token, n.finished_at = NodeStatus.CANCELLED, None, at
+
+
+@_on(ev.NodeWaiting)
+def _node_waiting(run: RunState, e: ev.NodeWaiting, at: datetime) -> None:
+    n = _touched(run, e.node, at)
+    until = datetime.fromisoformat(e.until) if e.until is not None else None
+    n.status, n.token, n.worker = NodeStatus.WAITING, None, None
+    n.waits.setdefault(e.key, until)
+    n.waiting_for, n.wake_at = e.signal, until
+
+
+@_on(ev.SignalReceived)
+def _signal_received(run: RunState, e: ev.SignalReceived, at: datetime) -> None:
+    run.signals.append(ReceivedSignal(e.name, e.payload, at))
+
+
+@_on(ev.SignalTaken)
+def _signal_taken(run: RunState, e: ev.SignalTaken, at: datetime) -> None:
+    run.node(e.node).taken[e.key] = e.index
+    if e.index is not None:
+        run.signals_taken.add(e.index)

@@ -34,16 +34,18 @@ from eventstore.frozen import end_frozen_sessions
 from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
 from workflows import events as ev
-from workflows import metrics, queue
+from workflows import limits, metrics, queue
 from workflows.context import NodeContext
 from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
-from workflows.errors import NodeLeaseLost, RunCancelled, WorkerStopping
+from workflows.errors import NodeLeaseLost, NodeSuspended, RunCancelled, WorkerStopping
 from workflows.lifecycle import Lifecycle, claimed_event
 from workflows.presence import Presence
 from workflows.queue import Claim, Claimant
 from workflows.recovery import sweep
+from workflows.schedules import ScheduleKeeper
 from workflows.state import RunState
+from workflows.triggers import TriggerConsumer
 
 log = structlog.get_logger(__name__)
 _tracer = trace.get_tracer("ledgerflow.workflows")
@@ -136,6 +138,8 @@ class WorkflowWorker:
     def run(self) -> None:
         """Work until `stop()`."""
         log.info("workflow_worker_started", worker=self.id, workflows=self.registry.names())
+        with self.engine.transaction() as conn:  # before the first claim: its limits are the ones enforced
+            limits.declare(conn, self.registry, worker=self.id)
         if self.settings.recovery:
             self.presence.start()  # before the first claim: no node of this process without its presence
             self.recover("startup")
@@ -150,6 +154,13 @@ class WorkflowWorker:
             application_name="ledgerflow-workflow-listener",
         )
         keepalive.start()
+        # Runs started by events of the log and by schedules: each in its own thread, shared with peers.
+        starts: list[TriggerConsumer | ScheduleKeeper] = [
+            TriggerConsumer(self.engine, self.registry, worker_id=self.id),
+            ScheduleKeeper(self.engine, self.registry, worker_id=self.id),
+        ]
+        for s in starts:
+            s.start()
         try:
             while not self.stopping.is_set():
                 if self.outage.failing() and not self._wait_for_database():
@@ -158,6 +169,8 @@ class WorkflowWorker:
                     self._wake.wait(self.settings.poll_interval)
                     self._wake.clear()
         finally:
+            for s in starts:
+                s.stop()
             self._shutdown()
             keepalive.stop()
             if self.settings.recovery:
@@ -321,6 +334,14 @@ class WorkflowWorker:
                     dump_json_object({"output": output}, f"output of node {claim.node!r}")
                 except (NodeLeaseLost, RunCancelled, WorkerStopping):
                     raise
+                except NodeSuspended as suspended:
+                    # The node waits for a timer or a signal: its row becomes due when the wait ends, and
+                    # this thread is free for other nodes meanwhile.
+                    outcome = "waiting"
+                    self._mark_ending(claim)
+                    wait = suspended
+                    self._through_outage(lambda: self.lifecycle.suspend(claim, wf, wait, run=held))
+                    return None, None
                 except Exception as exc:
                     if is_unavailable(exc):
                         outcome = self._interrupted(claim, exc)

@@ -124,7 +124,7 @@ def test_a_recorded_payload_that_does_not_fit_raises_a_typed_error() -> None:
 
 def test_every_event_type_has_a_model_and_the_tables_read_every_run_event_but_memos() -> None:
     key_events = {ev.KEY_CLAIMED, ev.KEY_RELEASED}
-    memos = {ev.STEP_RECORDED, ev.CHILD_STARTED}
+    memos = {ev.STEP_RECORDED, ev.CHILD_STARTED, ev.SIGNAL_RECEIVED, ev.SIGNAL_TAKEN}
     assert set(workflow_tables.event_types or []) == set(ev.MODELS) - key_events - memos
 
 

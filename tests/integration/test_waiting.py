@@ -1,0 +1,243 @@
+"""Nodes that wait: durable timers and signals. A waiting node holds no worker thread, wakes on any worker
+when its wait ends, and its body runs again from the start with steps and ended waits answered from the
+log, so nothing it paid for is paid again."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from eventstore import EventStore, InvalidInputError, NotFoundError
+from tests.waiting import wait_until
+from workflows import Engine, RunStateError, WorkerSettings, Workflow, WorkflowRegistry, WorkflowWorker
+from workflows import events as ev
+from workflows.context import NodeContext
+from workflows.errors import SignalTimeout
+from workflows.scheduler import NodeStatus
+
+FAST = WorkerSettings(
+    concurrency=2,
+    lease_ttl=2.0,
+    heartbeat_interval=0.3,
+    recovery_interval=0.3,
+    poll_interval=0.05,
+    shutdown_grace=1,
+)
+
+#: What the node bodies did, by run id: a list of labels, appended as they happen.
+CALLS: dict[str, list[str]] = {}
+_lock = threading.Lock()
+
+
+def _note(ctx: NodeContext, what: str) -> None:
+    with _lock:
+        CALLS.setdefault(str(ctx.run_id), []).append(what)
+
+
+registry = WorkflowRegistry()
+
+sleepy = Workflow("sleepy")
+
+
+@sleepy.node()
+def nap(ctx: NodeContext) -> dict[str, Any]:
+    _note(ctx, "body")
+    paid = ctx.step("paid", lambda: _note(ctx, "paid") or "receipt")
+    ctx.sleep(ctx.input["seconds"])
+    _note(ctx, "woke")
+    return {"paid": paid}
+
+
+@sleepy.node(depends_on=["nap"])
+def after_nap(ctx: NodeContext) -> str:
+    return "done"
+
+
+approval = Workflow("approval")
+
+
+@approval.node()
+def draft(ctx: NodeContext) -> str:
+    return ctx.step("draft", lambda: _note(ctx, "drafted") or "text")
+
+
+@approval.node(depends_on=["draft"])
+def review(ctx: NodeContext) -> Any:
+    timeout = ctx.input.get("timeout") if isinstance(ctx.input, dict) else None
+    try:
+        decision = ctx.wait_for_signal("approve", timeout=timeout)
+    except SignalTimeout:
+        _note(ctx, "timed out")
+        return {"approved": None}
+    _note(ctx, f"got {decision}")
+    return decision
+
+
+pair = Workflow("pair")
+
+
+@pair.node()
+def first(ctx: NodeContext) -> Any:
+    return ctx.wait_for_signal("go")
+
+
+@pair.node()
+def second(ctx: NodeContext) -> Any:
+    return ctx.wait_for_signal("go")
+
+
+@pair.node(depends_on=["first", "second"])
+def both(ctx: NodeContext) -> Any:
+    return sorted([ctx.outputs["first"]["n"], ctx.outputs["second"]["n"]])
+
+
+for wf in (sleepy, approval, pair):
+    registry.register(wf)
+
+
+@pytest.fixture
+def engine(store: EventStore) -> Engine:
+    return Engine(store, registry)
+
+
+@pytest.fixture
+def start_worker(engine: Engine) -> Iterator[Any]:
+    started: list[tuple[WorkflowWorker, threading.Thread]] = []
+
+    def start(name: str = "w1") -> WorkflowWorker:
+        worker = WorkflowWorker(Engine(engine.store, registry), registry, FAST, name=name)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        started.append((worker, thread))
+        return worker
+
+    yield start
+    for worker, thread in started:
+        worker.stop()
+        thread.join(timeout=15)
+    CALLS.clear()
+
+
+def _node(engine: Engine, run_id: uuid.UUID, node: str) -> Any:
+    return engine.load(run_id).nodes[node]
+
+
+def _finished(engine: Engine, run_id: uuid.UUID) -> bool:
+    return not engine.load(run_id).active
+
+
+def test_a_sleeping_node_holds_no_thread_and_wakes_after_its_time(engine: Engine, start_worker: Any) -> None:
+    worker = start_worker()
+    # Twice as many sleepers as the worker has threads: they all sleep at once, so none holds one.
+    runs = [engine.start("sleepy", input={"seconds": 1.5}).run_id for _ in range(4)]
+    wait_until(lambda: all(_node(engine, r, "nap").status == NodeStatus.WAITING for r in runs), timeout=20)
+    assert not worker._running, "a waiting node holds no worker slot"
+    started = time.monotonic()
+    wait_until(lambda: all(_finished(engine, r) for r in runs), timeout=20)
+    assert time.monotonic() - started < 5
+    for r in runs:
+        run = engine.load(r)
+        assert run.status == "succeeded"
+        assert CALLS[str(r)].count("paid") == 1, "the step before the sleep is paid once"
+        assert CALLS[str(r)].count("woke") == 1
+        nap_node = run.nodes["nap"]
+        woke_at = nap_node.finished_at
+        assert woke_at is not None
+        assert nap_node.started_at is not None
+        assert woke_at >= next(iter(nap_node.waits.values())), "not before its due time"  # type: ignore[operator]
+
+
+def test_a_timer_survives_every_worker_stopping(engine: Engine, start_worker: Any) -> None:
+    first = start_worker("w1")
+    run_id = engine.start("sleepy", input={"seconds": 2}).run_id
+    wait_until(lambda: _node(engine, run_id, "nap").status == NodeStatus.WAITING, timeout=20)
+    first.stop()
+    due = next(iter(_node(engine, run_id, "nap").waits.values()))
+    start_worker("w2")  # a new worker knows nothing of the timer but the log and the queue
+    wait_until(lambda: _finished(engine, run_id), timeout=20)
+    run = engine.load(run_id)
+    assert run.status == "succeeded"
+    assert run.nodes["nap"].finished_at >= due
+    assert CALLS[str(run_id)].count("paid") == 1
+
+
+def test_a_signal_sent_while_the_node_waits_wakes_it(engine: Engine, start_worker: Any) -> None:
+    start_worker()
+    run_id = engine.start("approval").run_id
+    wait_until(lambda: _node(engine, run_id, "review").status == NodeStatus.WAITING, timeout=20)
+    node = _node(engine, run_id, "review")
+    assert node.waiting_for == "approve"
+    assert node.wake_at is None
+    sent = engine.signal(run_id, "approve", {"approved": True, "by": "ann"}, idempotency_key="k1")
+    assert not sent.duplicate
+    again = engine.signal(run_id, "approve", {"approved": True, "by": "ann"}, idempotency_key="k1")
+    assert again.duplicate
+    assert again.position == sent.position
+    wait_until(lambda: _finished(engine, run_id), timeout=20)
+    run = engine.load(run_id)
+    assert run.status == "succeeded"
+    assert run.nodes["review"].output == {"approved": True, "by": "ann"}
+    assert len(run.signals) == 1, "a repeat with the same idempotency key is recorded once"
+    assert CALLS[str(run_id)].count("drafted") == 1
+
+
+def test_a_signal_sent_before_the_node_waits_is_kept_for_it(engine: Engine, start_worker: Any) -> None:
+    run_id = engine.start("approval").run_id
+    engine.signal(run_id, "approve", {"approved": False})
+    start_worker()
+    wait_until(lambda: _finished(engine, run_id), timeout=20)
+    run = engine.load(run_id)
+    assert run.nodes["review"].output == {"approved": False}
+    assert not any(e.type == ev.NODE_WAITING for e in engine.store.read_stream(ev.run_stream(run_id))), (
+        "the node never had to wait"
+    )
+
+
+def test_a_signal_wait_times_out_with_a_typed_error(engine: Engine, start_worker: Any) -> None:
+    start_worker()
+    run_id = engine.start("approval", input={"timeout": 0.5}).run_id
+    wait_until(lambda: _finished(engine, run_id), timeout=20)
+    run = engine.load(run_id)
+    assert run.nodes["review"].output == {"approved": None}
+    assert CALLS[str(run_id)].count("timed out") == 1
+    # A signal after the timeout is kept in the log, but the ended wait keeps its answer.
+    with pytest.raises(RunStateError):
+        engine.signal(run_id, "approve", {"approved": True})
+
+
+def test_each_signal_is_taken_by_exactly_one_wait(engine: Engine, start_worker: Any) -> None:
+    start_worker("w1")
+    start_worker("w2")
+    for _ in range(5):
+        run_id = engine.start("pair").run_id
+        engine.signal(run_id, "go", {"n": 1})
+        engine.signal(run_id, "go", {"n": 2})
+        wait_until(lambda run_id=run_id: _finished(engine, run_id), timeout=20)  # type: ignore[misc]
+        assert engine.load(run_id).nodes["both"].output == [1, 2]
+
+
+def test_signals_are_checked(engine: Engine) -> None:
+    run_id = engine.start("approval").run_id
+    with pytest.raises(InvalidInputError):
+        engine.signal(run_id, "not a name!", {})
+    with pytest.raises(InvalidInputError):
+        engine.signal(run_id, "approve", {"x": float("nan")})
+    with pytest.raises(NotFoundError):
+        engine.signal(uuid.uuid4(), "approve", {})
+    with pytest.raises(NotFoundError):
+        engine.signal(run_id, "approve", {}, tenant="someone_else")
+    assert engine.load(run_id).signals == [], "refused signals leave the log untouched"
+
+
+def test_sleep_until_needs_a_time_zone() -> None:
+    # Checked before the context is used: a naive datetime is refused whatever the node's state.
+    with pytest.raises(InvalidInputError, match="time zone"):
+        NodeContext.sleep_until(None, datetime(2030, 1, 1))  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="finite"):
+        NodeContext.sleep(None, float("inf"))  # type: ignore[arg-type]
