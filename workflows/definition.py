@@ -7,8 +7,11 @@ an empty workflow) fail in `Workflow.validate()`, which the registry runs on `re
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import heapq
+import inspect
 import json
 import math
 import random
@@ -24,6 +27,7 @@ from eventstore.errors import InvalidInputError, NotFoundError
 
 __all__ = [
     "DefinitionError",
+    "Limit",
     "NodeSpec",
     "RetryPolicy",
     "Schedule",
@@ -131,6 +135,60 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class Limit:
+    """A limit shared by every worker: at most `concurrency` nodes naming it run at once, and at most
+    `per_minute` of them start in any sliding minute (None: no bound of that kind)."""
+
+    name: str
+    concurrency: int | None = None
+    per_minute: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_name("limit", self.name)
+        for bound in ("concurrency", "per_minute"):
+            value = getattr(self, bound)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise DefinitionError(f"limit {self.name!r}: {bound} must be a whole number of at least 1")
+        if self.concurrency is None and self.per_minute is None:
+            raise DefinitionError(f"limit {self.name!r} bounds nothing: give concurrency, per_minute or both")
+
+
+def _limit_names(where: str, value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise DefinitionError(f"{where}: limits must be a list of limit names, not the string {value!r}")
+    names = tuple(value)
+    for name in names:
+        _check_name("limit", name)
+    if len(set(names)) != len(names):
+        raise DefinitionError(f"{where} lists a limit more than once: {list(names)}")
+    return names
+
+
+def _with_slot_check(fn: Callable[..., Any]) -> Callable[..., Any]:
+    # Imported when the node runs: the check reads the queue, and definitions stay free of I/O.
+    checked: Callable[..., Any]
+    if inspect.iscoroutinefunction(fn):
+
+        async def checked(ctx: Any) -> Any:
+            from workflows.limits import check_slots
+
+            await asyncio.to_thread(check_slots, ctx)
+            return await fn(ctx)
+
+    else:
+
+        def checked(ctx: Any) -> Any:
+            from workflows.limits import check_slots
+
+            check_slots(ctx)
+            return fn(ctx)
+
+    wrapped = functools.wraps(fn)(checked)
+    setattr(wrapped, "_ledgerflow_slot_check", True)  # noqa: B010 - a marker mypy cannot type
+    return wrapped
+
+
+@dataclass(frozen=True)
 class NodeSpec:
     """One node of a workflow: the function to run and the rules for running it."""
 
@@ -146,11 +204,20 @@ class NodeSpec:
     #: What happens to a node that heartbeats but reports no progress past its deadline: "retry" takes
     #: it away from its worker and runs it again; "fail" records a failure (the retry policy applies).
     on_stuck: Literal["retry", "fail"] = "retry"
+    #: Names of the registry's limits (`WorkflowRegistry.limit`) this node needs a slot of, across all
+    #: workers, to be claimed; while one is full the node waits, as a ready row of the queue.
+    limits: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_name("node", self.name)
         where = f"node {self.name!r}"
         deps = _as_names(where, self.depends_on)
+        limits = _limit_names(where, self.limits)
+        if limits and not getattr(self.fn, "_ledgerflow_slot_check", False):
+            # A node's successor can be handed to the worker that ends the node without a claim of its
+            # own: the node then checks, before its body runs, that it got the slots (workflows/limits.py).
+            object.__setattr__(self, "fn", _with_slot_check(self.fn))
+        object.__setattr__(self, "limits", limits)
         if self.name in deps:
             raise DefinitionError(f"{where} depends on itself")
         if len(set(deps)) != len(deps):
@@ -284,6 +351,7 @@ class Workflow:
         config: Mapping[str, Any] | None = None,
         max_crashes: int = 5,
         on_stuck: Literal["retry", "fail"] = "retry",
+        limits: Iterable[str] = (),
     ) -> Callable[[F], F]:
         """Declare a node with `@wf.node(...)`; the name defaults to the function's. The function is
         returned unchanged, so it can still be called directly in tests."""
@@ -302,6 +370,7 @@ class Workflow:
                     config=config if config is not None else {},
                     max_crashes=max_crashes,
                     on_stuck=on_stuck,
+                    limits=_limit_names(f"node {node_name!r}", limits),
                 )
             )
             return func
@@ -384,6 +453,21 @@ class WorkflowRegistry:
 
     def __init__(self) -> None:
         self._workflows: dict[str, Workflow] = {}
+        self._limits: dict[str, Limit] = {}
+
+    def limit(self, name: str, *, concurrency: int | None = None, per_minute: int | None = None) -> Limit:
+        """Declare a limit that nodes name in `limits=[...]`: at most `concurrency` of them running at
+        once and at most `per_minute` starts in any sliding minute, across every worker and host."""
+        declared = Limit(name, concurrency, per_minute)
+        if self._limits.get(name, declared) != declared:
+            raise DefinitionError(f"limit {name!r} is already declared as {self._limits[name]!r}")
+        self._limits[name] = declared
+        return declared
+
+    @property
+    def limits(self) -> Mapping[str, Limit]:
+        """The declared limits by name (read-only)."""
+        return MappingProxyType(self._limits)
 
     def register(self, wf: Workflow) -> Workflow:
         existing = self._workflows.get(wf.name)
