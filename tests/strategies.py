@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import strategies as st
@@ -93,7 +94,7 @@ class _RunModel:
             self.emit(ev.NODES_READY, nodes=ready)
 
     def maybe_end(self, error: str | None = None) -> None:
-        in_flight = self.with_status("running", "ready", "retry_scheduled")
+        in_flight = self.with_status("running", "ready", "retry_scheduled", "waiting")
         if self.cancel_requested:
             if not self.with_status("running"):
                 self.emit(ev.RUN_CANCELLED)
@@ -164,11 +165,13 @@ def _moves(run: _RunModel) -> list[Move]:
     moves: list[Move] = []
     if not run.cancel_requested:
         moves.append(_cancel_run)
-        moves += [_claim(n) for n in run.with_status("ready", "retry_scheduled")]
+        moves += [_claim(n) for n in run.with_status("ready", "retry_scheduled", "waiting")]
+    moves.append(_signal)
     for n in run.with_status("running"):
         if run.cancel_requested:
             moves.append(_cancelled_at_next_write(n))
-        moves += [_work(n, kind) for kind in ("progress", "checkpoint", "step", "child")]
+        moves += [_work(n, kind) for kind in ("progress", "checkpoint", "step", "child", "take")]
+        moves.append(_wait(n))
         moves += [_succeed(n), _retry_later(n), _fail(n), _crash(n), _stuck(n), _park(n), _release(n)]
     return moves
 
@@ -202,6 +205,11 @@ def _work(node: str, kind: str) -> Move:
         elif kind == "step":
             key, result = run.fresh("step"), draw(json_values)
             run.emit(ev.STEP_RECORDED, node=node, attempt=attempt, key=key, result=result)
+        elif kind == "take":
+            index = draw(st.none() | st.integers(0, 5))
+            run.emit(
+                ev.SIGNAL_TAKEN, node=node, attempt=attempt, key=run.fresh("wait"), name="go", index=index
+            )
         else:
             child = str(draw(st.uuids()))
             run.emit(
@@ -209,6 +217,24 @@ def _work(node: str, kind: str) -> Move:
             )
 
     return move
+
+
+def _wait(node: str) -> Move:
+    """The node suspends itself: a timer (a due time) or a signal wait (with or without a timeout)."""
+
+    def move(draw: st.DrawFn, run: _RunModel) -> None:
+        due = st.datetimes(datetime(2000, 1, 1), datetime(2100, 1, 1), timezones=st.just(UTC))
+        until = draw(st.none() | due.map(datetime.isoformat))
+        signal = draw(st.none() | st.sampled_from(["go", "approve"])) if until is not None else "go"
+        key = run.fresh("wait")
+        run.emit(ev.NODE_WAITING, node=node, attempt=run.attempts[node], key=key, until=until, signal=signal)
+        run.status[node] = "waiting"
+
+    return move
+
+
+def _signal(draw: st.DrawFn, run: _RunModel) -> None:
+    run.emit(ev.SIGNAL_RECEIVED, name=draw(st.sampled_from(["go", "approve"])), payload=draw(json_values))
 
 
 def _succeed(node: str) -> Move:
@@ -300,7 +326,7 @@ def _cancelled_at_next_write(node: str) -> Move:
 def _cancel_run(draw: st.DrawFn, run: _RunModel) -> None:
     run.cancel_requested = True
     run.emit(ev.RUN_CANCEL_REQUESTED, actor="operator")
-    for n in run.with_status("pending", "ready", "retry_scheduled"):
+    for n in run.with_status("pending", "ready", "retry_scheduled", "waiting"):
         run.emit(ev.NODE_CANCELLED, node=n)
         run.status[n] = "cancelled"
     run.maybe_end()

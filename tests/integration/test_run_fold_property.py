@@ -134,5 +134,7 @@ def _assert_node_row(row: dict[str, Any], run: RunState) -> None:
         "finished_at": n.finished_at,
         "duration_ms": n.duration_ms,
         "updated_at": n.updated_at,
+        "waiting_for": n.waiting_for,
+        "wake_at": n.wake_at,
     }
     assert {k: row[k] for k in expected} == expected, f"node {n.name}"
