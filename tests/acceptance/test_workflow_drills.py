@@ -32,10 +32,12 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.drill
 
 
-def start_worker(url: str, name: str, log: Path, lease_ttl: float = 2.0) -> subprocess.Popen[bytes]:
+def start_worker(
+    url: str, name: str, log: Path, lease_ttl: float = 2.0, workflows: str = "tests.flows:registry"
+) -> subprocess.Popen[bytes]:
     env = os.environ | {
         "LEDGERFLOW_DATABASE_URL": url,
-        "LEDGERFLOW_WORKFLOWS": "tests.flows:registry",
+        "LEDGERFLOW_WORKFLOWS": workflows,
         "LEDGERFLOW_WORKFLOW_LEASE_TTL": str(lease_ttl),
         "LEDGERFLOW_WORKFLOW_HEARTBEAT_INTERVAL": str(lease_ttl / 4),
         "LEDGERFLOW_RECOVERY_INTERVAL": "0.5",

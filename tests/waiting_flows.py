@@ -1,0 +1,36 @@
+"""Workflows that wait, for the drills (importable by worker subprocesses as `tests.waiting_flows:registry`).
+
+Every paid call is recorded in the `calls` side table (`tests.flows.record_call`), so a drill can tell
+that no memoized step ran again after it was recorded, however often the node slept, waited and was
+killed in between.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.flows import record_call
+from workflows import NodeContext, Workflow, WorkflowRegistry
+
+registry = WorkflowRegistry()
+
+patient = Workflow("patient")
+
+
+@patient.node()
+def draft(ctx: NodeContext) -> Any:
+    text = ctx.step("draft", lambda: (record_call(ctx, "step:draft"), "draft text")[1])
+    ctx.sleep(float(ctx.input["nap"]))  # a provider's rate limit, say
+    polished = ctx.step("polish", lambda: (record_call(ctx, "step:polish"), text.upper())[1])
+    decision = ctx.wait_for_signal("approve")
+    ctx.step("publish", lambda: record_call(ctx, "step:publish"))
+    return {"text": polished, "decision": decision}
+
+
+@patient.node(depends_on=["draft"])
+def archive(ctx: NodeContext) -> Any:
+    record_call(ctx, "archive")
+    return ctx.outputs["draft"]["decision"]
+
+
+registry.register(patient)
