@@ -240,3 +240,26 @@ def unrecordable(ctx: NodeContext) -> Any:
 
 
 registry.register(bad_output)
+
+approval = Workflow("approval")
+
+
+@approval.node()
+def draft(ctx: NodeContext) -> Any:
+    return ctx.step("draft", lambda: (record_call(ctx, "step:draft"), "a draft")[1])
+
+
+@approval.node(depends_on=["draft"])
+def review(ctx: NodeContext) -> Any:
+    """Waits for a person's decision: signal `approve`, e.g. {"approved": true, "note": "..."}."""
+    return ctx.wait_for_signal("approve", timeout=(ctx.input or {}).get("timeout"))
+
+
+@approval.node(depends_on=["review"])
+def publish(ctx: NodeContext) -> Any:
+    decision = ctx.outputs["review"]
+    approved = isinstance(decision, dict) and decision.get("approved") is True
+    return {"published": approved, "decision": decision}
+
+
+registry.register(approval)
