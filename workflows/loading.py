@@ -19,6 +19,8 @@ def load_workflows(paths: Iterable[str]) -> WorkflowRegistry:
         value = import_object(path, "workflows")
         if isinstance(value, WorkflowRegistry):
             found = [value.get(n) for n in value.names()]
+            for limit in value.limits.values():  # the limits its nodes name come with them
+                registry.limit(limit.name, concurrency=limit.concurrency, per_minute=limit.per_minute)
         elif isinstance(value, Workflow):
             found = [value]
         elif isinstance(value, list | tuple) and all(isinstance(v, Workflow) for v in value):
