@@ -11,19 +11,69 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from eventstore import NotFoundError, wrap_exceptions
+from eventstore import Cursor, NotFoundError, wrap_exceptions
 from ops.api.deps import Operator, Reader, ServicesDep
-from ops.api.errors import CONFLICT, NOT_FOUND
+from ops.api.errors import CONFLICT, NOT_FOUND, ErrorBody, Responses, error_response
 from ops.services import Services
-from projector import missing_tables
+from projector import Projection, ProjectionBehindError, missing_tables, wait_for
 from workflows import NodeState, RunState, workflow_tables
 from workflows import list_runs as read_runs
 
 router = APIRouter(tags=["runs"])
 
 RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
+
+#: Read your own writes: a read served from a projection's tables waits until they show the write.
+MinCursor = Annotated[
+    str | None,
+    Query(
+        max_length=41,
+        pattern=r"^[0-9]{1,20}:[0-9]{1,20}$",
+        description="Answer only once the tables this read comes from have passed this log cursor (an "
+        "append's or a run start's `cursor`), so that they show that write; 504 if they have not within "
+        "`wait` seconds, 409 at once if no projector has ever run them, 422 for a cursor beyond every "
+        "committed write.",
+    ),
+]
+WaitSeconds = Annotated[
+    float, Query(ge=0, le=30, description="How long to wait for `min_cursor` (seconds, at most 30).")
+]
+PROJECTION_BEHIND: Responses = {
+    409: {
+        "model": ErrorBody,
+        "description": "`min_cursor` was given, but no projector has ever run the projection the read "
+        "comes from (details.position is null).",
+    },
+    504: {
+        "model": ErrorBody,
+        "description": "The projection did not pass `min_cursor` in time; details name the projection, "
+        "its position and the wanted cursor. Nothing is wrong with the write: ask again.",
+    },
+}
+
+
+def projection_behind(
+    services: Services, projection: Projection, min_cursor: str | None, wait: float
+) -> JSONResponse | None:
+    """None once `projection` has passed `min_cursor` (at once without one); else the 409 or 504 answer."""
+    if min_cursor is None:
+        return None
+    wanted = Cursor.parse(min_cursor)
+    try:
+        # One look first: a projection that no projector has ever run will not get there by waiting.
+        wait_for(services.store, projection, wanted, timeout=0)
+        return None
+    except ProjectionBehindError as exc:
+        if exc.position is None:
+            return error_response(409, exc.code, str(exc), exc.details())
+    try:
+        wait_for(services.store, projection, wanted, timeout=wait)
+    except ProjectionBehindError as exc:
+        return error_response(504, exc.code, str(exc), exc.details())
+    return None
 
 
 class RunSummaryOut(BaseModel):
@@ -166,15 +216,20 @@ def run_detail(run: RunState, services: Services) -> RunDetailOut:
     )
 
 
-@router.get("/runs", response_model=RunList)
+@router.get("/runs", response_model=RunList, responses=PROJECTION_BEHIND)
 def list_runs(
     principal: Reader,
     services: ServicesDep,
     status: RunStatus | None = None,
     workflow: Annotated[str | None, Query(max_length=63)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-) -> RunList:
-    """The tenant's recent runs, newest first (from the run table, which trails the log slightly)."""
+    min_cursor: MinCursor = None,
+    wait: WaitSeconds = 5.0,
+) -> RunList | JSONResponse:
+    """The tenant's recent runs, newest first (from the run table, which trails the log slightly; with
+    `min_cursor`, once it shows every write up to that cursor)."""
+    if (behind := projection_behind(services, workflow_tables, min_cursor, wait)) is not None:
+        return behind
     store = services.store
     with wrap_exceptions(), store.pool.connection() as conn:
         # Before a projector first runs, the table does not exist yet: no run has been projected.

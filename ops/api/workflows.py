@@ -79,6 +79,10 @@ class StartedOut(BaseModel):
     created: bool = Field(
         description="False when an existing run was returned (same key or Idempotency-Key)."
     )
+    cursor: str = Field(
+        description="A log cursor at or beyond the run's start: pass it as `min_cursor` to GET /api/v1/runs "
+        "to read the run list with this run in it."
+    )
 
 
 @router.post(
@@ -112,4 +116,6 @@ def start_run(
     )
     if not started.created:
         response.status_code = 200
-    return StartedOut(run_id=started.run_id, created=started.created)
+    # An existing run's start is older than anything committed before now.
+    cursor = started.cursor or services.store.committed_so_far()
+    return StartedOut(run_id=started.run_id, created=started.created, cursor=str(cursor))
