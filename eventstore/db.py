@@ -8,6 +8,7 @@ own SQLSTATEs; unique violations map to domain errors by constraint name.
 from __future__ import annotations
 
 import json
+import urllib.parse
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -77,13 +78,50 @@ def resolve_database_url(settings: DatabaseSettings) -> str:
     return start_embedded(settings.embedded_data_dir)
 
 
+#: libpq's TCP settings, for every parameter the database URL does not set itself. Without them a
+#: partition (packets vanish: no reset, no FIN) leaves a connection hanging for as long as the kernel
+#: retransmits (about 15 minutes with Linux's tcp_retries2=15) or, when nothing is in flight (a LISTEN, a
+#: statement waiting for its answer), for ever; and after the network heals the retransmissions' own
+#: back-off (up to 2 minutes between tries) keeps it silent for about as long again as the partition
+#: lasted. With them a process notices within about 10 s, the default lease of workflow and projector
+#: workers (a worker that cannot reach the database for a lease has lost its leases anyway), reports
+#: the outage, and connects afresh: once the network heals it is back within the outage back-off.
+#:   * tcp_user_timeout: sent data unacknowledged for 10 s ends the connection. The peer's kernel
+#:     acknowledges whatever its process is doing, so a busy server, a long statement or a paused
+#:     process never trip it; only a network that carries nothing does.
+#:   * keepalives: a connection silent for 5 s is probed every 2 s; with tcp_user_timeout set, Linux
+#:     ends it once probes have gone unanswered past those 10 s (count 3: the same 11 s where
+#:     tcp_user_timeout is not supported).
+#:   * connect_timeout: a connection attempt to a host that does not answer gives up after 5 s and is
+#:     tried again (SYNs are otherwise retried for about 2 minutes, ever further apart).
+#: Ignored on Unix-domain sockets (the embedded server).
+NETWORK_TIMEOUTS: dict[str, str] = {
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+    "connect_timeout": "5",
+}
+
+
+def with_network_timeouts(url: str) -> str:
+    """`url` with `NETWORK_TIMEOUTS` for the parameters it does not set (a URL stays a URL)."""
+    missing = {k: v for k, v in NETWORK_TIMEOUTS.items() if k not in psycopg.conninfo.conninfo_to_dict(url)}
+    if not missing:
+        return url
+    if url.startswith(("postgresql://", "postgres://")):
+        return url + ("&" if "?" in url else "?") + urllib.parse.urlencode(missing)
+    return psycopg.conninfo.make_conninfo(url, **missing)
+
+
 def open_pool(
     url: str, settings: DatabaseSettings, *, name: str = "ledgerflow"
 ) -> psycopg_pool.ConnectionPool:
     """An open pool of autocommit connections; fails with a clear error if the database does not answer."""
     idle_ms = int(settings.idle_in_transaction_timeout * 1000)
     pool = psycopg_pool.ConnectionPool(
-        url,
+        with_network_timeouts(url),
         min_size=settings.pool_min_size,
         max_size=settings.pool_max_size,
         kwargs={
@@ -92,7 +130,8 @@ def open_pool(
             "options": f"-c idle_in_transaction_session_timeout={idle_ms}",
         },
         name=name,
-        configure=use_exact_json,
+        configure=_configure,
+        check=discard_if_turned_read_only,
         open=False,
     )
     try:
@@ -104,6 +143,41 @@ def open_pool(
             "check that the server runs and LEDGERFLOW_DATABASE_URL is right"
         ) from exc
     return pool
+
+
+#: Whether each pooled connection's server was read-only when it connected (see `turned_read_only`).
+_read_only_at_connect: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = weakref.WeakKeyDictionary()
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    use_exact_json(conn)
+    _read_only_at_connect[conn] = _read_only(conn)
+
+
+def _read_only(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server refuses writes on `conn`, as it last reported: PostgreSQL 14+ sends both
+    settings to the client whenever they change (ParameterStatus), so this costs no round trip."""
+    info = conn.info
+    return "on" in (
+        info.parameter_status("in_hot_standby"),
+        info.parameter_status("default_transaction_read_only"),
+    )
+
+
+def turned_read_only(conn: psycopg.Connection[Any]) -> bool:
+    """Whether `conn`'s server has refused writes since the connection opened: a primary being demoted
+    by a failover (pg_auto_failover first sets default_transaction_read_only, then restarts it as a
+    standby). Such a connection must be replaced, so that the URL's `target_session_attrs=read-write`
+    finds the new primary; a server that was read-only from the start is left alone."""
+    return _read_only(conn) and not _read_only_at_connect.get(conn, False)
+
+
+def discard_if_turned_read_only(conn: psycopg.Connection[Any]) -> None:
+    """The pool's check at every checkout: closes a connection whose server turned read-only, which
+    makes the pool discard it and hand out (or open) another."""
+    if turned_read_only(conn):
+        conn.close()
+        raise DatabaseUnavailableError("the server turned read-only (a failover demoted it); reconnecting")
 
 
 def use_exact_json(conn: psycopg.Connection[Any]) -> None:
@@ -203,6 +277,13 @@ def translate(exc: psycopg.Error) -> LedgerflowError:
         return InvalidInputError(f"the database refused the input: {_refused(exc)}")
     if isinstance(exc, psycopg_pool.PoolTimeout):
         return DatabaseUnavailableError(f"no database connection became free in time: {exc}")
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        # 25006: the server refuses writes; after a failover, a demoted primary does so until it
+        # restarts as a standby. Its connections are replaced (`turned_read_only`) and the write is
+        # tried again on the new primary, as after any outage.
+        return DatabaseUnavailableError(
+            f"the database is read-only (a failover in progress?): {exc}; retry once the primary answers"
+        )
     if isinstance(exc, psycopg.OperationalError):
         return DatabaseUnavailableError(
             f"the database connection failed: {exc}; retry once PostgreSQL answers"

@@ -33,6 +33,7 @@ import psycopg
 import psycopg_pool
 
 from eventstore import direct
+from eventstore.db import turned_read_only
 
 Connection = psycopg.Connection[Any]
 
@@ -226,8 +227,8 @@ def _alive(conn: Connection, poller: select.poll | None) -> bool:
     tells (libpq needs two reads: the message, then the end of the stream). `poller`: one already
     watching the connection's socket.
     """
-    if conn.closed or conn.broken:
-        return False
+    if conn.closed or conn.broken or turned_read_only(conn):
+        return False  # a demoted primary's connection is given back: the pool's check discards it
     pgconn = conn.pgconn
     if poller is None:
         poller = select.poll()
