@@ -19,7 +19,10 @@ from workflows.events import (  # noqa: E402
     STEP_RECORDED,
     run_stream,
 )
+from workflows.limits import LimitUsage  # noqa: E402
+from workflows.limits import read_usage as limit_usage  # noqa: E402
 from workflows.loading import load_workflows  # noqa: E402
+from workflows.metrics import watch_limit_usage  # noqa: E402
 from workflows.projections import workflow_tables  # noqa: E402
 from workflows.queue import QueueSummary, Recovery, recent_recoveries  # noqa: E402
 from workflows.queue import summary as queue_summary  # noqa: E402
@@ -39,6 +42,7 @@ __all__ = [
     "STEP_RECORDED",
     "DefinitionError",
     "Engine",
+    "LimitUsage",
     "NodeContext",
     "NodeLeaseLost",
     "NodeSpec",
@@ -58,6 +62,7 @@ __all__ = [
     "WorkflowRegistry",
     "WorkflowWorker",
     "demo_registry",
+    "limit_usage",
     "list_runs",
     "load_workflows",
     "queue_summary",
@@ -66,5 +71,6 @@ __all__ = [
     "run_stream",
     "sample_schema",
     "sweep",
+    "watch_limit_usage",
     "workflow_tables",
 ]

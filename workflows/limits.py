@@ -119,6 +119,12 @@ def usage(conn: Conn) -> list[LimitUsage]:
         return cur.execute(Q["usage"]).fetchall()
 
 
+def read_usage(pool: Any) -> list[LimitUsage]:
+    """`usage` on a connection of `pool` (a store's pool), for readers outside a transaction."""
+    with pool.connection() as conn:
+        return usage(conn)
+
+
 def holds_claim(conn: Conn, run_id: uuid.UUID, node: str, token: int) -> bool:
     with wrap_exceptions():
         row = conn.execute(Q["holds_claim"], {"run_id": run_id, "node": node, "token": token}).fetchone()

@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 from fastapi import APIRouter, FastAPI
 
-from ops.api import errors, events, failures, health, projections, recovery, runs, workflows
+from ops.api import errors, events, failures, health, limits, projections, recovery, runs, workflows
 from ops.api.deps import SECURITY_SCHEME
 from ops.api.docs import mount_docs
 from ops.api.errors import COMMON_RESPONSES
@@ -42,7 +42,8 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
             "api_started", workflows=services.registry.names(), max_request_bytes=settings.max_request_bytes
         )
         try:
-            yield
+            with limits.limit_metrics(services):
+                yield
         finally:
             jobs.shutdown()
             log.info("api_stopped")
@@ -71,7 +72,7 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
     app.add_middleware(SecurityHeadersMiddleware)
 
     v1 = APIRouter(prefix=f"/api/{API_VERSION}", responses=COMMON_RESPONSES)
-    for module in (events, workflows, runs, projections, failures, recovery):
+    for module in (events, workflows, runs, projections, failures, recovery, limits):
         v1.include_router(module.router)
     app.include_router(v1)
     app.include_router(health.router, prefix="/api")
