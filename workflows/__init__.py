@@ -5,8 +5,17 @@ from eventstore._guard import require_ledgerflow_packages
 
 require_ledgerflow_packages("eventstore", "projector")
 
+from workflows.async_context import AsyncNodeContext  # noqa: E402
 from workflows.context import NodeContext  # noqa: E402
-from workflows.definition import DefinitionError, NodeSpec, RetryPolicy, Workflow, WorkflowRegistry  # noqa: E402
+from workflows.definition import (  # noqa: E402
+    DefinitionError,
+    NodeSpec,
+    RetryPolicy,
+    Schedule,
+    Trigger,
+    Workflow,
+    WorkflowRegistry,
+)
 from workflows.demo import registry as demo_registry  # noqa: E402
 from workflows.demo import sample_schema  # noqa: E402
 from workflows.engine import Engine, Started  # noqa: E402
@@ -29,7 +38,9 @@ from workflows.queue import summary as queue_summary  # noqa: E402
 from workflows.read import list_runs, run_nodes  # noqa: E402
 from workflows.recovery import sweep  # noqa: E402
 from workflows.scheduler import NodeStatus  # noqa: E402
+from workflows.schedules import ScheduleRow, list_schedules  # noqa: E402
 from workflows.state import NodeState, RunState  # noqa: E402
+from workflows.versions import VersionWait, versions_without_worker  # noqa: E402
 from workflows.worker import WorkerSettings, WorkflowWorker  # noqa: E402
 
 __ledgerflow_package__ = True
@@ -40,6 +51,7 @@ __all__ = [
     "RESERVED_CATEGORIES",
     "RESERVED_TYPE_PREFIX",
     "STEP_RECORDED",
+    "AsyncNodeContext",
     "DefinitionError",
     "Engine",
     "LimitUsage",
@@ -55,7 +67,11 @@ __all__ = [
     "RunCancelled",
     "RunState",
     "RunStateError",
+    "Schedule",
+    "ScheduleRow",
     "Started",
+    "Trigger",
+    "VersionWait",
     "WorkerSettings",
     "WorkerStopping",
     "Workflow",
@@ -64,6 +80,7 @@ __all__ = [
     "demo_registry",
     "limit_usage",
     "list_runs",
+    "list_schedules",
     "load_workflows",
     "queue_summary",
     "recent_recoveries",
@@ -71,6 +88,7 @@ __all__ = [
     "run_stream",
     "sample_schema",
     "sweep",
+    "versions_without_worker",
     "watch_limit_usage",
     "workflow_tables",
 ]

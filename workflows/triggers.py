@@ -1,0 +1,183 @@
+"""Event-triggered starts: a workflow declared with `triggers=[Trigger(...)]` gets one run per matching
+event of the log.
+
+Each triggered workflow has its own projection, `trigger_<workflow>`, a durable consumer of the log like
+any other: its cursor, its lease (one applier at a time across every worker), its runs and its failure
+records are the projector's (`projector.ProjectorWorker`), and so are its guarantees. Applying an event
+starts the run with the idempotency key `trigger:<workflow>:<event id>` in the event's tenant, then
+records the event's row in the projection's table in the transaction that advances the cursor. A crash
+after the start and before that commit re-applies the event later: the key returns the run already
+started, so a crash can neither lose a start (the cursor moves only with it) nor double one (the key).
+A replay, a rebuild, or a second worker that finds the lease lapsed is harmless for the same reason.
+
+The consumer reads the log from its beginning: every matching event starts a run, those appended before
+the trigger was declared or while no worker ran included. `ledgerflow worker` runs the consumers of the
+workflows it knows (`TriggerConsumer`), so triggers need no other process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+import structlog
+from psycopg import sql
+
+from eventstore import RecordedEvent
+from eventstore.outage import is_unavailable
+from eventstore.sqlfile import load_queries
+from projector import ApplyContext, Projection, ProjectorWorker, Table
+from projector import WorkerSettings as ProjectorSettings
+from workflows import events as ev
+from workflows.definition import Trigger, Workflow, WorkflowRegistry
+from workflows.engine import Engine
+
+log = structlog.get_logger(__name__)
+Q = load_queries("workflows", "triggers.sql")
+_PREFIX = "trigger_"
+#: Projection names allow 41 characters; longer workflow names are cut and told apart by a hash.
+_MAX_NAME = 41
+#: Events per transaction of a trigger's cursor. Each start is a few round trips; a small batch keeps the
+#: cursor's transaction short, so its lease is renewed on time.
+_BATCH = 100
+
+
+def projection_name(workflow: str) -> str:
+    """The trigger projection of `workflow`: stable, and distinct for distinct workflow names."""
+    name = _PREFIX + workflow
+    if len(name) <= _MAX_NAME:
+        return name
+    digest = hashlib.sha256(workflow.encode()).hexdigest()[:8]
+    return f"{name[: _MAX_NAME - 9]}_{digest}"
+
+
+def matches(trigger: Trigger, event: RecordedEvent) -> bool:
+    return event.type == trigger.event_type and trigger.category in (None, event.category)
+
+
+def trigger_input(event: RecordedEvent) -> dict[str, Any]:
+    """A triggered run's input: the event's data and where it is in the log."""
+    return {
+        "event_id": str(event.event_id),
+        "stream_id": event.stream_id,
+        "stream_version": event.stream_version,
+        "type": event.type,
+        "data": event.data,
+        "metadata": event.metadata,
+        "recorded_at": event.recorded_at.isoformat(),
+        "cursor": str(event.cursor),
+    }
+
+
+def idempotency_key(workflow: str, event: RecordedEvent) -> str:
+    return f"trigger:{workflow}:{event.event_id}"
+
+
+def triggering_event(event: RecordedEvent) -> ev.TriggeringEvent:
+    return ev.TriggeringEvent(
+        event_id=str(event.event_id),
+        stream_id=event.stream_id,
+        type=event.type,
+        transaction_id=event.transaction_id,
+        position=event.position,
+    )
+
+
+def trigger_projection(engine: Engine, wf: Workflow) -> Projection:
+    """The consumer that starts `wf`'s runs for the events its triggers match."""
+    name = projection_name(wf.name)
+    triggers = wf.triggers
+    projection = Projection(
+        name=name,
+        version=1,
+        tables=[Table(name, Q["create_starts"])],
+        event_types=sorted({t.event_type for t in triggers}),
+        per_tenant=True,  # an event of tenant A starts a run of tenant A, recorded in A's rows
+        replay_in_place=True,  # a re-applied event finds its run (the key) and its row (ON CONFLICT)
+        # A start that keeps failing parks its stream for an operator; other streams go on starting runs.
+        failure_policy="park",
+    )
+
+    @projection.on_batch
+    def start_runs(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
+        rows = []
+        for event in events:
+            if not any(matches(t, event) for t in triggers):
+                continue
+            try:
+                started = engine.start(
+                    wf.name,
+                    input=trigger_input(event),
+                    idempotency_key=idempotency_key(wf.name, event),
+                    tenant=event.tenant,
+                    triggered_by=triggering_event(event),
+                )
+            except Exception as exc:
+                if is_unavailable(exc):
+                    # The runner takes a driver's OperationalError for the database going away (the
+                    # worker waits it out), any other error for the handler's own failure (retried, then
+                    # recorded): an outage must not become a failure record.
+                    raise psycopg.OperationalError(str(exc)) from exc
+                raise
+            if started.created:
+                log.info(
+                    "workflow_triggered",
+                    workflow=wf.name,
+                    run_id=str(started.run_id),
+                    event_id=str(event.event_id),
+                    cursor=str(event.cursor),
+                    tenant=event.tenant,
+                )
+            rows.append((event.tenant, event.event_id, started.run_id, event.transaction_id, event.position))
+        if rows:
+            with ctx.conn.cursor() as cur:
+                cur.executemany(sql.SQL(Q["record_start"]).format(table=ctx.table(name)), rows)
+
+    return projection
+
+
+def trigger_projections(engine: Engine, registry: WorkflowRegistry) -> list[Projection]:
+    return [
+        trigger_projection(engine, wf) for wf in (registry.get(n) for n in registry.names()) if wf.triggers
+    ]
+
+
+class TriggerConsumer:
+    """The trigger projections of a registry's workflows, applied by a projector worker in a thread of
+    the workflow worker. Its leases share the work with other workers' consumers: one applies each
+    workflow's triggers at a time, and another takes over when it dies."""
+
+    def __init__(self, engine: Engine, registry: WorkflowRegistry, *, worker_id: str) -> None:
+        projections = trigger_projections(engine, registry)
+        self._worker = (
+            ProjectorWorker(
+                engine.store,
+                projections,
+                ProjectorSettings(batch_size=_BATCH),
+                worker_id=f"{worker_id}/triggers",
+            )
+            if projections
+            else None
+        )
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._worker is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ledgerflow-triggers", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        assert self._worker is not None
+        try:
+            self._worker.run()
+        except Exception:
+            log.exception("workflow_triggers_stopped")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
