@@ -150,15 +150,15 @@ class TriggerConsumer:
     the workflow worker. Its leases share the work with other workers' consumers: one applies each
     workflow's triggers at a time, and another takes over when it dies."""
 
-    def __init__(self, engine: Engine, registry: WorkflowRegistry, *, worker_id: str) -> None:
+    def __init__(
+        self, engine: Engine, registry: WorkflowRegistry, *, worker_id: str, lease_ttl: float = 10.0
+    ) -> None:
         projections = trigger_projections(engine, registry)
+        # The leases last as long as the workflow worker's node leases: a peer takes over a dead
+        # worker's triggers as soon as it would take over its nodes.
+        settings = ProjectorSettings(lease_ttl=lease_ttl, heartbeat_interval=lease_ttl / 3, batch_size=_BATCH)
         self._worker = (
-            ProjectorWorker(
-                engine.store,
-                projections,
-                ProjectorSettings(batch_size=_BATCH),
-                worker_id=f"{worker_id}/triggers",
-            )
+            ProjectorWorker(engine.store, projections, settings, worker_id=f"{worker_id}/triggers")
             if projections
             else None
         )

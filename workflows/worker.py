@@ -156,7 +156,7 @@ class WorkflowWorker:
         keepalive.start()
         # Runs started by events of the log and by schedules: each in its own thread, shared with peers.
         starts: list[TriggerConsumer | ScheduleKeeper] = [
-            TriggerConsumer(self.engine, self.registry, worker_id=self.id),
+            TriggerConsumer(self.engine, self.registry, worker_id=self.id, lease_ttl=self.settings.lease_ttl),
             ScheduleKeeper(self.engine, self.registry, worker_id=self.id),
         ]
         for s in starts:
