@@ -13,7 +13,7 @@ from typing import Literal
 
 from eventstore import EventStore, LedgerflowError, load_queries, pending_migrations, wrap_exceptions
 from projector import Projection, projection_health
-from workflows import queue_summary
+from workflows import queue_summary, versions_without_worker
 
 Level = Literal["ok", "warn", "fail"]
 Q = load_queries("ops", "doctor.sql")
@@ -124,6 +124,7 @@ def diagnose(
 
     with store.pool.connection() as conn:
         summary = queue_summary(conn)
+        unserved = versions_without_worker(conn)
     if summary.orphaned:
         found.append(
             Finding(
@@ -142,6 +143,17 @@ def diagnose(
                 "warn",
                 f"{summary.parked} node(s) crashed too often",
                 "fix the cause, then `ledgerflow workflows retry RUN_ID`",
+            )
+        )
+    for w in unserved:
+        found.append(
+            Finding(
+                f"workflow {w.workflow} version {w.version}",
+                "warn",
+                f"{w.runs} run(s) wait for version {w.version!r}, which no live worker has "
+                f"({w.nodes} node(s) ready since {w.waiting_since:%Y-%m-%d %H:%M:%S %Z})",
+                f"start a worker whose registry has version {w.version!r} of {w.workflow!r} "
+                "(runs go on only with the version they started with)",
             )
         )
     return found

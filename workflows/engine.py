@@ -326,7 +326,7 @@ class Engine:
                 raise RunStateError(
                     f"run {run_id} is {run.status}; only failed, cancelled or parked runs retry"
                 )
-            wf = self.registry.get(run.workflow)
+            wf = self.registry.get(run.workflow, run.workflow_version)  # the version it started with
             reset = retry_from_failed(wf, run.statuses)
             self._reopen(
                 run, wf, ev.event(ev.RUN_RETRIED, run_id, nodes=sorted(reset), actor=actor), reset, tenant
@@ -348,7 +348,7 @@ class Engine:
             run = self.load(run_id, tenant=tenant)
             if run.status != "succeeded":
                 raise RunStateError(f"run {run_id} is {run.status}; only completed runs can be refreshed")
-            wf = self.registry.get(run.workflow)
+            wf = self.registry.get(run.workflow, run.workflow_version)  # the version it started with
             new_fps = {n: s.fingerprint for n, s in wf.nodes.items()}
             input_fp = fingerprint(input)
             rerun = nodes_to_rerun(wf, run.fingerprints, new_fps, input_fp != run.input_fingerprint)

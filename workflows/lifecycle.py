@@ -140,6 +140,7 @@ class Lifecycle:
                             claim_next.tokens.take(conn),
                             cancel_requested=False,
                             crashes=0,
+                            version=claim.version,
                         )
                         handoff = queue.Successor(claim_next, successor.token)
                         events.append(claimed_event(successor, claim_next.worker_id))

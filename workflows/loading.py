@@ -18,7 +18,7 @@ def load_workflows(paths: Iterable[str]) -> WorkflowRegistry:
     for path in paths:
         value = import_object(path, "workflows")
         if isinstance(value, WorkflowRegistry):
-            found = [value.get(n) for n in value.names()]
+            found = value.definitions()  # every version: runs go on with the one they started with
             for limit in value.limits.values():  # the limits its nodes name come with them
                 registry.limit(limit.name, concurrency=limit.concurrency, per_minute=limit.per_minute)
         elif isinstance(value, Workflow):

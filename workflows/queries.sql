@@ -22,12 +22,15 @@ ON CONFLICT (run_id, node) DO UPDATE
 -- (statement_timestamp(), unlike clock_timestamp(), can bound the index scan). Rows a workflow's walk
 -- locked beyond the overall limit stay unclaimed and are unlocked at commit.
 -- Nodes with limits (workflows/limits.py) are claimed only with a slot of each: see `refused`.
+-- Only nodes of runs started with a version the worker has: one walk per (workflow, version) it has,
+-- of the ready index (workflow, version, ready_at) (migration 0016).
 WITH picked AS (
     SELECT r.run_id, r.node, w.name AS workflow, row_number() OVER (ORDER BY r.ready_at)::int AS n
-      FROM unnest(%(workflows)s::text[]) AS w(name)
+      FROM unnest(%(workflows)s::text[], %(versions)s::text[]) AS w(name, version)
      CROSS JOIN LATERAL (
           SELECT q.run_id, q.node, q.ready_at FROM ledgerflow.workflow_queue q
-           WHERE q.status = 'ready' AND q.workflow = w.name AND q.ready_at <= statement_timestamp()
+           WHERE q.status = 'ready' AND q.workflow = w.name AND q.version = w.version
+             AND q.ready_at <= statement_timestamp()
            ORDER BY q.ready_at
            LIMIT %(limit)s
              FOR UPDATE SKIP LOCKED
@@ -60,7 +63,7 @@ UPDATE ledgerflow.workflow_queue q
        lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s), waiting_for = NULL
   FROM picked
  WHERE q.run_id = picked.run_id AND q.node = picked.node AND picked.n NOT IN (SELECT candidate FROM refused)
-RETURNING q.run_id, q.node, q.tenant, q.workflow, q.attempt, q.token, q.cancel_requested, q.crashes
+RETURNING q.run_id, q.node, q.tenant, q.workflow, q.attempt, q.token, q.cancel_requested, q.crashes, q.version
 
 -- name: fencing_tokens
 -- A block of fencing tokens for the claims a worker makes itself at a node's end (see FencingTokens).

@@ -36,6 +36,8 @@ class Claim:
     token: int
     cancel_requested: bool
     crashes: int
+    #: The definition's version the run started with: the node runs with that version only.
+    version: str = "1"
 
 
 def enqueue(
@@ -70,8 +72,18 @@ def enqueue(
     )
 
 
+#: A workflow's name and one of its versions, as a worker has them (`WorkflowRegistry.definitions`).
+WorkflowVersion = tuple[str, str]
+
+
 def claim(
-    conn: Conn, *, worker_name: str, instance: str, workflows: Sequence[str], limit: int, ttl: float
+    conn: Conn,
+    *,
+    worker_name: str,
+    instance: str,
+    workflows: Sequence[WorkflowVersion],
+    limit: int,
+    ttl: float,
 ) -> list[Claim]:
     return claim_later(
         conn, worker_name=worker_name, instance=instance, workflows=workflows, limit=limit, ttl=ttl
@@ -79,15 +91,23 @@ def claim(
 
 
 def claim_later(
-    conn: Conn, *, worker_name: str, instance: str, workflows: Sequence[str], limit: int, ttl: float
+    conn: Conn,
+    *,
+    worker_name: str,
+    instance: str,
+    workflows: Sequence[WorkflowVersion],
+    limit: int,
+    ttl: float,
 ) -> Callable[[], list[Claim]]:
-    """`claim`, sent without waiting for its answer (in a pipeline); the returned call gives the claims."""
+    """`claim`, sent without waiting for its answer (in a pipeline); the returned call gives the claims.
+    Only nodes of runs started with one of `workflows`' (name, version) pairs are claimed."""
     cursor = conn.execute(
         Q["claim"],
         {
             "worker_name": worker_name,
             "instance": instance,
-            "workflows": list(workflows),
+            "workflows": [name for name, _ in workflows],
+            "versions": [version for _, version in workflows],
             "limit": limit,
             "ttl": ttl,
         },
@@ -123,9 +143,10 @@ class Claimant:
     worker_id: str
     ttl: float
     tokens: FencingTokens = field(default_factory=FencingTokens, compare=False)
-    #: The workflows it runs: when a node's end finishes its run, a ready node of one of these (of any
-    #: run) is claimed in the same transaction, so the worker goes on without a claim of its own.
-    workflows: tuple[str, ...] = ()
+    #: The workflows it runs, (name, version) pairs: when a node's end finishes its run, a ready node of
+    #: one of these (of any run) is claimed in the same transaction, so the worker goes on without a
+    #: claim of its own.
+    workflows: tuple[WorkflowVersion, ...] = ()
 
 
 @contextmanager

@@ -33,7 +33,7 @@ from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeStuckError
 from workflows.lifecycle import Lifecycle, claimed_event
-from workflows.queue import Claim, Claimant
+from workflows.queue import Claim, Claimant, WorkflowVersion
 
 log = structlog.get_logger(__name__)
 _tracer = trace.get_tracer("ledgerflow.workflows")
@@ -74,6 +74,8 @@ class Reclaimed:
     #: Set when claimed for the recoverer: its fencing token.
     token: int | None
     cancel_requested: bool
+    #: The definition's version the run started with.
+    version: str = "1"
 
     def claim(self) -> Claim | None:
         if self.status != "claimed" or self.token is None:
@@ -87,6 +89,7 @@ class Reclaimed:
             self.token,
             self.cancel_requested,
             self.crashes,
+            self.version,
         )
 
     def events(self, worker_id: str) -> list[NewEvent]:
@@ -147,7 +150,7 @@ def reclaim(
     instance: str,
     limit: int = _BATCH,
     claim_for: Claimant | None = None,
-    workflows: Sequence[str] = (),
+    workflows: Sequence[WorkflowVersion] = (),
     slots: int = 0,
 ) -> list[Reclaimed]:
     """In the caller's transaction: take back the nodes whose holder is gone (see `reclaim` in
@@ -157,7 +160,8 @@ def reclaim(
         "worker_name": worker_name,
         "instance": instance,
         "limit": limit,
-        "claim_workflows": list(workflows) if claim_for else [],
+        "claim_workflows": [name for name, _ in workflows] if claim_for else [],
+        "claim_versions": [version for _, version in workflows] if claim_for else [],
         "claim_slots": slots if claim_for else 0,
         "ttl": claim_for.ttl if claim_for else 0.0,
     }
@@ -216,7 +220,7 @@ def take_back(
         claimant.instance,
         trigger,
         claimant,
-        registry.names(),
+        registry.name_versions(),
         slots,
         start,
     )
@@ -229,7 +233,7 @@ def _traced(
     instance: str,
     trigger: str,
     claim_for: Claimant | None,
-    workflows: Sequence[str],
+    workflows: Sequence[WorkflowVersion],
     slots: int,
     start: StartClaims | None,
 ) -> tuple[RecoveryReport, list[Claim]]:
@@ -258,7 +262,7 @@ def _sweep(
     instance: str,
     trigger: str,
     claim_for: Claimant | None,
-    workflows: Sequence[str],
+    workflows: Sequence[WorkflowVersion],
     slots: int,
     start: StartClaims | None,
 ) -> tuple[RecoveryReport, list[Claim]]:
@@ -341,8 +345,10 @@ def _stuck(engine: Engine, registry: WorkflowRegistry) -> tuple[int, int]:
         )
         if s.action == "fail" and s.token is not None:
             run = engine.load(s.run_id, tenant=s.tenant)
-            wf = registry.get(run.workflow)
-            claim = Claim(s.run_id, s.node, s.tenant, run.workflow, s.attempt, s.token, False, 0)
+            wf = registry.get(run.workflow, run.workflow_version)
+            claim = Claim(
+                s.run_id, s.node, s.tenant, run.workflow, s.attempt, s.token, False, 0, run.workflow_version
+            )
             error = NodeStuckError(f"no progress for longer than the deadline of node {s.node!r}")
             if not lifecycle.failed(claim, wf, error):
                 failed += 1

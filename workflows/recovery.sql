@@ -16,7 +16,10 @@ WITH presence AS (
     SELECT instance, alive FROM ledgerflow.wf_worker_presence()
 ), lapsed AS (
     SELECT q.run_id, q.node, q.lease_expires_at, q.worker_name AS previous_worker,
-           q.crashes + 1 <= q.max_crashes AND q.workflow = ANY (%(claim_workflows)s::text[]) AS claimable,
+           q.crashes + 1 <= q.max_crashes
+           -- Claimed for the recoverer only if it has the run's version (migration 0016).
+           AND (q.workflow, q.version) IN (SELECT * FROM unnest(%(claim_workflows)s::text[],
+                                                                %(claim_versions)s::text[])) AS claimable,
            CASE WHEN q.worker_name = %(worker_name)s AND q.worker_instance <> %(instance)s
                      AND q.worker_instance NOT IN (SELECT instance FROM presence WHERE alive)
                 THEN 'worker_restarted'
@@ -55,7 +58,7 @@ UPDATE ledgerflow.workflow_queue q
  WHERE q.run_id = t.run_id AND q.node = t.node
 RETURNING q.run_id, q.node, q.tenant, q.workflow,
           CASE WHEN t.claim THEN q.attempt - 1 ELSE q.attempt END AS lost_attempt,
-          q.crashes, q.status, t.previous_worker, t.reason, q.token, q.cancel_requested
+          q.crashes, q.status, t.previous_worker, t.reason, q.token, q.cancel_requested, q.version
 
 -- name: forget_departed
 -- A dead process's presence row goes once none of its nodes is left to take back; so does a row from

@@ -80,6 +80,8 @@ class RunState:
     fingerprints: dict[str, str] = field(default_factory=dict)
     #: The log event that started the run, for runs a trigger started.
     triggered_by: ev.TriggeringEvent | None = None
+    #: The definition's version the run started with: workers go on with that version only.
+    workflow_version: str = "1"
     status: str = "running"
     cancel_requested: bool = False
     error: str | None = None
@@ -172,6 +174,7 @@ def _run_started(run: RunState, e: ev.RunStarted, at: datetime) -> None:
     run.workflow, run.key, run.input = e.workflow, e.key, e.input
     run.input_fingerprint, run.fingerprints = e.input_fingerprint, dict(e.fingerprints)
     run.triggered_by = e.triggered_by
+    run.workflow_version = str(e.version)
     run.started_at = at
     for name in [*e.nodes, *e.fingerprints]:
         _touched(run, name, at)

@@ -34,7 +34,7 @@ from eventstore.frozen import end_frozen_sessions
 from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
 from workflows import events as ev
-from workflows import limits, metrics, queue
+from workflows import limits, metrics, queue, versions
 from workflows.context import NodeContext
 from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
@@ -118,7 +118,11 @@ class WorkflowWorker:
         self._pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="ledgerflow-node")
         self._empty_claims = _EmptyClaims()
         self._claimant = Claimant(
-            self.name, self.instance, self.id, self.settings.lease_ttl, workflows=tuple(registry.names())
+            self.name,
+            self.instance,
+            self.id,
+            self.settings.lease_ttl,
+            workflows=tuple(registry.name_versions()),
         )
         # A session the database holds for this process: peers see at once when a crash closes it and
         # take its nodes back without waiting for their leases to lapse (see workflows.presence).
@@ -140,6 +144,7 @@ class WorkflowWorker:
         log.info("workflow_worker_started", worker=self.id, workflows=self.registry.names())
         with self.engine.transaction() as conn:  # before the first claim: its limits are the ones enforced
             limits.declare(conn, self.registry, worker=self.id)
+            versions.advertise(conn, self.instance, self.registry.name_versions())  # for doctor
         if self.settings.recovery:
             self.presence.start()  # before the first claim: no node of this process without its presence
             self.recover("startup")
@@ -156,7 +161,7 @@ class WorkflowWorker:
         keepalive.start()
         # Runs started by events of the log and by schedules: each in its own thread, shared with peers.
         starts: list[TriggerConsumer | ScheduleKeeper] = [
-            TriggerConsumer(self.engine, self.registry, worker_id=self.id, lease_ttl=self.settings.lease_ttl),
+            TriggerConsumer(self.engine, self.registry, worker_id=self.id),
             ScheduleKeeper(self.engine, self.registry, worker_id=self.id),
         ]
         for s in starts:
@@ -241,7 +246,7 @@ class WorkflowWorker:
                 conn,
                 worker_name=self.name,
                 instance=self.instance,
-                workflows=self.registry.names(),
+                workflows=self.registry.name_versions(),
                 limit=limit,
                 ttl=self.settings.lease_ttl,
             )
@@ -314,7 +319,7 @@ class WorkflowWorker:
         )
         with bound, span as current:
             try:
-                wf = self.registry.get(claim.workflow)
+                wf = self.registry.get(claim.workflow, claim.version)
                 if claim.cancel_requested:
                     outcome = "cancelled"
                     self._mark_ending(claim)
@@ -381,9 +386,8 @@ class WorkflowWorker:
                 outcome = "cancelled"
                 self._mark_ending(claim)
                 # The run's copy may be behind by what the node wrote: the end reads what it misses.
-                self._through_outage(
-                    lambda: self.lifecycle.cancelled(claim, self.registry.get(claim.workflow), run=run)
-                )
+                wf_then = self.registry.get(claim.workflow, claim.version)
+                self._through_outage(lambda: self.lifecycle.cancelled(claim, wf_then, run=run))
             except WorkerStopping:
                 outcome = "released"
                 try:

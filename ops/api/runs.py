@@ -131,6 +131,10 @@ class RunDetailOut(BaseModel):
     error: str | None
     input: Any
     version: int = Field(description="The run stream's version: changes with every event of the run.")
+    workflow_version: str = Field(
+        description="The version of the workflow's definition the run started with: only a worker that "
+        "has this version goes on with it."
+    )
     started_at: datetime | None
     finished_at: datetime | None
     definition_known: bool = Field(description="Whether this server has the workflow's definition (edges).")
@@ -184,9 +188,10 @@ def _node_out(n: NodeState, depends_on: list[str]) -> NodeOut:
 
 def _definition_edges(run: RunState, services: Services) -> dict[str, list[str]] | None:
     """Each node's dependencies from the workflow's definition; None when this server lacks it."""
-    if run.workflow not in services.registry.names():
+    if run.workflow_version not in services.registry.versions(run.workflow):
         return None
-    return {name: list(spec.depends_on) for name, spec in services.registry.get(run.workflow).nodes.items()}
+    wf = services.registry.get(run.workflow, run.workflow_version)
+    return {name: list(spec.depends_on) for name, spec in wf.nodes.items()}
 
 
 def run_detail(run: RunState, services: Services) -> RunDetailOut:
@@ -196,7 +201,7 @@ def run_detail(run: RunState, services: Services) -> RunDetailOut:
     deps = edges or {}
     order = list(run.nodes)
     if known:
-        wf = services.registry.get(run.workflow)
+        wf = services.registry.get(run.workflow, run.workflow_version)
         order = [n for n in wf.topological_order() if n in run.nodes]
         order += [n for n in run.nodes if n not in order]  # nodes since removed from the definition
     return RunDetailOut(
@@ -208,6 +213,7 @@ def run_detail(run: RunState, services: Services) -> RunDetailOut:
         error=run.error,
         input=run.input,
         version=run.version,
+        workflow_version=run.workflow_version,
         started_at=run.started_at,
         finished_at=run.finished_at,
         definition_known=known,

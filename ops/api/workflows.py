@@ -27,7 +27,10 @@ class NodeDefinitionOut(BaseModel):
 
 class WorkflowOut(BaseModel):
     name: str
-    version: str
+    version: str = Field(description="The newest registered version: new runs start with it.")
+    versions: list[str] = Field(
+        description="Every version this server has, oldest first: runs go on with the one they started with."
+    )
     nodes: list[NodeDefinitionOut] = Field(
         description="In topological order: every node after its dependencies."
     )
@@ -49,10 +52,11 @@ def node_definition(spec: NodeSpec) -> NodeDefinitionOut:
     )
 
 
-def workflow_out(wf: Workflow) -> WorkflowOut:
+def workflow_out(wf: Workflow, versions: list[str] | None = None) -> WorkflowOut:
     return WorkflowOut(
         name=wf.name,
         version=wf.version,
+        versions=versions if versions is not None else [wf.version],
         nodes=[node_definition(wf.nodes[n]) for n in wf.topological_order()],
         roots=wf.roots(),
     )
@@ -62,7 +66,9 @@ def workflow_out(wf: Workflow) -> WorkflowOut:
 def list_workflows(principal: Reader, services: ServicesDep) -> WorkflowList:
     """The workflows this server knows, each with its DAG."""
     registry = services.registry
-    return WorkflowList(workflows=[workflow_out(registry.get(name)) for name in registry.names()])
+    return WorkflowList(
+        workflows=[workflow_out(registry.get(name), registry.versions(name)) for name in registry.names()]
+    )
 
 
 class StartRunRequest(BaseModel):
