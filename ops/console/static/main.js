@@ -1,5 +1,6 @@
-// The entry point: token form, hash routing (#/runs, #/runs/<id>, #/projections[/<name>], #/recovery).
+// The entry point: token form, hash routing (#/runs, #/runs/<id>, #/projections[/<name>], #/recovery, #/limits).
 import { attempt, clearBanner, getToken, setToken, showError, showNotice, TOKEN_NEXT, whenTokenRefused } from "./api.js";
+import * as limits from "./limits.js";
 import * as projections from "./projections.js";
 import * as recovery from "./recovery.js";
 import * as run from "./run.js";
@@ -10,6 +11,7 @@ const ROUTES = [
   [/^#\/runs$/, runs, "runs"],
   [/^#\/projections(?:\/([^/]+))?$/, projections, "projections"],
   [/^#\/recovery$/, recovery, "recovery"],
+  [/^#\/limits$/, limits, "limits"],
 ];
 
 let cleanup = null;
