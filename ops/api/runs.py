@@ -1,4 +1,4 @@
-"""Workflow runs: list, detail, cancel, retry, refresh (`/api/v1/runs`).
+"""Workflow runs: list, detail, cancel, retry, refresh, signals (`/api/v1/runs`).
 
 The list comes from the run table (kept by the projector, so it trails by the projector's lag); the
 detail is folded from the run's own events, so it is exact. Runs of other tenants are not found.
@@ -10,13 +10,15 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Body, Header, Path, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from eventstore import Cursor, NotFoundError, wrap_exceptions
+from eventstore import IDEMPOTENCY_KEY_PATTERN, Cursor, NotFoundError, wrap_exceptions
 from ops.api.deps import Operator, Reader, ServicesDep
 from ops.api.errors import CONFLICT, NOT_FOUND, ErrorBody, Responses, error_response
+from ops.api.events import _ExactJsonRoute as ExactJsonRoute
+from ops.auth import Principal
 from ops.services import Services
 from projector import Projection, ProjectionBehindError, missing_tables, wait_for
 from workflows import NodeState, RunState, workflow_tables
@@ -115,6 +117,13 @@ class NodeOut(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     depends_on: list[str]
+    waiting_for: str | None = Field(
+        description="While the node waits (status `waiting`): the signal it waits for; null for a timer."
+    )
+    wake_at: datetime | None = Field(
+        description="While the node waits: when it wakes at the latest (a timer's due time, or a signal "
+        "wait's timeout); null for a signal wait without a timeout."
+    )
 
 
 class EdgeOut(BaseModel):
@@ -140,6 +149,10 @@ class RunDetailOut(BaseModel):
     definition_known: bool = Field(description="Whether this server has the workflow's definition (edges).")
     nodes: list[NodeOut] = Field(description="In topological order when the definition is known.")
     edges: list[EdgeOut]
+    may_operate: bool = Field(
+        description="Whether the token that asked may signal, cancel, retry and refresh runs (scope "
+        "`operate`): the console offers those levers only then."
+    )
 
 
 class NodeDetailOut(NodeOut):
@@ -179,6 +192,8 @@ def _node_fields(n: NodeState, depends_on: list[str]) -> dict[str, Any]:
         started_at=n.started_at,
         finished_at=n.finished_at,
         depends_on=depends_on,
+        waiting_for=n.waiting_for,
+        wake_at=n.wake_at,
     )
 
 
@@ -194,8 +209,9 @@ def _definition_edges(run: RunState, services: Services) -> dict[str, list[str]]
     return {name: list(spec.depends_on) for name, spec in wf.nodes.items()}
 
 
-def run_detail(run: RunState, services: Services) -> RunDetailOut:
-    """The run with every node, in DAG order, and the DAG's edges when the definition is known."""
+def run_detail(run: RunState, services: Services, principal: Principal) -> RunDetailOut:
+    """The run with every node, in DAG order, and the DAG's edges when the definition is known, as
+    `principal` sees it."""
     edges = _definition_edges(run, services)
     known = edges is not None
     deps = edges or {}
@@ -219,6 +235,7 @@ def run_detail(run: RunState, services: Services) -> RunDetailOut:
         definition_known=known,
         nodes=[_node_out(run.nodes[n], deps.get(n, [])) for n in order],
         edges=[EdgeOut(source=d, target=n) for n in order for d in deps.get(n, [])],
+        may_operate=principal.allows("operate"),
     )
 
 
@@ -249,7 +266,7 @@ def list_runs(
 @router.get("/runs/{run_id}", response_model=RunDetailOut, responses=NOT_FOUND)
 def get_run(run_id: uuid.UUID, principal: Reader, services: ServicesDep) -> RunDetailOut:
     """One run, exact: folded from its events, with every node and the DAG's edges."""
-    return run_detail(services.engine.load(run_id, tenant=principal.tenant), services)
+    return run_detail(services.engine.load(run_id, tenant=principal.tenant), services, principal)
 
 
 @router.get("/runs/{run_id}/nodes/{node}", response_model=NodeDetailOut, responses=NOT_FOUND)
@@ -270,14 +287,14 @@ def get_node(
 def cancel_run(run_id: uuid.UUID, principal: Operator, services: ServicesDep) -> RunDetailOut:
     """Cancel: waiting nodes never start; a running node stops at its next call to its context."""
     run = services.engine.cancel(run_id, tenant=principal.tenant, actor=f"api:{principal.token_id}")
-    return run_detail(run, services)
+    return run_detail(run, services, principal)
 
 
 @router.post("/runs/{run_id}/retry", response_model=RunDetailOut, responses={**NOT_FOUND, **CONFLICT})
 def retry_run(run_id: uuid.UUID, principal: Operator, services: ServicesDep) -> RunDetailOut:
     """Run a failed, cancelled or parked run again from its failed nodes; completed work is kept."""
     run = services.engine.retry(run_id, tenant=principal.tenant, actor=f"api:{principal.token_id}")
-    return run_detail(run, services)
+    return run_detail(run, services, principal)
 
 
 @router.post("/runs/{run_id}/refresh", response_model=RefreshOut, responses={**NOT_FOUND, **CONFLICT})
@@ -292,3 +309,64 @@ def refresh_run(
         actor=f"api:{principal.token_id}",
     )
     return RefreshOut(run_id=run_id, rerun=sorted(rerun))
+
+
+class SignalSentOut(BaseModel):
+    run_id: uuid.UUID
+    name: str
+    position: int = Field(description="The log position of the signal (of the first send, for a repeat).")
+    duplicate: bool = Field(
+        description="True when the Idempotency-Key matched an earlier send: its answer, nothing recorded."
+    )
+
+
+def send_signal(
+    run_id: uuid.UUID,
+    name: Annotated[
+        str,
+        Path(
+            max_length=100,
+            description="The signal's name (letters, digits and `_.:-`), as the node waits for it "
+            "(`ctx.wait_for_signal(name)`).",
+        ),
+    ],
+    principal: Operator,
+    services: ServicesDep,
+    response: Response,
+    payload: Annotated[Any, Body(description="The signal's payload: any JSON value (no body: null).")] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            pattern=IDEMPOTENCY_KEY_PATTERN.pattern,
+            description="A repeat returns the first send's answer (`duplicate`) and records nothing; "
+            "another payload under the same key conflicts.",
+        ),
+    ] = None,
+) -> SignalSentOut:
+    """Send signal `name` to a run: the node waiting for it (`ctx.wait_for_signal`) wakes with the body
+    as its payload; a signal sent before any node waits is kept for the first that does. A run that has
+    ended is a 409 (no node would ever take the signal)."""
+    sent = services.engine.signal(
+        run_id,
+        name,
+        payload,
+        idempotency_key=idempotency_key,
+        tenant=principal.tenant,
+        actor=f"api:{principal.token_id}",
+    )
+    if sent.duplicate:
+        response.status_code = 200
+    return SignalSentOut(run_id=sent.run_id, name=sent.name, position=sent.position, duplicate=sent.duplicate)
+
+
+# The payload is written to the log: its numbers keep their exact value, as an append's do.
+router.add_api_route(
+    "/runs/{run_id}/signals/{name}",
+    send_signal,
+    methods=["POST"],
+    status_code=201,
+    response_model=SignalSentOut,
+    responses={200: {"model": SignalSentOut, "description": "A repeat."}, **NOT_FOUND, **CONFLICT},
+    route_class_override=ExactJsonRoute,
+)
