@@ -136,10 +136,14 @@ class Engine:
         idempotency_key: str | None = None,
         tenant: str = "default",
         triggered_by: ev.TriggeringEvent | None = None,
+        conn: psycopg.Connection[Any] | None = None,
     ) -> Started:
         """Start a run. With `key`, at most one run per key is active: a second start returns the active
         run. With `idempotency_key`, a repeat returns the first run; other input under it conflicts.
-        `triggered_by`: the log event that started it (`workflows.triggers`), recorded in RunStarted."""
+        `triggered_by`: the log event that started it (`workflows.triggers`), recorded in RunStarted.
+        `conn`: start inside the caller's transaction (in a savepoint), so that the run exists if and only
+        if that transaction commits; the caller wakes the workers after its commit (see
+        `EventStore.notify_appended`)."""
         check_tenant(tenant)
         wf = self.registry.get(workflow)
         input_fp = fingerprint(input)
@@ -167,7 +171,7 @@ class Engine:
                 key_version = last[0].stream_version if last else None
             try:
                 return self._start(
-                    wf, run_id, input, input_fp, key, key_version, idempotency_key, tenant, triggered_by
+                    wf, run_id, input, input_fp, key, key_version, idempotency_key, tenant, triggered_by, conn
                 )
             except WrongExpectedVersionError as exc:
                 if exc.stream_id == ev.run_stream(run_id):  # a concurrent idempotent start won
@@ -186,6 +190,7 @@ class Engine:
         idempotency_key: str | None,
         tenant: str,
         triggered_by: ev.TriggeringEvent | None = None,
+        caller_conn: psycopg.Connection[Any] | None = None,
     ) -> Started:
         roots = wf.roots()
         started = ev.event(
@@ -214,7 +219,9 @@ class Engine:
                     key_version if key_version is not None else NO_STREAM,
                 )
             )
-        with self.pipelined_transaction() as conn:
+        # In the caller's transaction, a savepoint: a lost race (WrongExpectedVersionError) undoes this
+        # start alone and leaves the caller's transaction usable.
+        with self.pipelined_transaction() if caller_conn is None else _savepoint(caller_conn) as conn:
             result = self.store.append_many(
                 appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn
             )
@@ -472,6 +479,12 @@ def advance(run: RunState, events: Sequence[NewEvent], result: AppendResult, rec
             ),
         )
     return True
+
+
+@contextmanager
+def _savepoint(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+    with conn.transaction():
+        yield conn
 
 
 def release_key_appends(run: RunState) -> list[StreamAppend]:

@@ -4,11 +4,11 @@ event of the log.
 Each triggered workflow has its own projection, `trigger_<workflow>`, a durable consumer of the log like
 any other: its cursor, its lease (one applier at a time across every worker), its runs and its failure
 records are the projector's (`projector.ProjectorWorker`), and so are its guarantees. Applying an event
-starts the run with the idempotency key `trigger:<workflow>:<event id>` in the event's tenant, then
-records the event's row in the projection's table in the transaction that advances the cursor. A crash
-after the start and before that commit re-applies the event later: the key returns the run already
-started, so a crash can neither lose a start (the cursor moves only with it) nor double one (the key).
-A replay, a rebuild, or a second worker that finds the lease lapsed is harmless for the same reason.
+starts the run, in the event's tenant, inside the transaction that advances the cursor, and records the
+event's row in the projection's table there too: a crash at any moment leaves both the run and the
+cursor's move, or neither, so a start is never lost nor doubled. The start also carries the idempotency
+key `trigger:<workflow>:<event id>`, a second guard: an event applied again (a replay, a rebuild, a
+stale applier that lost its lease mid-batch) returns the run already started.
 
 The consumer reads the log from its beginning: every matching event starts a run, those appended before
 the trigger was declared or while no worker ran included. `ledgerflow worker` runs the consumers of the
@@ -37,12 +37,13 @@ from workflows.engine import Engine
 
 log = structlog.get_logger(__name__)
 Q = load_queries("workflows", "triggers.sql")
+_NOTIFY = load_queries("eventstore")["notify"]
 _PREFIX = "trigger_"
 #: Projection names allow 41 characters; longer workflow names are cut and told apart by a hash.
 _MAX_NAME = 41
 #: Events per transaction of a trigger's cursor. Each start is a few round trips; a small batch keeps the
 #: cursor's transaction short, so its lease is renewed on time.
-_BATCH = 100
+_BATCH = 50
 
 
 def projection_name(workflow: str) -> str:
@@ -114,6 +115,7 @@ def trigger_projection(engine: Engine, wf: Workflow) -> Projection:
                     idempotency_key=idempotency_key(wf.name, event),
                     tenant=event.tenant,
                     triggered_by=triggering_event(event),
+                    conn=ctx.conn,  # in the transaction that moves the cursor: a start commits with it
                 )
             except Exception as exc:
                 if is_unavailable(exc):
@@ -135,6 +137,9 @@ def trigger_projection(engine: Engine, wf: Workflow) -> Projection:
         if rows:
             with ctx.conn.cursor() as cur:
                 cur.executemany(sql.SQL(Q["record_start"]).format(table=ctx.table(name)), rows)
+            # Workers claim the new runs' nodes as soon as this commits: a NOTIFY is delivered at commit,
+            # and only then (one per batch; appenders never wait for it).
+            ctx.conn.execute(_NOTIFY)
 
     return projection
 
