@@ -20,6 +20,7 @@ import psycopg
 import structlog
 import tenacity
 
+from eventstore.db import with_network_timeouts
 from eventstore.outage import Outage, backoff, is_unavailable, sleeper
 from eventstore.sqlfile import load_queries
 
@@ -82,7 +83,7 @@ class Waker:
         """Listen until stopped; raise _ListenerLost when the connection fails."""
         try:
             with psycopg.connect(
-                self._url,
+                with_network_timeouts(self._url),  # a partition ends the LISTEN too, not only queries
                 autocommit=True,
                 application_name=self._application_name,
                 connect_timeout=_CONNECT_TIMEOUT,
