@@ -49,7 +49,6 @@ T = TypeVar("T")
 _RUN_IDS = uuid.UUID("5b1f0c1e-8d4e-4d59-9a57-6c2f3b1d7e10")  # namespace of idempotent run ids
 _MAX_KEY = 200
 _SIGNAL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
-_RUN_ENDS = frozenset({ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED})
 _OCC_ATTEMPTS = 50
 _PAGE = 5000
 
@@ -269,30 +268,25 @@ class Engine:
                 f"invalid signal name {name!r}: use 1 to 100 characters of letters, digits and _.:-"
             )
         stream = ev.run_stream(run_id)
-        last = self.store.read_stream(stream, tenant=tenant, backward=True, limit=1)
-        if not last:
-            raise NotFoundError(
-                f"no run {run_id} (tenant {tenant!r}); list runs with `ledgerflow workflows list`"
-            )
-        if last[0].type in _RUN_ENDS:
+        received = ev.event(ev.SIGNAL_RECEIVED, run_id, name=name, payload=payload, actor=actor)
+        key = None if idempotency_key is None else f"signal:{run_id}:{idempotency_key}"
+        with self.pipelined_transaction() as conn:
+            # The run's queue rows first (the order every node end takes too): see queue.lock_run_nodes.
+            active = queue.lock_run_nodes(conn, run_id, tenant)
+            if active:
+                result = self.store.append(stream, [received], idempotency_key=key, tenant=tenant, conn=conn)
+                if not result.duplicate:
+                    queue.wake_waiting(conn, run_id, name)
+        if not active:
+            last = self.store.read_stream(stream, tenant=tenant, backward=True, limit=1)
+            if not last:
+                raise NotFoundError(
+                    f"no run {run_id} (tenant {tenant!r}); list runs with `ledgerflow workflows list`"
+                )
             raise RunStateError(
                 f"run {run_id} has ended ({last[0].type}); no node would ever take the signal"
             )
-        received = ev.event(ev.SIGNAL_RECEIVED, run_id, name=name, payload=payload, actor=actor)
-        with self.transaction() as conn:
-            # The run's queue rows first (the order every node end takes too): see queue.lock_run_nodes.
-            queue.lock_run_nodes(conn, run_id)
-            result = self.store.append(
-                stream,
-                [received],
-                idempotency_key=None if idempotency_key is None else f"signal:{run_id}:{idempotency_key}",
-                tenant=tenant,
-                conn=conn,
-            )
-            woken = queue.wake_waiting(conn, run_id, name) if not result.duplicate else []
-        log.info(
-            "workflow_signal_sent", run_id=str(run_id), signal=name, woke=woken, duplicate=result.duplicate
-        )
+        log.info("workflow_signal_sent", run_id=str(run_id), signal=name, duplicate=result.duplicate)
         return SignalSent(run_id, name, result.last_position, result.duplicate)
 
     # -- operator actions ------------------------------------------------------------------------------

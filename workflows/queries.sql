@@ -88,12 +88,32 @@ SELECT crashes, recorded_at
 -- A node suspends itself (a timer or a signal wait); see ledgerflow.wf_suspend_node.
 SELECT ledgerflow.wf_suspend_node(%(run_id)s, %(node)s, %(token)s, %(until)s, %(now)s, %(signal)s)
 
+-- name: next_due
+-- Seconds until the earliest ready row of these workflows that is due later but within %(within)s seconds
+-- (a timer, a signal wait's timeout, a retry), or NULL: the idle worker wakes for it instead of polling.
+-- Rows already due are not looked at: those the claim left (locked by a peer, held back by a limit) must
+-- not turn the idle wait into a busy loop.
+SELECT extract(epoch FROM min(r.ready_at) - clock_timestamp())::float8
+  FROM unnest(%(workflows)s::text[]) AS w(name)
+ CROSS JOIN LATERAL (
+      SELECT q.ready_at FROM ledgerflow.workflow_queue q
+       WHERE q.status = 'ready' AND q.workflow = w.name AND q.ready_at > statement_timestamp()
+         AND q.ready_at <= statement_timestamp() + make_interval(secs => %(within)s)
+       ORDER BY q.ready_at
+       LIMIT 1
+ ) r
+
 -- name: lock_run_nodes
 -- Before a signal is recorded: wait for every change of the run's queue rows in flight (a node suspending
 -- itself to wait for this signal, say) and hold them until the signal commits, so that a wait is either
 -- recorded before the signal, and woken by `wake_waiting` (whose own snapshot, taken after this statement,
 -- sees it), or after it, and then fails on the run stream's version and finds the signal.
-SELECT node FROM ledgerflow.workflow_queue WHERE run_id = %(run_id)s ORDER BY node FOR UPDATE
+-- An active run always has a row here (a ready, claimed, waiting or parked node); none: the run ended, or is
+-- not this tenant's.
+SELECT node FROM ledgerflow.workflow_queue
+ WHERE run_id = %(run_id)s AND tenant = %(tenant)s
+ ORDER BY node
+   FOR UPDATE
 
 -- name: wake_waiting
 -- The nodes waiting for this signal are due now.
@@ -101,7 +121,6 @@ UPDATE ledgerflow.workflow_queue
    SET ready_at = clock_timestamp()
  WHERE run_id = %(run_id)s AND status = 'ready' AND waiting_for = %(signal)s
    AND ready_at > clock_timestamp()
-RETURNING node
 
 -- name: begin
 BEGIN

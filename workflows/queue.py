@@ -281,13 +281,21 @@ def suspend_node(
     return recorded_at
 
 
-def lock_run_nodes(conn: Conn, run_id: uuid.UUID) -> None:
-    conn.execute(Q["lock_run_nodes"], {"run_id": run_id})
+def seconds_to_next_due(conn: Conn, workflows: Sequence[str], *, within: float) -> float | None:
+    """Seconds until the next of these workflows' waiting rows comes due, if that is within `within`."""
+    row = conn.execute(Q["next_due"], {"workflows": list(workflows), "within": within}).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
 
 
-def wake_waiting(conn: Conn, run_id: uuid.UUID, signal: str) -> list[str]:
-    """Make the run's nodes waiting for `signal` due now; returns their names."""
-    return [r[0] for r in conn.execute(Q["wake_waiting"], {"run_id": run_id, "signal": signal}).fetchall()]
+def lock_run_nodes(conn: Conn, run_id: uuid.UUID, tenant: str) -> bool:
+    """Lock the run's queue rows (see the query); False when it has none: it is not active."""
+    cursor = conn.execute(Q["lock_run_nodes"], {"run_id": run_id, "tenant": tenant})
+    return bool(synced(cursor).fetchall())
+
+
+def wake_waiting(conn: Conn, run_id: uuid.UUID, signal: str) -> None:
+    """Make the run's nodes waiting for `signal` due now (in a pipeline: nothing is waited for)."""
+    conn.execute(Q["wake_waiting"], {"run_id": run_id, "signal": signal})
 
 
 def release(conn: Conn, run_id: uuid.UUID, node: str, token: int) -> bool:

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -28,15 +28,16 @@ from typing import TypeVar
 import structlog
 from opentelemetry import trace
 
-from eventstore import ANY, ConflictError, NewEvent, StreamAppend
+from eventstore import ANY, ConflictError, NewEvent, NotFoundError, StreamAppend
 from eventstore._validation import dump_json_object
 from eventstore.frozen import end_frozen_sessions
 from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
 from workflows import events as ev
 from workflows import limits, metrics, queue, versions
+from workflows.aio import Body, NodeLoop, is_async, run_in_thread
 from workflows.context import NodeContext
-from workflows.definition import WorkflowRegistry
+from workflows.definition import NodeSpec, WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeLeaseLost, NodeSuspended, RunCancelled, WorkerStopping
 from workflows.lifecycle import Lifecycle, claimed_event
@@ -82,6 +83,34 @@ class _EmptyClaims:
 
 
 @dataclass(frozen=True)
+class _Kinds:
+    """The registry's workflows by the kind of their nodes, for claiming: sync nodes run in the worker's
+    threads, `async def` ones on its event loop."""
+
+    #: Workflows with a sync node (claimed for the threads).
+    threaded: list[str]
+    #: Workflows whose nodes are all `async def` (claimed for the event loop).
+    on_loop: list[str]
+    #: Whether a workflow has nodes of both kinds.
+    mixed: bool
+
+    @property
+    def any_async(self) -> bool:
+        return bool(self.on_loop) or self.mixed
+
+    @classmethod
+    def of(cls, registry: WorkflowRegistry) -> _Kinds:
+        kinds: dict[str, set[bool]] = {}
+        for wf in registry.definitions():  # every version: a run goes on with the one it started with
+            kinds.setdefault(wf.name, set()).update(is_async(spec.fn) for spec in wf.nodes.values())
+        return cls(
+            threaded=[name for name, k in kinds.items() if False in k],
+            on_loop=[name for name, k in kinds.items() if k == {True}],
+            mixed=any(len(k) == 2 for k in kinds.values()),
+        )
+
+
+@dataclass(frozen=True)
 class WorkerSettings:
     concurrency: int = 4
     lease_ttl: float = 10.0
@@ -91,6 +120,10 @@ class WorkerSettings:
     poll_interval: float = 0.5
     #: On stop, how long running nodes get to reach a context call before their leases are handed back.
     shutdown_grace: float = 10.0
+    #: `async def` nodes run at once on the worker's event loop, apart from the `concurrency` threads.
+    async_concurrency: int = 100
+    #: Threads that make the database calls of `async def` nodes, so the event loop never waits for one.
+    async_io_threads: int = 4
 
 
 class WorkflowWorker:
@@ -116,6 +149,10 @@ class WorkflowWorker:
         self._ending: set[int] = set()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="ledgerflow-node")
+        self._loop = NodeLoop(io_threads=self.settings.async_io_threads)
+        #: Tokens of the nodes in _running that run (or are about to run) on the event loop.
+        self._on_loop: set[int] = set()
+        self._kinds = _Kinds.of(registry)
         self._empty_claims = _EmptyClaims()
         self._claimant = Claimant(
             self.name,
@@ -161,7 +198,7 @@ class WorkflowWorker:
         keepalive.start()
         # Runs started by events of the log and by schedules: each in its own thread, shared with peers.
         starts: list[TriggerConsumer | ScheduleKeeper] = [
-            TriggerConsumer(self.engine, self.registry, worker_id=self.id),
+            TriggerConsumer(self.engine, self.registry, worker_id=self.id, lease_ttl=self.settings.lease_ttl),
             ScheduleKeeper(self.engine, self.registry, worker_id=self.id),
         ]
         for s in starts:
@@ -171,7 +208,7 @@ class WorkflowWorker:
                 if self.outage.failing() and not self._wait_for_database():
                     break
                 if not self.claim_and_start():
-                    self._wake.wait(self.settings.poll_interval)
+                    self._wake.wait(self._idle_wait())
                     self._wake.clear()
         finally:
             for s in starts:
@@ -180,6 +217,23 @@ class WorkflowWorker:
             keepalive.stop()
             if self.settings.recovery:
                 self.presence.stop()  # after the hand-back: a clean stop is not read as a crash
+
+    def _idle_wait(self) -> float:
+        """How long to wait for work when there is none: the poll interval, or less when a waiting node of
+        this worker's workflows (a timer, a signal wait's timeout, a retry) comes due sooner, so that it
+        wakes on time rather than up to a poll interval late. (Appends wake the worker anyway.)"""
+        poll = self.settings.poll_interval
+        if len(self._running) >= self.settings.concurrency:
+            return poll
+        try:
+            with self.engine.store.pool.connection() as conn:
+                due = queue.seconds_to_next_due(conn, self.registry.names(), within=poll)
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            self.outage.failed(exc)
+            return poll
+        return poll if due is None else min(poll, max(due, 0.0))
 
     def stop(self) -> None:
         self.stopping.set()
@@ -207,12 +261,12 @@ class WorkflowWorker:
 
     def claim_and_start(self) -> bool:
         """Claim as many nodes as there are free slots and start them; True if any was claimed."""
-        free = self.settings.concurrency - len(self._running)
-        if free <= 0 or self.stopping.is_set():
+        budgets = self._budgets()
+        if not budgets or self.stopping.is_set():
             return False
         self._empty_claims.wait(self.stopping)
         try:
-            claims = self._claim(free)
+            claims = self._claim(budgets=budgets)
             self._empty_claims.record(bool(claims))
         except Exception as exc:
             if is_unavailable(exc):
@@ -233,23 +287,48 @@ class WorkflowWorker:
                 log.warning("workflow_claimed_runs_not_loaded", error=str(exc))
             states = {}  # each node loads its own
         for claim, state in zip(claims, self._own_copies(claims, states), strict=True):
-            with self._lock:
-                self._running[claim.token] = (claim, None)
-            self._pool.submit(self._execute, claim, state)
+            self._start(claim, state)
         return bool(claims)
 
-    def _claim(self, limit: int) -> list[Claim]:
+    def _budgets(self) -> list[tuple[list[str], int]]:
+        """What to claim now: (workflows, how many) for the free threads and the free places on the event
+        loop. A workflow whose nodes are all `async def` is claimed for the loop; any other for the
+        threads, and, when it mixes both kinds, never more than the loop has room for either."""
+        with self._lock:
+            on_loop = len(self._on_loop)
+            in_threads = len(self._running) - on_loop
+        threads_free = self.settings.concurrency - in_threads
+        loop_free = self.settings.async_concurrency - on_loop
+        budgets: list[tuple[list[str], int]] = []
+        for_threads = min(threads_free, loop_free) if self._kinds.mixed else threads_free
+        if self._kinds.threaded and for_threads > 0:
+            budgets.append((self._kinds.threaded, for_threads))
+            loop_free -= for_threads if self._kinds.mixed else 0
+        if self._kinds.on_loop and loop_free > 0:
+            budgets.append((self._kinds.on_loop, loop_free))
+        return budgets
+
+    def _claim(self, limit: int = 0, *, budgets: list[tuple[list[str], int]] | None = None) -> list[Claim]:
+        """Claim up to `limit` ready nodes of any of the worker's workflows, or, with `budgets`, up to so
+        many of each group of workflows; in one transaction."""
+        if budgets is None:
+            budgets = [(self.registry.names(), limit)]
         # No wake-up when nothing was claimed: this worker's own listener would take it and claim
         # again at once, spinning on empty claims. Pipelined: an empty claim costs two round trips.
         with self.engine.pipelined_transaction(notify=lambda: bool(claims)) as conn:
-            claims = queue.claim(
-                conn,
-                worker_name=self.name,
-                instance=self.instance,
-                workflows=self.registry.name_versions(),
-                limit=limit,
-                ttl=self.settings.lease_ttl,
-            )
+            claims = [
+                claim
+                for workflows, limit in budgets
+                for claim in queue.claim(
+                    conn,
+                    worker_name=self.name,
+                    instance=self.instance,
+                    # Every version it has of each: a run goes on with the version it started with.
+                    workflows=[(n, v) for n in workflows for v in self.registry.versions(n)],
+                    limit=limit,
+                    ttl=self.settings.lease_ttl,
+                )
+            ]
             # Several nodes of one run may be claimed together: one append per run stream.
             by_tenant: dict[str, dict[str, list[NewEvent]]] = {}
             for c in claims:
@@ -289,6 +368,28 @@ class WorkflowWorker:
             seen.add(c.run_id)
         return copies
 
+    def _track(self, claim: Claim) -> bool:
+        """Count a claimed node as running (heartbeats cover it from now on), in a thread or on the event
+        loop; True if it is an `async def` node, for the loop. A node this worker does not know goes to a
+        thread, and fails there as it always did."""
+        try:
+            spec = self.registry.get(claim.workflow, claim.version).nodes.get(claim.node)
+        except NotFoundError:
+            spec = None
+        on_loop = spec is not None and is_async(spec.fn)
+        with self._lock:
+            self._running[claim.token] = (claim, None)
+            if on_loop:
+                self._on_loop.add(claim.token)
+        return on_loop
+
+    def _start(self, claim: Claim, run: RunState | None) -> None:
+        """Run a claimed node: an `async def` one on the event loop, any other in a thread of the pool."""
+        if self._track(claim):
+            self._loop.submit(lambda: self._execute_async(claim, run))
+        else:
+            self._pool.submit(self._execute, claim, run)
+
     def _execute(self, claim: Claim, run: RunState | None = None) -> None:
         """Run the claimed node, then, as long as finishing one hands this worker another (its successor,
         or, when it finished the run, a ready node of another run), that one. A run's state is read once,
@@ -296,11 +397,32 @@ class WorkflowWorker:
         next_claim: Claim | None = claim
         while next_claim is not None:
             next_claim, run = self._execute_one(next_claim, run)
+            if next_claim is not None and self._track(next_claim):
+                self._start(next_claim, run)  # to the event loop; this thread is free
+                return
+
+    async def _execute_async(self, claim: Claim, run: RunState | None = None) -> None:
+        """`_execute` for `async def` nodes, on the event loop."""
+        next_claim: Claim | None = claim
+        while next_claim is not None:
+            next_claim, run = await self._loop.run(self._node_steps(next_claim, run))
+            if next_claim is not None and not self._track(next_claim):
+                self._start(next_claim, run)  # to a thread of the pool
+                return
 
     def _execute_one(
         self, claim: Claim, loaded: RunState | None = None
     ) -> tuple[Claim | None, RunState | None]:
-        """Run one node; returns the successor this worker claimed at its end, with the run's state."""
+        """Run one node in this thread; returns the successor this worker claimed at its end, with the
+        run's state."""
+        return run_in_thread(self._node_steps(claim, loaded))
+
+    def _node_steps(
+        self, claim: Claim, loaded: RunState | None = None
+    ) -> Generator[Body, object, tuple[Claim | None, RunState | None]]:
+        """Everything around one node's body, which it yields to its driver (workflows/aio.py) and gets
+        back as the body's output or exception. Returns the successor this worker claimed at its end,
+        with the run's state."""
         successor: Claim | None = None
         run = loaded
         bound = structlog.contextvars.bound_contextvars(
@@ -333,7 +455,7 @@ class WorkflowWorker:
                 with self._lock:
                     self._running[claim.token] = (claim, ctx)
                 try:
-                    output = spec.fn(ctx)
+                    output = yield Body(spec.fn, ctx, claim.token)
                     ctx.check()
                     # An output that cannot be recorded is the node's failure, not the worker's crash.
                     dump_json_object({"output": output}, f"output of node {claim.node!r}")
@@ -371,13 +493,12 @@ class WorkflowWorker:
                         wf,
                         output,
                         duration,
-                        claim_next=None if self.stopping.is_set() else self._claimant,
+                        claim_next=self._claimant if self._may_take_successor(spec) else None,
                         run=held,
                     )
                 )
                 if successor is not None:
-                    with self._lock:  # heartbeats cover it from now on
-                        self._running[successor.token] = (successor, None)
+                    self._track(successor)
                     metrics.nodes_claimed.add(1)
             except NodeLeaseLost:
                 outcome = "lease_lost"
@@ -409,6 +530,7 @@ class WorkflowWorker:
                 with self._lock:
                     self._running.pop(claim.token, None)
                     self._ending.discard(claim.token)
+                    self._on_loop.discard(claim.token)
                 elapsed_ms = (time.monotonic() - started) * 1000
                 current.set_attribute("ledgerflow.outcome", outcome)
                 metrics.nodes_finished.add(1, {"outcome": outcome})
@@ -418,6 +540,18 @@ class WorkflowWorker:
         if successor is not None and run is not None and successor.run_id != run.run_id:
             return successor, None  # another run: its state is read when its node starts
         return successor, run
+
+    def _may_take_successor(self, spec: NodeSpec) -> bool:
+        """Whether a node's end may claim the next node for this worker: not when it stops, nor when the
+        next node could be of the other kind (sync or `async def`) and that kind has no room."""
+        if self.stopping.is_set():
+            return False
+        with self._lock:
+            on_loop = len(self._on_loop)
+            in_threads = len(self._running) - on_loop
+        if is_async(spec.fn):
+            return in_threads < self.settings.concurrency or not self._kinds.threaded
+        return on_loop < self.settings.async_concurrency or not self._kinds.any_async
 
     def _mark_ending(self, claim: Claim) -> None:
         with self._lock:
@@ -447,6 +581,8 @@ class WorkflowWorker:
         # whose end is being recorded finds out at its fence, and says so, if its lease was really lost.)
         for token in (set(tokens) - alive) & still_running:
             log.warning("workflow_lease_lost", token=token)
+            # An `async def` body stops at once, at whatever it awaits: it must not go on working.
+            self._loop.interrupt(token, NodeLeaseLost(f"the lease of claim {token} was lost"))
 
     def recover(self, trigger: str = "periodic") -> None:
         try:
@@ -478,6 +614,8 @@ class WorkflowWorker:
                 self.outage.failed(exc)
             self._wake.wait(0.05)
             self._wake.clear()
+        # Async bodies still running stop where they are and hand their nodes back themselves.
+        self._loop.interrupt_all(lambda: WorkerStopping(f"worker {self.id} stopped after its grace period"))
         with self._lock:
             leftover = [claim for claim, _ in self._running.values()]
         for claim in leftover:
@@ -488,4 +626,5 @@ class WorkflowWorker:
                     raise
                 log.warning("workflow_node_not_released", run_id=str(claim.run_id), node=claim.node)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._loop.stop(timeout=self.settings.shutdown_grace)
         log.info("workflow_worker_stopped", worker=self.id, released=len(leftover))
