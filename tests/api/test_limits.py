@@ -37,7 +37,7 @@ def saturate(services: Services) -> None:
         engine.start("summarise_limited", input={"n": n}, tenant="acme")
     with services.store.pool.connection() as conn:
         got = queue.claim(
-            conn, worker_name="w", instance="i", workflows=["summarise_limited"], limit=3, ttl=30
+            conn, worker_name="w", instance="i", workflows=[("summarise_limited", "1")], limit=3, ttl=30
         )
     assert len(got) == 1
 

@@ -60,7 +60,9 @@ def claim(
     store: EventStore, limit: int, workflows: tuple[str, ...] = ("lim", "free", "chain")
 ) -> list[Claim]:
     with store.pool.connection() as conn:
-        return queue.claim(conn, worker_name="w", instance="i1", workflows=workflows, limit=limit, ttl=30)
+        return queue.claim(
+            conn, worker_name="w", instance="i1", workflows=[(w, "1") for w in workflows], limit=limit, ttl=30
+        )
 
 
 def claimed(store: EventStore, workflow: str = "lim") -> int:
@@ -101,7 +103,9 @@ def test_concurrent_claimers_admit_exactly_the_limit(
         with store.pool.connection() as conn:
             barrier.wait()  # every claim in flight at the same instant
             with conn.transaction():
-                got = queue.claim(conn, worker_name="w", instance="i", workflows=["lim"], limit=limit, ttl=30)
+                got = queue.claim(
+                    conn, worker_name="w", instance="i", workflows=[("lim", "1")], limit=limit, ttl=30
+                )
         with lock:
             taken.extend(got)
 
@@ -155,7 +159,7 @@ def test_every_end_of_a_node_frees_its_slot(store: EventStore, engine: Engine) -
     # Success: the row goes, and the slot with it.
     with store.pool.connection() as conn:
         row = conn.execute(
-            "SELECT run_id, node, tenant, workflow, attempt, token, cancel_requested, crashes "
+            "SELECT run_id, node, tenant, workflow, attempt, token, cancel_requested, crashes, version "
             "FROM ledgerflow.workflow_queue WHERE status = 'claimed'"
         ).fetchone()
         assert row is not None
@@ -228,7 +232,7 @@ def test_a_successor_handed_over_without_a_slot_waits_ready(store: EventStore, e
     prepares = claim(store, 2, ("chain",))
     assert {c.node for c in prepares} == {"prepare"}
     wf = engine.registry.get("chain")
-    claimant = Claimant("w", "i1", "w/i1", 30.0, workflows=("chain",))
+    claimant = Claimant("w", "i1", "w/i1", 30.0, workflows=(("chain", "1"),))
     lifecycle = Lifecycle(engine)
     handed = [lifecycle.succeeded(c, wf, 1, 0.0, claim_next=claimant) for c in prepares]
     assert all(h is not None and h.node == "call" for h in handed)
