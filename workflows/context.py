@@ -24,6 +24,7 @@ Every call also checks for cancellation, shutdown and the node's timeout.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import math
 import threading
 import time
@@ -93,9 +94,18 @@ class NodeContext:
         (Cancellation and a lost lease are found by the next write.)"""
         if self._stopping.is_set():
             raise WorkerStopping(f"worker {self.worker} is stopping")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise self.timed_out()
+
+    @property
+    def deadline(self) -> float | None:
+        """When (`time.monotonic()`) this attempt runs out of time, if the node has a timeout."""
         timeout = self._spec.timeout
-        if timeout is not None and time.monotonic() - self._started > timeout:
-            raise NodeTimeout(f"node {self.node!r} exceeded its timeout of {timeout:g}s")
+        return None if timeout is None else self._started + timeout
+
+    def timed_out(self) -> NodeTimeout:
+        """The error of an attempt that ran past its timeout."""
+        return NodeTimeout(f"node {self.node!r} exceeded its timeout of {self._spec.timeout:g}s")
 
     def _write(self, events: Sequence[NewEvent], expected_version: ExpectedVersion = ANY) -> None:
         """Append under the claim's fence: one transaction, two round trips."""
@@ -191,10 +201,28 @@ class NodeContext:
 
     def step(self, key: str, fn: Callable[[], T]) -> T:
         """`fn()`'s result, computed once: recorded in the log and returned from there on retry/resume."""
+        done, recorded = self.memoized(key)
+        if done:
+            return recorded  # type: ignore[no-any-return]
+        result = fn()
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()  # never awaited, on purpose: nothing of it ran
+            raise InvalidInputError(
+                f"step {key!r} got an awaitable: declare the node with `async def` and `await ctx.step(...)`"
+            )
+        self.record_step(key, result)
+        return result
+
+    def memoized(self, key: str) -> tuple[bool, Any]:
+        """(True, result) if step `key` was recorded by this or an earlier attempt of the node."""
         if key in self._state.steps:
             self.check()
-            return self._state.steps[key]  # type: ignore[no-any-return]
-        result = fn()
+            return True, self._state.steps[key]
+        return False, None
+
+    def record_step(self, key: str, result: Any) -> None:
+        """Record step `key`'s result (its fn ran), fenced: from now on it is answered from the log."""
         dump_json_object({"result": result}, f"result of step {key!r}")
         self._write(
             [
@@ -209,7 +237,6 @@ class NodeContext:
             ]
         )
         self._state.steps[key] = result
-        return result
 
     # -- child workflows ------------------------------------------------------------------------------
 

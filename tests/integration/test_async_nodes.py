@@ -1,0 +1,295 @@
+"""`async def` nodes: they run on the worker's event loop, apart from its threads, with the guarantees of
+a sync node (fenced writes, steps paid once, durable waits, cancellation, timeouts, lease loss, stop)."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from eventstore import EventStore
+from tests.async_flows import expected_total
+from tests.async_flows import registry as flows_registry
+from tests.waiting import wait_until
+from workflows import (
+    AsyncNodeContext,
+    Engine,
+    NodeContext,
+    RetryPolicy,
+    WorkerSettings,
+    Workflow,
+    WorkflowRegistry,
+    WorkflowWorker,
+)
+from workflows import events as ev
+from workflows.scheduler import NodeStatus
+
+FAST = WorkerSettings(
+    concurrency=2,
+    lease_ttl=2.0,
+    heartbeat_interval=0.3,
+    recovery_interval=0.3,
+    poll_interval=0.05,
+    shutdown_grace=1,
+)
+
+#: What the bodies did, by run id, as it happened.
+CALLS: dict[str, list[str]] = {}
+_lock = threading.Lock()
+
+
+def _note(ctx: AsyncNodeContext | NodeContext, what: str) -> None:
+    with _lock:
+        CALLS.setdefault(str(ctx.run_id), []).append(what)
+
+
+def _calls(run_id: uuid.UUID) -> list[str]:
+    with _lock:
+        return list(CALLS.get(str(run_id), []))
+
+
+registry = WorkflowRegistry()
+
+naps = Workflow("naps")
+
+
+@naps.node()
+async def nap(ctx: AsyncNodeContext) -> float:
+    started = time.monotonic()
+    await asyncio.sleep(ctx.input["seconds"])
+    return time.monotonic() - started
+
+
+waits = Workflow("async_waits")
+
+
+@waits.node()
+async def wait_node(ctx: AsyncNodeContext) -> Any:
+    paid = await ctx.step("paid", lambda: _note(ctx, "paid") or "receipt")
+    await ctx.sleep(0.5)  # durable: the body runs again from the start when it wakes
+    _note(ctx, "woke")
+    decision = await ctx.wait_for_signal("approve")
+    return {"paid": paid, "decision": decision}
+
+
+long_haul = Workflow("long_haul")
+
+
+@long_haul.node(retry=RetryPolicy(max_attempts=1))
+async def haul(ctx: AsyncNodeContext) -> str:
+    """Reports progress until cancelled, or awaits without a context call (`quiet`) on its first attempt."""
+    _note(ctx, f"attempt {ctx.attempt}")
+    if ctx.input.get("quiet") and ctx.attempt == 1:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            _note(ctx, "interrupted")
+            raise
+    for i in range(ctx.input.get("rounds", 0)):
+        await asyncio.sleep(0.02)
+        await ctx.progress(i + 1, None, "working")
+        _note(ctx, "round")
+    return "hauled"
+
+
+timed = Workflow("timed")
+
+
+@timed.node(timeout=0.5, retry=RetryPolicy(max_attempts=1))
+async def slow(ctx: AsyncNodeContext) -> str:
+    await asyncio.sleep(60)
+    return "never"
+
+
+misuse = Workflow("misuse")
+
+
+@misuse.node(retry=RetryPolicy(max_attempts=1))
+def sync_body(ctx: NodeContext) -> Any:
+    async def call() -> int:
+        return 1
+
+    return ctx.step("call", call)
+
+
+for wf in (naps, waits, long_haul, timed, misuse):
+    registry.register(wf)
+
+
+@pytest.fixture
+def start_worker(store: EventStore) -> Iterator[Any]:
+    started: list[tuple[WorkflowWorker, threading.Thread]] = []
+
+    def start(
+        reg: WorkflowRegistry = registry, settings: WorkerSettings = FAST, name: str = "w1"
+    ) -> WorkflowWorker:
+        worker = WorkflowWorker(Engine(store, reg), reg, settings, name=name)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        started.append((worker, thread))
+        return worker
+
+    yield start
+    for worker, thread in started:
+        worker.stop()
+        thread.join(timeout=15)
+    CALLS.clear()
+
+
+def _finished(engine: Engine, run_id: uuid.UUID) -> bool:
+    return not engine.load(run_id).active
+
+
+def _types(store: EventStore, run_id: uuid.UUID) -> list[str]:
+    return [e.type for e in store.read_stream(ev.run_stream(run_id), limit=10_000)]
+
+
+def test_a_workflow_of_sync_and_async_nodes_completes(store: EventStore, start_worker: Any) -> None:
+    engine = Engine(store, flows_registry)
+    run_id = engine.start("async_pages", input={"items": 6}).run_id
+    start_worker(flows_registry)
+    wait_until(lambda: _finished(engine, run_id), timeout=30)
+    run = engine.load(run_id)
+    assert run.status == "succeeded", run.error
+    assert run.nodes["total"].output == expected_total(6)
+    assert set(run.nodes["fetch"].steps) == {f"page-{i}" for i in range(6)}
+    assert set(run.nodes["enrich"].checkpoints) == {str(i) for i in range(6)}
+
+
+def test_two_hundred_async_nodes_wait_at_once_on_four_threads(store: EventStore, start_worker: Any) -> None:
+    engine = Engine(store, registry)
+    runs = [engine.start("naps", input={"seconds": 1}).run_id for _ in range(200)]
+    baseline = threading.active_count()
+    peak = baseline
+    sampling = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not sampling.wait(0.02):
+            peak = max(peak, threading.active_count())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.monotonic()
+    start_worker(settings=WorkerSettings(concurrency=4, async_concurrency=250, poll_interval=0.05))
+    wait_until(lambda: all(_finished(engine, r) for r in runs), timeout=60, what="200 naps")
+    elapsed = time.monotonic() - started
+    sampling.set()
+    sampler.join()
+    loaded = engine.load_many(runs, tenant="default")
+    assert all(run.status == "succeeded" for run in loaded.values())
+    slept = [float(run.nodes["nap"].output) for run in loaded.values()]
+    overlap = _overlap(
+        [(run.nodes["nap"].started_at, run.nodes["nap"].finished_at) for run in loaded.values()]
+    )
+    print(
+        f"\n200 async nodes x asyncio.sleep(1), 4 threads: {elapsed:.2f}s wall, "
+        f"{overlap} running at once at most, threads {baseline} before, {peak} at peak "
+        f"(+{peak - baseline}), each slept median {statistics.median(slept):.3f}s"
+    )
+    assert overlap >= 150, "the nodes wait at once, not four at a time"
+    assert elapsed < 10
+    assert peak - baseline <= 20, "a thread per waiting node?"
+
+
+def _overlap(spans: list[tuple[Any, Any]]) -> int:
+    """The most intervals open at one instant."""
+    edges = sorted([(s, 1) for s, _ in spans] + [(f, -1) for _, f in spans])
+    open_now = peak = 0
+    for _, delta in edges:
+        open_now += delta
+        peak = max(peak, open_now)
+    return peak
+
+
+def test_steps_and_waits_of_an_async_body_are_answered_from_the_log(
+    store: EventStore, start_worker: Any
+) -> None:
+    engine = Engine(store, registry)
+    run_id = engine.start("async_waits").run_id
+    worker = start_worker()
+    wait_until(lambda: engine.load(run_id).nodes["wait_node"].waiting_for == "approve", timeout=20)
+    assert not worker._running, "a waiting async node holds no slot"
+    engine.signal(run_id, "approve", {"ok": True})
+    wait_until(lambda: _finished(engine, run_id), timeout=20)
+    run = engine.load(run_id)
+    assert run.status == "succeeded", run.error
+    assert run.nodes["wait_node"].output == {"paid": "receipt", "decision": {"ok": True}}
+    # The body ran three times (first, after the timer, after the signal); the step was paid once.
+    assert _calls(run_id).count("paid") == 1
+    assert _calls(run_id).count("woke") == 2
+
+
+def test_cancellation_reaches_an_async_node_at_its_next_call(store: EventStore, start_worker: Any) -> None:
+    engine = Engine(store, registry)
+    run_id = engine.start("long_haul", input={"rounds": 100_000}).run_id
+    start_worker()
+    wait_until(lambda: _calls(run_id).count("round") >= 5, timeout=20)
+    engine.cancel(run_id)
+    wait_until(lambda: _finished(engine, run_id), timeout=20)
+    run = engine.load(run_id)
+    assert run.status == "cancelled"
+    assert run.nodes["haul"].status == NodeStatus.CANCELLED
+    assert ev.NODE_CANCELLED in _types(store, run_id)
+
+
+def test_a_lost_lease_stops_an_async_body_where_it_awaits(store: EventStore, start_worker: Any) -> None:
+    engine = Engine(store, registry)
+    run_id = engine.start("long_haul", input={"quiet": True}).run_id
+    start_worker()
+    wait_until(lambda: "attempt 1" in _calls(run_id), timeout=20)
+    with store.pool.connection() as conn:  # as if the worker had been frozen past its lease
+        conn.execute(
+            "UPDATE ledgerflow.workflow_queue SET lease_expires_at = clock_timestamp() WHERE run_id = %s",
+            (run_id,),
+        )
+    lost = time.monotonic()
+    wait_until(lambda: "interrupted" in _calls(run_id), timeout=10, what="the body to be stopped")
+    assert time.monotonic() - lost < 5, "stopped by the next heartbeat, not by its 60 s await"
+    wait_until(lambda: _finished(engine, run_id), timeout=20)
+    run = engine.load(run_id)
+    assert run.status == "succeeded"
+    assert run.nodes["haul"].attempt == 2, "the first attempt wrote nothing after its lease was lost"
+
+
+def test_an_async_node_times_out_where_it_awaits(store: EventStore, start_worker: Any) -> None:
+    engine = Engine(store, registry)
+    run_id = engine.start("timed").run_id
+    started = time.monotonic()
+    start_worker()
+    wait_until(lambda: _finished(engine, run_id), timeout=20)
+    assert time.monotonic() - started < 5
+    run = engine.load(run_id)
+    assert run.status == "failed"
+    assert "NodeTimeout" in (run.nodes["slow"].error or "")
+
+
+def test_a_stopping_worker_hands_back_an_async_node(store: EventStore, start_worker: Any) -> None:
+    engine = Engine(store, registry)
+    run_id = engine.start("long_haul", input={"quiet": True}).run_id
+    first = start_worker(name="w1")
+    wait_until(lambda: "attempt 1" in _calls(run_id), timeout=20)
+    first.stop()  # its grace period (1 s) ends while the body awaits: the body is stopped there
+    wait_until(lambda: ev.NODE_RELEASED in _types(store, run_id), timeout=10, what="the hand-back")
+    assert "interrupted" in _calls(run_id)
+    start_worker(name="w2")
+    wait_until(lambda: _finished(engine, run_id), timeout=20)
+    run = engine.load(run_id)
+    assert run.status == "succeeded"
+    assert run.nodes["haul"].status == NodeStatus.SUCCEEDED
+
+
+def test_a_sync_step_given_a_coroutine_function_fails_the_node(store: EventStore, start_worker: Any) -> None:
+    engine = Engine(store, registry)
+    run_id = engine.start("misuse").run_id
+    start_worker()
+    wait_until(lambda: _finished(engine, run_id), timeout=20)
+    run = engine.load(run_id)
+    assert run.status == "failed"
+    assert "async def" in (run.nodes["sync_body"].error or "")
