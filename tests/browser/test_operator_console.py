@@ -91,13 +91,15 @@ def test_a_run_the_server_has_no_definition_for_says_so(
     run_id = start_run(page, "linear")
     expect_run(page, "succeeded")
     expect(page.locator("[data-testid=definition-unknown]")).to_be_hidden()
-    # The same run seen by a server that was started without the workflow's module.
+    expect(page.locator("#run-meta")).to_contain_text("linear · version 1")  # the version it started with
+    # The same run seen by a server that was started without the workflow's module (or that version).
     registry = console.services.registry
-    others = [n for n in registry.names() if n != "linear"]
-    monkeypatch.setattr(registry, "names", lambda: others)
+    versions = registry.versions
+    monkeypatch.setattr(registry, "versions", lambda name: [] if name == "linear" else versions(name))
     page.reload()
     unknown = page.locator("[data-testid=definition-unknown]")
     expect(unknown).to_be_visible()
+    expect(unknown).to_contain_text("does not have version 1 of workflow linear")
     expect(unknown).to_contain_text("LEDGERFLOW_WORKFLOWS")
     expect(node(page, "third")).to_have_attribute("data-status", "succeeded")
     assert run_id in page.url

@@ -78,10 +78,13 @@ export function render(root, runId) {
     status.dataset.status = run.status;
     status.textContent = `${LABELS[run.status] || run.status} (${done}/${run.nodes.length} nodes complete)` +
       (run.cancel_requested && !TERMINAL.has(run.status) ? " — cancel requested" : "");
-    meta.textContent = [run.workflow, run.key && `key ${run.key}`, run.started_at && `started ${when(run.started_at)}`,
+    // The definition's version the run started with: only a worker that has it goes on with the run.
+    meta.textContent = [run.workflow, run.workflow_version && `version ${run.workflow_version}`,
+      run.key && `key ${run.key}`, run.started_at && `started ${when(run.started_at)}`,
       run.finished_at && `finished ${when(run.finished_at)}`].filter(Boolean).join(" · ");
     unknown.hidden = run.definition_known !== false;
-    unknown.textContent = `This server does not have the definition of workflow ${run.workflow}, so it cannot ` +
+    unknown.textContent = `This server does not have version ${run.workflow_version} of workflow ` +
+      `${run.workflow}, so it cannot ` +
       "draw the dependencies: the nodes are shown side by side in the order the run recorded. Start " +
       "`ledgerflow serve` with the workflow's module in LEDGERFLOW_WORKFLOWS to see the DAG.";
     const active = !TERMINAL.has(run.status);
