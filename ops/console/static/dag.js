@@ -1,6 +1,7 @@
 // A run's DAG as inline SVG, from the workflow's definition: layers by the longest path from the roots,
 // top to bottom; the nodes of one layer side by side (a fan-out spreads across); one edge per dependency.
 import { h, ICONS } from "./api.js";
+import { waitingText } from "./waiting.js";
 
 const W = 210, H = 76, GAP_X = 28, GAP_Y = 46, PAD = 14;
 const WAYPOINT = 12; // the room an edge passing through a layer takes there
@@ -124,7 +125,7 @@ function box(n, { x, y }, layer, chosen, onSelect) {
   const p = n.progress;
   const frac = p && p.total ? Math.min(1, p.current / p.total) : n.status === "succeeded" ? 1 : 0;
   const count = p ? (p.total ? `${p.current}/${p.total}` : `${p.current}`) : "";
-  const note = n.error || (p && p.message !== count ? p.message : "");
+  const note = n.error || waitingText(n) || (p && p.message !== count ? p.message : "");
   const room = Math.floor((W - 24 - count.length * 7) / 6.2); // characters of 11px text left beside the count
   const open = () => onSelect(n.name);
   return svg("g", { class: `node s-${n.status}${chosen ? " selected" : ""}`, transform: `translate(${x},${y})`,

@@ -2,6 +2,7 @@
 // from /runs/<id>/nodes/<name> (the polled run detail leaves outputs out), read when the node is chosen
 // and again whenever the node moves on.
 import { get, h, statusBadge, when } from "./api.js";
+import { waitingText } from "./waiting.js";
 
 // Characters of output shown; a larger output is cut, and the panel says where to read all of it.
 const SHOWN = 100_000;
@@ -33,6 +34,7 @@ export function nodePanel(runId) {
     const p = node.progress;
     const facts = [
       ["attempt", node.attempt || "not started"],
+      ["waits", waitingText(node)],
       ["progress", p ? [p.total ? `${p.current} of ${p.total}` : p.current, p.message].filter((x) => x !== "").join(" · ") : ""],
       ["depends on", node.depends_on.join(", ") || "nothing (a root)"],
       ["started", when(node.started_at)],
@@ -86,7 +88,8 @@ export function nodePanel(runId) {
     if (!name) return;
     const node = run.nodes.find((n) => n.name === name);
     if (!node) return;
-    const now = [node.status, node.attempt, node.finished_at, node.error, node.progress && node.progress.current].join("|");
+    const now = [node.status, node.attempt, node.finished_at, node.error, node.progress && node.progress.current,
+      node.waiting_for, node.wake_at].join("|");
     if (now !== seen) {
       seen = now;
       read();

@@ -1,10 +1,11 @@
 // #/runs/<id>: one run's DAG (dag.js), polled every second while the run is active (and only then); a click
 // on a node opens its output and error (node.js); Cancel, Retry and Refresh as the run's status allows, each
-// confirmed first (confirm.js).
+// confirmed first (confirm.js); what waiting nodes wait for, with Approve and Reject for a signal (waiting.js).
 import { get, h, poll, post, showError, showNotice, TERMINAL, when } from "./api.js";
 import { confirmAction } from "./confirm.js";
 import { dag } from "./dag.js";
 import { nodePanel } from "./node.js";
+import { waitingPanel } from "./waiting.js";
 
 const LABELS = { running: "Running", succeeded: "Succeeded", failed: "Failed", cancelled: "Cancelled" };
 
@@ -23,9 +24,10 @@ export function render(root, runId) {
   const error = h("pre", { id: "run-error", class: "error-text", hidden: true });
   const panel = nodePanel(runId);
   panel.onClose = () => run && draw();
+  const waiting = waitingPanel(runId, () => follow());
   root.append(h("h2", {}, h("a", { href: "#/runs" }, "Runs"), " / ", h("span", { class: "mono" }, runId)),
     meta, unknown, svgBox, h("p", { class: "muted hint" }, "Click a node to see its output and error."),
-    panel.el, h("div", { class: "row" }, status, buttons.cancel, buttons.retry), refreshBox, error);
+    waiting.el, panel.el, h("div", { class: "row" }, status, buttons.cancel, buttons.retry), refreshBox, error);
 
   let run = null;
   let stop = null;
@@ -97,6 +99,7 @@ export function render(root, runId) {
     error.hidden = !run.error;
     error.textContent = run.error || "";
     svgBox.replaceChildren(dag(run.nodes, { selected: panel.selected, onSelect: select }));
+    waiting.update(run);
   }
 
   follow();
