@@ -43,6 +43,7 @@ from workflows.definition import NodeSpec
 from workflows.engine import Engine, advance
 from workflows.errors import NodeSuspended, NodeTimeout, RunCancelled, SignalTimeout, WorkerStopping
 from workflows.lifecycle import fenced_writes
+from workflows.limits import step_slots
 from workflows.queue import Claim
 from workflows.state import NodeState, RunState
 
@@ -199,19 +200,23 @@ class NodeContext:
 
     # -- memoized steps -------------------------------------------------------------------------------
 
-    def step(self, key: str, fn: Callable[[], T]) -> T:
-        """`fn()`'s result, computed once: recorded in the log and returned from there on retry/resume."""
+    def step(self, key: str, fn: Callable[[], T], *, limits: Sequence[str] = ()) -> T:
+        """`fn()`'s result, computed once: recorded in the log and returned from there on retry/resume.
+        With `limits`, `fn` runs only with a slot of each of those registry limits, held until its result
+        is recorded; while one is full the node suspends itself and asks again when it wakes."""
         done, recorded = self.memoized(key)
         if done:
             return recorded  # type: ignore[no-any-return]
-        result = fn()
-        if inspect.isawaitable(result):
-            if inspect.iscoroutine(result):
-                result.close()  # never awaited, on purpose: nothing of it ran
-            raise InvalidInputError(
-                f"step {key!r} got an awaitable: declare the node with `async def` and `await ctx.step(...)`"
-            )
-        self.record_step(key, result)
+        with step_slots(self, key, limits):
+            result = fn()
+            if inspect.isawaitable(result):
+                if inspect.iscoroutine(result):
+                    result.close()  # never awaited, on purpose: nothing of it ran
+                raise InvalidInputError(
+                    f"step {key!r} got an awaitable: declare the node with `async def` and "
+                    "`await ctx.step(...)`"
+                )
+            self.record_step(key, result)
         return result
 
     def memoized(self, key: str) -> tuple[bool, Any]:

@@ -20,22 +20,26 @@ and it logs `workflow_limit_redeclared` with what it replaced. The same holds fo
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import structlog
 from psycopg.rows import class_row
 
+from eventstore.errors import InvalidInputError
 from eventstore.sqlfile import load_queries
 from workflows.definition import DefinitionError, Limit, WorkflowRegistry
-from workflows.errors import NodeLeaseLost, wrap_exceptions
+from workflows.errors import NodeLeaseLost, NodeSuspended, wrap_exceptions
 
 log = structlog.get_logger(__name__)
 Q = load_queries("workflows", "limits.sql")
 Conn = psycopg.Connection[Any]
+_STEP_FIRST_WAIT = 0.2  # seconds a step refused a slot first waits; doubled at each refusal after
+_STEP_LONGEST_WAIT = 5.0
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,45 @@ def holds_claim(conn: Conn, run_id: uuid.UUID, node: str, token: int) -> bool:
     with wrap_exceptions():
         row = conn.execute(Q["holds_claim"], {"run_id": run_id, "node": node, "token": token}).fetchone()
     return bool(row and row[0])
+
+
+@contextmanager
+def step_slots(ctx: Any, key: str, needed: Sequence[str]) -> Iterator[None]:
+    """Around a step's `fn` and the recording of its result: a slot of each limit in `needed` (those the
+    node itself does not already hold), held by a row of the database until the step ends, or its
+    node's claim does. While one is full, the node suspends itself (NodeSuspended: no thread, no
+    connection held) and, woken, runs its body again up to this step, which asks again. Woken again and
+    again by a concurrency limit, it waits longer each time (0.2 s doubling up to 5 s); under a per-minute
+    limit it wakes when the window has room."""
+    if isinstance(needed, str):
+        raise InvalidInputError(f"step {key!r}: limits must be a list of limit names, not {needed!r}")
+    keys = sorted(set(needed) - set(ctx._spec.limits))
+    if unknown := [k for k in keys if k not in ctx._engine.registry.limits]:
+        raise InvalidInputError(f"step {key!r} needs limit(s) {unknown} that the registry does not declare")
+    if not keys:
+        yield
+        return
+    ctx.check()
+    claim = ctx._claim  # the node's own claim: the context is this package's
+    held = {"run_id": claim.run_id, "node": claim.node, "token": claim.token, "keys": keys}
+    with wrap_exceptions(), ctx._engine.store.pool.connection() as conn:
+        row = conn.execute(Q["hold_slots"], held).fetchone()
+    assert row is not None
+    admitted, wake_at = row
+    if not admitted:
+        waited = sum(1 for k in ctx._state.waits if k.startswith(f"limit:{key}#"))
+        backoff = timedelta(seconds=min(_STEP_FIRST_WAIT * 2**waited, _STEP_LONGEST_WAIT))
+        until = max(wake_at, datetime.now(UTC) + backoff)
+        log.info("workflow_step_waits_for_slot", step=key, limits=keys, until=until.isoformat())
+        raise NodeSuspended(f"limit:{key}#{waited + 1}", until)
+    try:
+        yield
+    finally:
+        try:
+            with wrap_exceptions(), ctx._engine.store.pool.connection() as conn:
+                conn.execute(Q["release_slots"], held)
+        except Exception as exc:  # the hold stops counting when the node's claim ends
+            log.warning("workflow_step_slots_not_released", step=key, error=str(exc))
 
 
 def check_slots(ctx: Any) -> None:

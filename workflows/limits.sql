@@ -41,18 +41,17 @@ SELECT EXISTS (SELECT FROM ledgerflow.workflow_queue
                 WHERE run_id = %(run_id)s AND node = %(node)s AND token = %(token)s AND status = 'claimed')
 
 -- name: usage
--- Every declared limit with its nodes running (slots in use), its nodes ready and waiting to start, and
--- its starts in the last minute. One pass over the queue rows of nodes that have limits.
+-- Every declared limit with its slots in use (nodes running, steps holding one), its nodes ready and
+-- waiting to start, and its starts in the last minute.
 WITH per_limit AS (
     SELECT k.name,
-           count(*) FILTER (WHERE q.status = 'claimed') AS in_use,
            count(*) FILTER (WHERE q.status = 'ready') AS waiting
       FROM ledgerflow.workflow_node_limits nl
      CROSS JOIN LATERAL unnest(nl.limits) AS k(name)
       JOIN ledgerflow.workflow_queue q ON q.workflow = nl.workflow AND q.node = nl.node
      GROUP BY k.name
 )
-SELECT l.name, l.concurrency, l.per_minute, coalesce(p.in_use, 0)::int AS in_use,
+SELECT l.name, l.concurrency, l.per_minute, ledgerflow.wf_limit_in_use(l.name) AS in_use,
        coalesce(p.waiting, 0)::int AS waiting,
        (SELECT count(*) FROM ledgerflow.workflow_limit_starts s
          WHERE s.name = l.name AND s.started_at > clock_timestamp() - interval '1 minute')::int AS started_last_minute,
@@ -60,3 +59,11 @@ SELECT l.name, l.concurrency, l.per_minute, coalesce(p.in_use, 0)::int AS in_use
   FROM ledgerflow.workflow_limits l
   LEFT JOIN per_limit p ON p.name = l.name
  ORDER BY l.name
+
+-- name: hold_slots
+-- A step's slots, under its node's claim (see ledgerflow.wf_limits_hold, migrations/0018).
+SELECT admitted, wake_at FROM ledgerflow.wf_limits_hold(%(run_id)s, %(node)s, %(token)s, %(keys)s::text[])
+
+-- name: release_slots
+DELETE FROM ledgerflow.workflow_limit_holds
+ WHERE run_id = %(run_id)s AND node = %(node)s AND token = %(token)s AND name = ANY (%(keys)s::text[])
