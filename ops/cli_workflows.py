@@ -13,12 +13,13 @@ from typing import Any
 import click
 from rich.table import Table
 
-from eventstore import InvalidInputError, open_store
+from eventstore import InvalidInputError, json_loads, open_store
 from ops.cli_common import ICONS, console, emit_json, err_console, settings_of
 from ops.services import open_store_when_available
 from ops.settings import Settings
 from workflows import (
     Engine,
+    NodeState,
     RunState,
     WorkerSettings,
     WorkflowRegistry,
@@ -74,7 +75,7 @@ def worker_command(ctx: click.Context, name: str | None) -> None:
 
 @click.group("workflows")
 def workflows_group() -> None:
-    """Start, list, show, cancel, retry and refresh workflow runs."""
+    """Start, list, show, signal, cancel, retry and refresh workflow runs."""
 
 
 def _run_id(text: str) -> uuid.UUID:
@@ -186,12 +187,26 @@ def _wait_for_end(engine: Engine, run_id: uuid.UUID, tenant: str, timeout: float
         delay = min(delay * 2, 1.0)
 
 
+#: A waiting node (a timer, or a signal that has not come) beside the other states.
+_ICONS = {**ICONS, "waiting": "[blue]◷[/]"}
+
+
+def waiting_note(n: NodeState) -> str:
+    """What a waiting node waits for and until when, in words; "" for a node that does not wait."""
+    if n.status != "waiting":
+        return ""
+    until = n.wake_at.isoformat(timespec="seconds") if n.wake_at else None
+    if n.waiting_for is None:
+        return f"sleeping until {until}" if until else "sleeping"
+    return f"waiting for signal {n.waiting_for}" + (f" until {until}" if until else "")
+
+
 def node_table(run: RunState) -> Table:
     table = Table("", "node", "status", "attempt", "progress", "message / error")
     for name, n in run.nodes.items():
         progress = f"{n.progress[0]}/{n.progress[1]}" if n.progress and n.progress[1] else ""
-        note = n.error or (n.progress[2] if n.progress else "")
-        table.add_row(ICONS.get(n.status, "?"), name, str(n.status), str(n.attempt), progress, note[:70])
+        note = n.error or waiting_note(n) or (n.progress[2] if n.progress else "")
+        table.add_row(_ICONS.get(n.status, "?"), name, str(n.status), str(n.attempt), progress, note[:70])
     return table
 
 
@@ -214,6 +229,8 @@ def run_as_dict(run: RunState) -> dict[str, Any]:
                 "checkpoints": len(n.checkpoints),
                 "steps": len(n.steps),
                 "crashes": n.crashes,
+                "waiting_for": n.waiting_for,
+                "wake_at": n.wake_at.isoformat() if n.wake_at else None,
             }
             for name, n in run.nodes.items()
         },
@@ -257,6 +274,48 @@ def _action(ctx: click.Context, run_id: str, tenant: str, action: str, **kwargs:
     with open_store(settings) as store:
         engine = Engine(store, registry_of(settings))
         return getattr(engine, action)(_run_id(run_id), tenant=tenant, **kwargs)
+
+
+@workflows_group.command("signal")
+@click.argument("run_id")
+@click.argument("name")
+@click.option("--data", default=None, help="The signal's payload, JSON (default: null).")
+@click.option("--idempotency-key", default=None, help="Makes a retry of this signal safe.")
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for programs.")
+@click.pass_context
+def signal_run(
+    ctx: click.Context,
+    run_id: str,
+    name: str,
+    data: str | None,
+    idempotency_key: str | None,
+    tenant: str,
+    as_json: bool,
+) -> None:
+    """Send signal NAME to a run: the node waiting for it (`ctx.wait_for_signal`) gets --data; sent
+    before a node waits, it is kept for the first that does."""
+    try:
+        # Numbers keep their exact decimal value, as in an append.
+        payload = None if data is None else json_loads(data)
+    except ValueError as exc:
+        raise click.BadParameter(f"--data takes JSON: {exc}") from None
+    sent = _action(
+        ctx,
+        run_id,
+        tenant,
+        "signal",
+        name=name,
+        payload=payload,
+        idempotency_key=idempotency_key,
+        actor="cli",
+    )
+    if as_json:
+        emit_json(dataclasses.asdict(sent))
+        return
+    note = " (duplicate: the first send's answer; nothing recorded)" if sent.duplicate else ""
+    what = f"signal {name} sent to run {sent.run_id} at position {sent.position}"
+    console.print(what + note, highlight=False)
 
 
 @workflows_group.command("cancel")
