@@ -406,13 +406,21 @@ def recover(ctx: click.Context, as_json: bool) -> None:
     show_default=True,
     help="Kill the worker when column enrichment reaches this item (0: no crash).",
 )
+@click.option(
+    "--approve-after",
+    default=2.0,
+    show_default=True,
+    help="Seconds the review run waits for its approval before the demo sends it.",
+)
 @click.pass_context
-def demo(ctx: click.Context, tables: int, llm_delay: float, crash_at: int) -> None:
+def demo(ctx: click.Context, tables: int, llm_delay: float, crash_at: int, approve_after: float) -> None:
     """Run the six-node extraction pipeline with live progress; kill its worker mid-node and watch the
-    run resume at the right item."""
+    run resume at the right item. Then an event starts a review run, which waits for an approval."""
     from ops.demo import run_demo
 
-    run_demo(settings_of(ctx), tables=tables, llm_delay=llm_delay, crash_at=crash_at)
+    run_demo(
+        settings_of(ctx), tables=tables, llm_delay=llm_delay, crash_at=crash_at, approve_after=approve_after
+    )
 
 
 def register(cli: click.Group) -> None:

@@ -4,6 +4,9 @@ The demo starts a projector (in this process, keeping the run and node tables) a
 (a separate process, so it can really die). When column enrichment reaches the chosen item it kills the
 worker with SIGKILL and starts a new one under the same name, which takes its nodes back at once. The
 run then resumes at the next unfinished item: finished items and their LLM calls are not paid again.
+
+Then the log takes over: the demo appends an `OntologyExtracted` event, whose trigger starts a review run;
+the review waits for a person's approval, holding no worker, and the demo sends it after a pause.
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.live import Live
 from rich.table import Table
 
-from eventstore import EventStore, open_store
+from eventstore import EventStore, NewEvent, open_store
 from ops.cli_common import ICONS, console
 from ops.settings import Settings
 from ops.telemetry import configure_logging
@@ -31,9 +34,11 @@ from projector import ProjectorWorker, WorkerSettings, load_projections
 from workflows import (
     NODE_CHECKPOINT,
     NODE_RECLAIMED,
+    ONTOLOGY_EXTRACTED,
     STEP_RECORDED,
     Engine,
     run_nodes,
+    run_started_by,
     run_stream,
     sample_schema,
     workflow_tables,
@@ -75,7 +80,9 @@ def node_table(nodes: list[dict[str, Any]], title: str) -> Table:
     return table
 
 
-def run_demo(settings: Settings, *, tables: int, llm_delay: float, crash_at: int) -> None:
+def run_demo(
+    settings: Settings, *, tables: int, llm_delay: float, crash_at: int, approve_after: float = 2.0
+) -> None:
     if settings.log_level == "info":
         # The live table is the demo's output; routine info logs would scroll it away.
         configure_logging("warning", settings.log_format)
@@ -92,9 +99,11 @@ def run_demo(settings: Settings, *, tables: int, llm_delay: float, crash_at: int
         projecting.start()
         worker = start_worker(store.url, llm_delay, log_path)
         try:
-            _drive(
+            run_id = _drive(
                 store, worker, llm_delay, log_path, tables, crash_at, lambda w: setattr(_state, "worker", w)
             )
+            if run_id is not None:
+                _review(store, run_id, approve_after=approve_after)
         finally:
             current = getattr(_state, "worker", worker)
             current.send_signal(signal.SIGTERM)
@@ -120,7 +129,8 @@ def _drive(
     tables: int,
     crash_at: int,
     replace: Callable[[subprocess.Popen[bytes]], None],
-) -> None:
+) -> uuid.UUID | None:
+    """The extraction run, shown live; its id if it succeeded."""
     engine = Engine(store, registry)
     started = engine.start(
         "ontology_extraction", input=sample_schema(tables), key=f"demo-{uuid.uuid4().hex[:8]}"
@@ -187,3 +197,65 @@ def _drive(
         highlight=False,
     )
     console.print(f"inspect it: ledgerflow workflows show {run_id}", highlight=False)
+    return run_id if run.status == "succeeded" else None
+
+
+_REVIEW_WAIT = 60.0  # seconds for the trigger to start the review, and for each of its steps
+
+
+def _review(store: EventStore, extraction_run: uuid.UUID, *, approve_after: float) -> None:
+    """The second act: an event of the log starts a run, which waits for a person's approval."""
+    engine = Engine(store, registry)
+    console.print()
+    stream = f"ontology-{extraction_run.hex[:12]}"
+    entities = len(engine.load(extraction_run).node("entity_discovery").output["entities"])
+    extracted = NewEvent(ONTOLOGY_EXTRACTED, {"run_id": str(extraction_run), "entities": entities})
+    cursor = store.append(stream, [extracted]).events[0]
+    console.print(
+        f"• appended {ONTOLOGY_EXTRACTED} to {stream} (cursor {cursor.transaction_id}:{cursor.position}); "
+        "the ontology_review workflow's trigger starts one run for it",
+        highlight=False,
+    )
+    review_id = _wait_for(lambda: _triggered_run(store, extracted.event_id), "the trigger to start")
+    console.print(f"• the trigger started review run {review_id}", highlight=False)
+    began = time.monotonic()
+
+    def waiting() -> bool:
+        node = engine.load(review_id).node("approval")
+        return node.status == "waiting" and node.waiting_for == "approve"
+
+    _wait_for(lambda: waiting() or None, "the review to wait for its approval")
+    console.print(
+        f"• its approval node waits for signal 'approve', holding no worker; a reviewer answers in "
+        f"{approve_after:g}s, as `ledgerflow workflows signal {review_id} approve --data "
+        """'{"approved": true}'` would""",
+        highlight=False,
+    )
+    time.sleep(approve_after)  # the reviewer reading the draft
+    engine.signal(
+        review_id, "approve", {"approved": True, "by": "demo reviewer"}, idempotency_key="demo-approval"
+    )
+    _wait_for(lambda: None if engine.load(review_id).active else True, "the review to finish")
+    run = engine.load(review_id)
+    console.print(
+        f"review run {run.status} in {time.monotonic() - began:.1f}s after its start: "
+        f"{run.node('approval').output}",
+        highlight=False,
+    )
+
+
+def _triggered_run(store: EventStore, event_id: uuid.UUID) -> uuid.UUID | None:
+    with store.pool.connection() as conn:
+        return run_started_by(conn, "ontology_review", event_id)
+
+
+T = TypeVar("T")
+
+
+def _wait_for(check: Callable[[], T | None], what: str) -> T:
+    deadline = time.monotonic() + _REVIEW_WAIT
+    while (found := check()) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up waiting for {what} after {_REVIEW_WAIT:g}s; see the worker log")
+        time.sleep(0.1)
+    return found

@@ -16,8 +16,8 @@ from workflows.definition import (  # noqa: E402
     Workflow,
     WorkflowRegistry,
 )
+from workflows.demo import ONTOLOGY_EXTRACTED, sample_schema  # noqa: E402
 from workflows.demo import registry as demo_registry  # noqa: E402
-from workflows.demo import sample_schema  # noqa: E402
 from workflows.engine import Engine, Started  # noqa: E402
 from workflows.errors import NodeLeaseLost, NodeTimeout, RunCancelled, RunStateError, WorkerStopping  # noqa: E402
 from workflows.events import (  # noqa: E402
@@ -40,6 +40,7 @@ from workflows.recovery import sweep  # noqa: E402
 from workflows.scheduler import NodeStatus  # noqa: E402
 from workflows.schedules import ScheduleRow, list_schedules  # noqa: E402
 from workflows.state import NodeState, RunState  # noqa: E402
+from workflows.triggers import run_started_by  # noqa: E402
 from workflows.versions import VersionWait, versions_without_worker  # noqa: E402
 from workflows.worker import WorkerSettings, WorkflowWorker  # noqa: E402
 
@@ -48,6 +49,7 @@ __ledgerflow_package__ = True
 __all__ = [
     "NODE_CHECKPOINT",
     "NODE_RECLAIMED",
+    "ONTOLOGY_EXTRACTED",
     "RESERVED_CATEGORIES",
     "RESERVED_TYPE_PREFIX",
     "STEP_RECORDED",
@@ -85,6 +87,7 @@ __all__ = [
     "queue_summary",
     "recent_recoveries",
     "run_nodes",
+    "run_started_by",
     "run_stream",
     "sample_schema",
     "sweep",

@@ -1,8 +1,11 @@
-"""The sample pipeline: a six-node ontology extraction over a database schema.
+"""The sample pipelines: a six-node ontology extraction over a database schema, and its review.
 
 Deterministic nodes (entity and relationship discovery) alternate with simulated slow LLM nodes that
 work item by item. Every LLM call is a memoized step and every item's result is checkpointed with it,
 so a worker killed mid-node costs at most the item in flight: the run resumes at the next item.
+
+The review is started by the log: every `OntologyExtracted` event in an `ontology-…` stream starts one
+run, which drafts a review and then waits, holding no worker, for a person's approval (signal `approve`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import time
 from typing import Any
 
 from workflows.context import NodeContext
-from workflows.definition import RetryPolicy, Workflow, WorkflowRegistry
+from workflows.definition import RetryPolicy, Trigger, Workflow, WorkflowRegistry
 
 extraction = Workflow("ontology_extraction", version="1")
 registry = WorkflowRegistry()
@@ -108,3 +111,30 @@ def column_enrichment(ctx: NodeContext) -> Any:
 
 
 registry.register(extraction)
+
+#: The event that starts a review, in a stream of category `ontology`.
+ONTOLOGY_EXTRACTED = "OntologyExtracted"
+review = Workflow("ontology_review", triggers=[Trigger(event_type=ONTOLOGY_EXTRACTED, category="ontology")])
+
+
+@review.node()
+def draft_review(ctx: NodeContext) -> Any:
+    extracted = ctx.input["data"]
+    return ctx.step("llm:review", lambda: fake_llm(f"review of: {extracted['entities']} entities"))
+
+
+@review.node(depends_on=["draft_review"])
+def approval(ctx: NodeContext) -> Any:
+    # Waits for a person, durably: the node holds no worker while it waits, and a day's wait survives
+    # any number of restarts. A reviewer who never answers is told apart from a refusal.
+    decision = ctx.wait_for_signal("approve", timeout=24 * 3600)
+    if not isinstance(decision, dict):
+        decision = {"approved": decision}
+    return {
+        "approved": bool(decision.get("approved")),
+        "by": decision.get("by"),
+        "draft": ctx.outputs["draft_review"],
+    }
+
+
+registry.register(review)

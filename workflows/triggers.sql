@@ -19,3 +19,7 @@ CREATE TABLE {table} (
 INSERT INTO {table} (tenant, event_id, run_id, transaction_id, position)
 VALUES (%s, %s, %s, %s, %s)
 ON CONFLICT (tenant, event_id) DO NOTHING
+
+-- name: started_by
+-- The run an event started, if its trigger has applied it.
+SELECT run_id FROM {table} WHERE tenant = %s AND event_id = %s

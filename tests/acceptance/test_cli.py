@@ -54,7 +54,18 @@ def test_migrate_reports_up_to_date(database_url: str) -> None:
 
 
 def test_demo_kills_its_worker_and_the_run_resumes_at_the_next_item(database_url: str) -> None:
-    result = run(database_url, "demo", "--tables", "8", "--llm-delay", "0.1", "--crash-at", "4")
+    result = run(
+        database_url,
+        "demo",
+        "--tables",
+        "8",
+        "--llm-delay",
+        "0.1",
+        "--crash-at",
+        "4",
+        "--approve-after",
+        "0.5",
+    )
     assert result.returncode == 0, result.stderr
     out = " ".join(result.stdout.split())  # the terminal width wraps lines
     assert "killed worker" in out
@@ -66,6 +77,12 @@ def test_demo_kills_its_worker_and_the_run_resumes_at_the_next_item(database_url
     final_table = out.rsplit("ontology_extraction · succeeded", 1)[-1].split("•", 1)[0]
     assert "running" not in final_table, "no node of a finished run runs"
     assert "▶" not in final_table
+    # Then an event starts the review, which waits for the approval the demo sends.
+    assert "the trigger started review run" in out
+    assert "waits for signal 'approve', holding no worker" in out
+    assert "review run succeeded" in out
+    assert "'approved': True" in out.rsplit("review run succeeded", 1)[1]
+    assert "'by': 'demo reviewer'" in out.rsplit("review run succeeded", 1)[1]
 
 
 def test_horizon_and_recover_answer_json_for_programs(database_url: str) -> None:
