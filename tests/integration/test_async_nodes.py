@@ -165,16 +165,10 @@ def test_a_workflow_of_sync_and_async_nodes_completes(store: EventStore, start_w
 def test_two_hundred_async_nodes_wait_at_once_on_four_threads(store: EventStore, start_worker: Any) -> None:
     engine = Engine(store, registry)
     runs = [engine.start("naps", input={"seconds": 1}).run_id for _ in range(200)]
-    baseline = threading.active_count()
-    peak = baseline
     sampling = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not sampling.wait(0.02):
-            peak = max(peak, threading.active_count())
-
-    sampler = threading.Thread(target=sample, daemon=True)
+    sampler = threading.Thread(target=lambda: _sample_threads(sampling), daemon=True, name="sampler")
+    before = {t.name for t in threading.enumerate()} | {sampler.name}
+    PEAK[:] = [len(before), before]
     sampler.start()
     started = time.monotonic()
     start_worker(settings=WorkerSettings(concurrency=4, async_concurrency=250, poll_interval=0.05))
@@ -182,20 +176,33 @@ def test_two_hundred_async_nodes_wait_at_once_on_four_threads(store: EventStore,
     elapsed = time.monotonic() - started
     sampling.set()
     sampler.join()
+    peak, named = PEAK
     loaded = engine.load_many(runs, tenant="default")
     assert all(run.status == "succeeded" for run in loaded.values())
     slept = [float(run.nodes["nap"].output) for run in loaded.values()]
-    overlap = _overlap(
-        [(run.nodes["nap"].started_at, run.nodes["nap"].finished_at) for run in loaded.values()]
-    )
+    spans = [(run.nodes["nap"].started_at, run.nodes["nap"].finished_at) for run in loaded.values()]
+    first_to_last = (max(f for _, f in spans) - min(s for s, _ in spans)).total_seconds()
+    overlap = _overlap(spans)
     print(
-        f"\n200 async nodes x asyncio.sleep(1), 4 threads: {elapsed:.2f}s wall, "
-        f"{overlap} running at once at most, threads {baseline} before, {peak} at peak "
-        f"(+{peak - baseline}), each slept median {statistics.median(slept):.3f}s"
+        f"\n200 async nodes x asyncio.sleep(1), 4 threads: {elapsed:.2f}s from the worker's start, "
+        f"{first_to_last:.2f}s from the first node's start to the last one's end, {overlap} running at once "
+        f"at most; threads {len(before)} before, {peak} at peak (+{peak - len(before)}: "
+        f"{', '.join(sorted(named - before))}); each slept median {statistics.median(slept):.3f}s"
     )
     assert overlap >= 150, "the nodes wait at once, not four at a time"
     assert elapsed < 10
-    assert peak - baseline <= 20, "a thread per waiting node?"
+    assert peak - len(before) <= 20, "a thread per waiting node?"
+
+
+#: The most threads seen at once, and their names.
+PEAK: list[Any] = []
+
+
+def _sample_threads(done: threading.Event) -> None:
+    while not done.wait(0.02):
+        now = threading.enumerate()
+        if len(now) > PEAK[0]:
+            PEAK[:] = [len(now), {t.name for t in now}]
 
 
 def _overlap(spans: list[tuple[Any, Any]]) -> int:
