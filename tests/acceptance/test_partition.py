@@ -2,10 +2,12 @@
 
 Each `ledgerflow worker` runs in a network namespace of its own (tests/netns.py) and reaches the database
 through a forwarder on its link. The drill cuts one worker's link while it runs a node: packets vanish,
-no reset, no FIN, as in a real partition. Its session stays open on the server (the forwarder holds it),
-so its presence stays too, and the node is taken over only when its lease lapses. Then the link heals:
-whatever the cut-off worker still sends for that node is refused by the fence, and it carries on as a
-healthy worker, claiming and finishing new work.
+no reset, no FIN, as in a real partition. Its session stays open on the server (the forwarder holds it,
+as a server holds a vanished client's until its own keepalives give up), so its presence stays too, and
+the node is taken over only when its lease lapses. The cut-off worker notices within its connections' TCP
+timeouts (eventstore.db.NETWORK_TIMEOUTS) and reports the outage; the partition lasts until it has. Then
+the link heals: whatever the cut-off worker still sends for that node is refused by the fence, and it
+carries on as a healthy worker, claiming and finishing new work.
 """
 
 from __future__ import annotations
