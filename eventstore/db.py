@@ -40,6 +40,11 @@ IDEMPOTENCY_CONFLICT = "LF002"
 APPEND_ONLY = "LF003"
 
 
+#: How long the pool tries to replace a lost connection before it gives up, until a caller asks for one
+#: again (which starts a new attempt at once). Its back-off doubles from 1 s, so with psycopg_pool's
+#: default (300 s) a failover of 10 s was noticed at its attempt after 15 s; this bounds the wait.
+RECONNECT_TIMEOUT = 3.0
+
 #: The pipeline each connection in `pipelined` runs, for `synced`.
 _pipelines: weakref.WeakKeyDictionary[psycopg.Connection[Any], psycopg.Pipeline] = weakref.WeakKeyDictionary()
 
@@ -115,6 +120,12 @@ def with_network_timeouts(url: str) -> str:
     return psycopg.conninfo.make_conninfo(url, **missing)
 
 
+def connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A connection of its own (a listener, a presence, a probe) with the network timeouts the pool's
+    connections have, so that a partition ends it too instead of leaving it hanging."""
+    return psycopg.connect(with_network_timeouts(url), **kwargs)
+
+
 def open_pool(
     url: str, settings: DatabaseSettings, *, name: str = "ledgerflow"
 ) -> psycopg_pool.ConnectionPool:
@@ -130,6 +141,7 @@ def open_pool(
             "options": f"-c idle_in_transaction_session_timeout={idle_ms}",
         },
         name=name,
+        reconnect_timeout=RECONNECT_TIMEOUT,
         configure=_configure,
         check=discard_if_turned_read_only,
         open=False,
