@@ -21,7 +21,11 @@ stays below it (`eventstore` imports nothing of `projector`).
 from __future__ import annotations
 
 import math
+import threading
 import time
+import weakref
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import psycopg
@@ -95,7 +99,9 @@ def wait_for(
     store: EventStore, projection: Projection, written: Cursor | AppendResult, *, timeout: float = 10.0
 ) -> Cursor:
     """Wait until `projection` has passed `written` (a cursor, or an append's result); return the
-    projection's cursor then. Raises ProjectionBehindError after `timeout` seconds (0: look once)."""
+    projection's cursor then. Raises ProjectionBehindError after `timeout` seconds (0: look once; its
+    `position` is None while no projector has ever run the projection), InvalidInputError for a cursor
+    beyond every committed write."""
     wanted = cursor_of(written)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
         raise InvalidInputError(f"timeout {timeout!r} is invalid: use a number of seconds")
@@ -111,11 +117,12 @@ def wait_for(
             return at or wanted
         if timeout == 0:
             raise ProjectionBehindError(projection.name, at, wanted, timeout)
+        if wanted.transaction_id >= store.committed_so_far().transaction_id:
+            raise InvalidInputError(
+                f"cursor {wanted} lies beyond every committed write; use the cursor an append returned"
+            )
         # Behind: listen first, then look again, so that no advance falls between the look and the wait.
-        with psycopg.connect(
-            store.url, autocommit=True, application_name="ledgerflow-waiter", connect_timeout=_CONNECT_TIMEOUT
-        ) as listener:
-            listener.execute(Q["listen_projections"])
+        with _listening(store) as listener:
             while True:
                 at, done = passed(store, projection, wanted, listener)
                 if done:
@@ -125,6 +132,62 @@ def wait_for(
                     log.info("projection_wait_timed_out", projection=projection.name, wanted=str(wanted))
                     raise ProjectionBehindError(projection.name, at, wanted, timeout)
                 _next_advance(listener, projection.name, min(left, _RECHECK))
+
+
+class _Listeners:
+    """A store's connections for waiters, kept between waits (a connection costs more than a short wait
+    itself) and closed when the store goes. An idle one listens to nothing (UNLISTEN when it comes back),
+    so no notification piles up for it."""
+
+    def __init__(self, url: str, keep: int = 8) -> None:
+        self._url = url
+        self._keep = keep
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def listening(self) -> Iterator[psycopg.Connection[Any]]:
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None or conn.closed:
+            conn = psycopg.connect(
+                self._url,
+                autocommit=True,
+                application_name="ledgerflow-waiter",
+                connect_timeout=_CONNECT_TIMEOUT,
+            )
+        try:
+            conn.execute(Q["listen_projections"])
+            yield conn
+            conn.execute(Q["unlisten_projections"])
+            for _ in conn.notifies(timeout=0):
+                pass  # what arrived before the UNLISTEN
+        except BaseException:
+            conn.close()
+            raise
+        with self._lock:
+            if len(self._idle) < self._keep:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    @staticmethod
+    def close(idle: list[psycopg.Connection[Any]]) -> None:
+        for conn in idle:
+            conn.close()
+
+
+_LISTENERS: weakref.WeakKeyDictionary[EventStore, _Listeners] = weakref.WeakKeyDictionary()
+_LISTENERS_LOCK = threading.Lock()
+
+
+def _listening(store: EventStore) -> AbstractContextManager[psycopg.Connection[Any]]:
+    with _LISTENERS_LOCK:
+        listeners = _LISTENERS.get(store)
+        if listeners is None:
+            listeners = _LISTENERS[store] = _Listeners(store.url)
+            weakref.finalize(store, _Listeners.close, listeners._idle)
+    return listeners.listening()
 
 
 def _next_advance(listener: psycopg.Connection[Any], name: str, timeout: float) -> None:

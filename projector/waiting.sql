@@ -3,3 +3,6 @@
 
 -- name: listen_projections
 LISTEN ledgerflow_projections
+
+-- name: unlisten_projections
+UNLISTEN ledgerflow_projections
