@@ -13,12 +13,14 @@ SELECT stream_id, stream_version, position, transaction_id::bigint, duplicate
 -- The common case, one stream and no idempotency key, as one plain statement: the bump (one of the three
 -- below, filled in by the store) moves the stream's version under its row lock, and the events take the
 -- versions after it. If the expected version does not hold, the bump yields no row and nothing is inserted.
-WITH bumped AS ({bump})
-INSERT INTO ledgerflow.events AS e (tenant, stream_id, stream_version, event_id, event_type, data, metadata,
-                                    correlation_id, causation_id)
-SELECT %(tenant)s, %(stream_id)s, b.base + u.n, u.event_id, u.event_type, u.data::jsonb, u.metadata::jsonb,
-       u.correlation_id, u.causation_id
-  FROM bumped b,
+-- Gap-freedom: the bump reads `writer`, so the log writer lock is taken before the statement's first
+-- write (see ledgerflow.log_writer), and the events carry the transaction's stamp.
+WITH writer AS MATERIALIZED (SELECT ledgerflow.log_writer() AS stamp), bumped AS ({bump})
+INSERT INTO ledgerflow.events AS e (transaction_id, tenant, stream_id, stream_version, event_id, event_type, data,
+                                    metadata, correlation_id, causation_id)
+SELECT w.stamp, %(tenant)s, %(stream_id)s, b.base + u.n, u.event_id, u.event_type, u.data::jsonb,
+       u.metadata::jsonb, u.correlation_id, u.causation_id
+  FROM writer w, bumped b,
        unnest(%(event_ids)b::uuid[], %(types)b::text[], %(data)b::text[], %(metadata)b::text[],
               %(correlation_ids)b::uuid[], %(causation_ids)b::uuid[])
        WITH ORDINALITY AS u(event_id, event_type, data, metadata, correlation_id, causation_id, n)
@@ -27,41 +29,45 @@ RETURNING e.stream_id, e.stream_version, e.position, e.transaction_id::text::big
 
 -- name: append_one_event
 -- The most common case of all, one event: the same statement with plain parameters (no arrays to encode).
-WITH bumped AS ({bump})
-INSERT INTO ledgerflow.events AS e (tenant, stream_id, stream_version, event_id, event_type, data, metadata,
-                                    correlation_id, causation_id)
-SELECT %(tenant)s, %(stream_id)s, b.base + 1, %(event_id)s, %(type)s, %(one_data)s::jsonb,
+WITH writer AS MATERIALIZED (SELECT ledgerflow.log_writer() AS stamp), bumped AS ({bump})
+INSERT INTO ledgerflow.events AS e (transaction_id, tenant, stream_id, stream_version, event_id, event_type, data,
+                                    metadata, correlation_id, causation_id)
+SELECT w.stamp, %(tenant)s, %(stream_id)s, b.base + 1, %(event_id)s, %(type)s, %(one_data)s::jsonb,
        %(one_metadata)s::jsonb, %(correlation_id)s::uuid, %(causation_id)s::uuid
-  FROM bumped b
+  FROM writer w, bumped b
 RETURNING e.stream_id, e.stream_version, e.position, e.transaction_id::text::bigint
 
 -- name: bump_any
-INSERT INTO ledgerflow.streams AS s (tenant, stream_id, version) VALUES (%(tenant)s, %(stream_id)s, %(count)s)
+-- Each bump reads `writer`: the row it writes is made only once the log writer lock is held.
+INSERT INTO ledgerflow.streams AS s (tenant, stream_id, version)
+SELECT %(tenant)s, %(stream_id)s, %(count)s FROM writer
 ON CONFLICT (tenant, stream_id) DO UPDATE SET version = s.version + excluded.version
 RETURNING s.version - %(count)s AS base
 
 -- name: bump_no_stream
-INSERT INTO ledgerflow.streams (tenant, stream_id, version) VALUES (%(tenant)s, %(stream_id)s, %(count)s)
+INSERT INTO ledgerflow.streams (tenant, stream_id, version)
+SELECT %(tenant)s, %(stream_id)s, %(count)s FROM writer
 ON CONFLICT DO NOTHING
 RETURNING 0::bigint AS base
 
 -- name: bump_existing
 UPDATE ledgerflow.streams s SET version = s.version + %(count)s
+  FROM writer w
  WHERE s.tenant = %(tenant)s AND s.stream_id = %(stream_id)s
    AND (%(expected)s::bigint IS NULL OR s.version = %(expected)s::bigint)
 RETURNING s.version - %(count)s AS base
 
 -- name: read_all
--- Gap-free reading of the global log. Only events of transactions below the snapshot's xmin are read:
--- every such transaction has finished, so no event can later appear before the returned cursor.
--- Order and resume by (transaction_id, position), never by position alone. The horizon comes from
--- the same statement snapshot as the scan (pg_current_snapshot is the active snapshot).
+-- Gap-free reading of the global log. Only events below the log's horizon are read: every writer that
+-- could still add an event below it has finished (see ledgerflow.log_holders), so no event can later
+-- appear before the returned cursor. Order and resume by (transaction_id, position), never by position
+-- alone. The horizon comes from the same statement snapshot as the scan (log_horizon is STABLE).
 -- A page holds at most %(limit)s events and stops once their size passes %(max_bytes)s (always with at
 -- least one event): the walk takes one event at a time in resume order, each one index step after the
 -- last, and stops at the budget, so an event beyond it is never read, let alone sent. `bytes` is the
 -- page's running size: data and metadata as JSON text, plus the envelope.
 WITH RECURSIVE horizon AS MATERIALIZED (
-    SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin
+    SELECT ledgerflow.log_horizon() AS xmin
 ), page AS (
     SELECT 0 AS n, %(transaction_id)s::text::xid8 AS transaction_id, %(position)s::bigint AS position,
            NULL::text AS tenant, NULL::text AS stream_id, NULL::bigint AS stream_version,
@@ -161,6 +167,11 @@ SELECT 0::bigint, position, transaction_id::text::bigint, tenant, stream_id, str
 -- name: stream_version
 SELECT version FROM ledgerflow.streams WHERE tenant = %(tenant)s AND stream_id = %(stream_id)s
 
+-- name: log_writer
+-- Makes the calling transaction a writer of the log (see ledgerflow.log_writer): its first statement in a
+-- transaction that writes events by other means than the append statements above (COPY).
+SELECT ledgerflow.log_writer()
+
 -- name: bump_streams_for_import
 -- Reserves a range of versions per stream for a bulk import. Rows are locked in stream order so a
 -- concurrent multi-stream append cannot deadlock with the import.
@@ -177,27 +188,35 @@ COPY ledgerflow.events (tenant, stream_id, stream_version, event_id, event_type,
 FROM STDIN
 
 -- name: horizon
--- The safe horizon (oldest running transaction id), the log's head, and how many committed events
--- wait beyond the horizon because an older transaction is still running.
-SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+-- The safe horizon (ledgerflow.log_horizon), the log's head, and how many committed events wait beyond
+-- the horizon because an older writer of the log is still running.
+WITH h AS MATERIALIZED (SELECT ledgerflow.log_horizon() AS xmin)
+SELECT h.xmin::text::bigint,
        (SELECT max(position) FROM ledgerflow.events),
-       (SELECT count(*) FROM ledgerflow.events
-         WHERE transaction_id >= pg_snapshot_xmin(pg_current_snapshot()))
+       (SELECT count(*) FROM ledgerflow.events WHERE transaction_id >= h.xmin)
+  FROM h
 
 -- name: horizon_holders
--- The transactions holding the safe horizon back, oldest first, so an operator can act on them.
-SELECT pid, coalesce(application_name, ''), coalesce(datname, ''), coalesce(state, ''),
-       backend_xid::text::bigint, xact_start,
-       extract(epoch FROM clock_timestamp() - xact_start)::float8,
-       left(coalesce(query, ''), 300)
-  FROM pg_stat_activity
- WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
- ORDER BY age(backend_xid) DESC
+-- The transactions holding the safe horizon back (ledgerflow.log_holders), oldest first, so an operator
+-- can act on them; a prepared transaction shows as pid 0 with its global id.
+WITH holders AS MATERIALIZED (SELECT h::xid AS xid FROM ledgerflow.log_holders() AS h)
+SELECT * FROM (
+    SELECT a.pid, coalesce(a.application_name, ''), coalesce(a.datname, ''), coalesce(a.state, ''),
+           a.backend_xid::text::bigint, a.xact_start,
+           extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
+           left(coalesce(a.query, ''), 300)
+      FROM pg_stat_activity a JOIN holders h ON h.xid = a.backend_xid
+    UNION ALL
+    SELECT 0, 'prepared transaction ' || p.gid, p.database, 'prepared', p.transaction::text::bigint, p.prepared,
+           extract(epoch FROM clock_timestamp() - p.prepared)::float8, ''
+      FROM pg_prepared_xacts p JOIN holders h ON h.xid = p.transaction
+) found
+ ORDER BY 7 DESC
  LIMIT %(limit)s
 
 -- name: events_beyond_horizon
-SELECT EXISTS (SELECT 1 FROM ledgerflow.events
-                WHERE transaction_id >= pg_snapshot_xmin(pg_current_snapshot()))
+WITH h AS MATERIALIZED (SELECT ledgerflow.log_horizon() AS xmin)
+SELECT EXISTS (SELECT 1 FROM ledgerflow.events, h WHERE transaction_id >= h.xmin)
 
 -- name: notify
 -- Sent by the notifier through libpq directly (simple protocol, no parameters, no rows back).

@@ -53,7 +53,8 @@ _END = 2**62
 
 @dataclass(frozen=True, slots=True)
 class HorizonHolder:
-    """A transaction holding the safe horizon back: readers of the global log wait for it to finish."""
+    """A transaction holding the safe horizon back, a writer of the log (see `Horizon`): readers of the
+    global log wait for it to finish. A prepared transaction shows as pid 0."""
 
     pid: int
     application: str
@@ -67,7 +68,12 @@ class HorizonHolder:
 
 @dataclass(frozen=True, slots=True)
 class Horizon:
-    """The log's safe horizon: readers see every event of transactions below `xmin`."""
+    """The log's safe horizon: readers see every event whose `transaction_id` is below `xmin`.
+
+    Only writers of the log hold it back: transactions that append, or appended, to this database's log
+    and are still running (migration 0013). Transactions that do not write to the log, in this database
+    or any other of the server, never do.
+    """
 
     xmin: int
     head_position: int
@@ -421,6 +427,9 @@ class EventStore:
         if not pairs:
             return 0
         with wrap_exceptions(), self.pool.connection() as conn, conn.transaction():
+            # Gap-freedom: the writer lock before the first write. The transaction has no xid yet, so its
+            # stamp is its own xid, the column's default that COPY fills in.
+            conn.execute(Q["log_writer"])
             reached = conn.execute(
                 Q["bump_streams_for_import"],
                 {"tenant": tenant, "stream_ids": list(counts), "counts": list(counts.values())},
@@ -618,7 +627,7 @@ class EventStore:
         return max_bytes
 
     def horizon(self, *, holders: int = 5) -> Horizon:
-        """The safe horizon, and which transactions hold it back (pid, application, age)."""
+        """The safe horizon, and which writers of the log hold it back (pid, application, age)."""
         with wrap_exceptions(), self.pool.connection() as conn:
             xmin, head, waiting = conn.execute(Q["horizon"]).fetchone() or (0, 0, 0)
             found = conn.execute(Q["horizon_holders"], {"limit": holders}).fetchall()
@@ -638,7 +647,8 @@ class EventStore:
         return Cursor(int(row[0]), 0)
 
     def events_beyond_horizon(self) -> bool:
-        """True when committed events wait for an older transaction to finish before they can be read."""
+        """True when committed events wait for an older writer of the log to finish before they can be
+        read."""
         with wrap_exceptions(), self.pool.connection() as conn:
             row = conn.execute(Q["events_beyond_horizon"]).fetchone()
         return bool(row and row[0])

@@ -272,7 +272,10 @@ def tail(
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for programs.")
 @click.pass_context
 def horizon(ctx: click.Context, as_json: bool) -> None:
-    """Show the log's safe horizon and the transactions holding it back."""
+    """Show the log's safe horizon and the writers of the log holding it back.
+
+    Only transactions that append (or appended) to this database's log hold it back; others, here or in
+    any database of the server, never do."""
     with _store(ctx) as store:
         h = store.horizon()
     if as_json:
@@ -282,7 +285,7 @@ def horizon(ctx: click.Context, as_json: bool) -> None:
         f"head position {h.head_position}; {h.waiting_events} committed events wait behind the horizon"
     )
     if not h.holders:
-        console.print("no transaction holds the horizon back")
+        console.print("no writer of the log holds the horizon back")
         return
     table = Table("pid", "application", "database", "state", "age (s)", "query")
     for holder in h.holders:
@@ -296,7 +299,8 @@ def horizon(ctx: click.Context, as_json: bool) -> None:
         )
     console.print(table)
     console.print(
-        "readers of the global log wait for these; end them with pg_terminate_backend(pid) if stuck"
+        "readers of the global log wait for these writers of the log; end one with pg_terminate_backend(pid) "
+        "if it is stuck"
     )
 
 

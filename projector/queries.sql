@@ -205,7 +205,7 @@ SELECT position, transaction_id::text::bigint, tenant, stream_id, stream_version
 -- How far a projection trails: events below the safe horizon not yet applied, events committed at all
 -- not yet applied, and the age of the oldest of them; of the types it reads only (its cursor row is not
 -- moved over the others while it idles). Counts stop at 1,000,000 to stay cheap.
-WITH h AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin),
+WITH h AS (SELECT ledgerflow.log_horizon() AS xmin),
 behind AS (
     SELECT e.transaction_id, e.recorded_at
       FROM ledgerflow.events e
