@@ -100,7 +100,8 @@ def version_fill_cost(url: str, rows: int) -> float:
             began = time.perf_counter()
             conn.execute(
                 "INSERT INTO ledgerflow.workflow_queue (run_id, node, tenant, workflow, max_crashes, version)"
-                " SELECT r, 'n', 'default', 'w', 5, CASE WHEN %s THEN NULL ELSE '2' END FROM unnest(%s::uuid[]) r",
+                " SELECT r, 'n', 'default', 'w', 5, CASE WHEN %s THEN NULL ELSE '2' END"
+                " FROM unnest(%s::uuid[]) r",
                 (filled, runs),
             )
             timings[filled].append(time.perf_counter() - began)
