@@ -345,7 +345,10 @@ def _stuck(engine: Engine, registry: WorkflowRegistry) -> tuple[int, int]:
         )
         if s.action == "fail" and s.token is not None:
             run = engine.load(s.run_id, tenant=s.tenant)
-            wf = registry.get(run.workflow, run.workflow_version)
+            # Failing it needs only its retry policy: the newest version's serves when this worker lacks
+            # the run's own.
+            has_it = run.workflow_version in registry.versions(run.workflow)
+            wf = registry.get(run.workflow, run.workflow_version if has_it else None)
             claim = Claim(
                 s.run_id, s.node, s.tenant, run.workflow, s.attempt, s.token, False, 0, run.workflow_version
             )
