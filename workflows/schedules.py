@@ -170,6 +170,7 @@ class ScheduleKeeper:
         self.engine = engine
         self.workflows = [w for w in (registry.get(n) for n in registry.names()) if w.schedule]
         self.clock = clock
+        self.worker_id = worker_id
         self.outage = outage or Outage(worker=worker_id, role="schedules")
         self.stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -202,6 +203,7 @@ class ScheduleKeeper:
         return min(_LONGEST_WAIT, max(0.0, (soonest - now).total_seconds()))
 
     def _run(self) -> None:
+        structlog.contextvars.bind_contextvars(worker=self.worker_id)  # this thread's log lines
         log.info("schedules_started", workflows=[w.name for w in self.workflows])
         while not self.stopping.is_set():
             try:
