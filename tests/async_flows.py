@@ -18,13 +18,19 @@ from workflows import AsyncNodeContext, NodeContext, Workflow, WorkflowRegistry
 registry = WorkflowRegistry()
 
 
-async def record(ctx: AsyncNodeContext, what: str) -> None:
-    """Count a real execution, in its own transaction: it stays even if the node's work is lost."""
-    async with await psycopg.AsyncConnection.connect(ctx._engine.store.url, autocommit=True) as conn:
-        await conn.execute(
+def create_calls_table(url: str) -> None:
+    """Before the workers start: bodies creating it at the same moment collide in the catalogue."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
             "CREATE TABLE IF NOT EXISTS public.calls (run_id uuid, what text, attempt int, pid int, "
             "at timestamptz DEFAULT clock_timestamp())"
         )
+
+
+async def record(ctx: AsyncNodeContext, what: str) -> None:
+    """Count a real execution, in its own transaction: it stays even if the node's work is lost. The
+    table is made by `create_calls_table`."""
+    async with await psycopg.AsyncConnection.connect(ctx._engine.store.url, autocommit=True) as conn:
         await conn.execute(
             "INSERT INTO public.calls (run_id, what, attempt, pid) VALUES (%s, %s, %s, %s)",
             (ctx.run_id, what, ctx.attempt, os.getpid()),

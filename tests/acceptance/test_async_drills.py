@@ -25,7 +25,7 @@ from tests.acceptance.test_workflow_drills import (
     db_now,
     holds_nodes,
 )
-from tests.async_flows import expected_total, registry
+from tests.async_flows import create_calls_table, expected_total, registry
 from tests.waiting import wait_until
 from workflows import Engine
 from workflows import events as ev
@@ -82,6 +82,7 @@ def test_an_async_step_is_paid_once_across_a_sigkill(store: EventStore, tmp_path
     engine = Engine(store, registry)
     run_ids = [engine.start("async_paid", input={"hold": 1.5}).run_id for _ in range(8)]
     log = tmp_path / "workers.log"
+    create_calls_table(store.url)
     worker = start_worker(store.url, "paid-a", log)
     try:
         # Mid-node: every run's first call is recorded, and each body awaits before its second.
@@ -114,12 +115,13 @@ def test_sigkill_async_workers_at_random_moments(store: EventStore, tmp_path: Pa
     engine = Engine(store, registry)
     run_ids = [engine.start("async_pages", input={"items": 8}).run_id for _ in range(8)]
     log = tmp_path / "workers.log"
+    create_calls_table(store.url)
     rng = random.Random(12)
     kills = 0
     name, since = "async-a", db_now(store)
     worker = start_worker(store.url, name, log)
     try:
-        while not all_done(engine, run_ids) and kills < 6:
+        while not all_done(engine, run_ids) and kills < 5:
             wait_until(
                 lambda n=name, t=since: holds_nodes(store, n, t) or all_done(engine, run_ids),
                 timeout=60,

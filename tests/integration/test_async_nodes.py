@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from eventstore import EventStore
-from tests.async_flows import expected_total
+from tests.async_flows import create_calls_table, expected_total
 from tests.async_flows import registry as flows_registry
 from tests.waiting import wait_until
 from workflows import (
@@ -152,6 +152,7 @@ def _types(store: EventStore, run_id: uuid.UUID) -> list[str]:
 
 def test_a_workflow_of_sync_and_async_nodes_completes(store: EventStore, start_worker: Any) -> None:
     engine = Engine(store, flows_registry)
+    create_calls_table(store.url)
     run_id = engine.start("async_pages", input={"items": 6}).run_id
     start_worker(flows_registry)
     wait_until(lambda: _finished(engine, run_id), timeout=30)
