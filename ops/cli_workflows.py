@@ -146,6 +146,13 @@ def show(ctx: click.Context, run_id: str, tenant: str, as_json: bool) -> None:
         f"{' (cancel requested)' if run.cancel_requested and run.active else ''}",
         highlight=False,
     )
+    if run.triggered_by is not None:
+        by = run.triggered_by
+        console.print(
+            f"started by event {by.event_id} ({by.type} in {by.stream_id}, "
+            f"cursor {by.transaction_id}:{by.position})",
+            highlight=False,
+        )
     console.print(node_table(run))
     if run.error:
         console.print(f"[red]{run.error}[/]")
@@ -215,6 +222,7 @@ def run_as_dict(run: RunState) -> dict[str, Any]:
         "run_id": str(run.run_id),
         "workflow": run.workflow,
         "key": run.key,
+        "triggered_by": run.triggered_by.model_dump() if run.triggered_by is not None else None,
         "status": run.status,
         "cancel_requested": run.cancel_requested,
         "error": run.error,

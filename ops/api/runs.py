@@ -131,10 +131,22 @@ class EdgeOut(BaseModel):
     target: str = Field(description="The node that waits for it.")
 
 
+class TriggeredByOut(BaseModel):
+    event_id: str
+    stream_id: str
+    type: str
+    transaction_id: int
+    position: int
+
+
 class RunDetailOut(BaseModel):
     run_id: uuid.UUID
     workflow: str
     key: str | None
+    triggered_by: TriggeredByOut | None = Field(
+        default=None,
+        description="The log event whose arrival started the run (a trigger) and its cursor; null otherwise.",
+    )
     status: str
     cancel_requested: bool
     error: str | None
@@ -224,6 +236,9 @@ def run_detail(run: RunState, services: Services, principal: Principal) -> RunDe
         run_id=run.run_id,
         workflow=run.workflow,
         key=run.key,
+        triggered_by=TriggeredByOut(**run.triggered_by.model_dump())
+        if run.triggered_by is not None
+        else None,
         status=run.status,
         cancel_requested=run.cancel_requested,
         error=run.error,
