@@ -19,6 +19,10 @@ wait, whatever happened in between), unless given a `key`.
 
 Every write carries the claim's fencing token: once the claim is lost, writes raise NodeLeaseLost.
 Every call also checks for cancellation, shutdown and the node's timeout.
+
+An `async def` node gets an `AsyncNodeContext` (workflows/async_context.py) whose calls, awaited, are
+these very ones made in a thread; `memoized` and `record_step` are the two halves of `step` it needs,
+since its `fn` is awaited on the event loop in between.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import structlog
 
 from eventstore import EventStore
 from tests.async_flows import create_calls_table, expected_total
@@ -118,7 +119,16 @@ def sync_body(ctx: NodeContext) -> Any:
     return ctx.step("call", call)
 
 
-for wf in (naps, waits, long_haul, timed, misuse):
+fields = Workflow("fields")
+
+
+@fields.node()
+async def bound(ctx: AsyncNodeContext) -> dict[str, Any]:
+    await ctx.progress(1, 1)  # made in a thread of the pool, in a copy of the body's context
+    return {k: str(v) for k, v in structlog.contextvars.get_contextvars().items()}
+
+
+for wf in (naps, waits, long_haul, timed, misuse, fields):
     registry.register(wf)
 
 
@@ -301,3 +311,14 @@ def test_a_sync_step_given_a_coroutine_function_fails_the_node(store: EventStore
     run = engine.load(run_id)
     assert run.status == "failed"
     assert "async def" in (run.nodes["sync_body"].error or "")
+
+
+def test_an_async_body_logs_with_its_node_s_fields(store: EventStore, start_worker: Any) -> None:
+    engine = Engine(store, registry)
+    run_id = engine.start("fields").run_id
+    start_worker()
+    wait_until(lambda: _finished(engine, run_id), timeout=20)
+    output = engine.load(run_id).nodes["bound"].output
+    assert output["run_id"] == str(run_id)
+    assert output["node"] == "bound"
+    assert output["attempt"] == "1"
