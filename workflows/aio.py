@@ -177,8 +177,14 @@ class NodeLoop:
         if not moved:
             return found  # type: ignore[no-any-return]
         body: Body = found
+        try:
+            coroutine = body.fn(AsyncNodeContext(body.ctx, self._io))
+            if not asyncio.iscoroutine(coroutine):
+                raise TypeError(f"node {body.ctx.node!r} is not an async def function")
+        except BaseException as exc:
+            return await self._end(advance, steps.throw, exc)  # type: ignore[no-any-return]
         # The body runs in the same context as the steps around it (they never run at the same time).
-        task = loop.create_task(body.fn(AsyncNodeContext(body.ctx, self._io)), context=context)
+        task = loop.create_task(coroutine, context=context)
         running = self._bodies[body.token] = _Running(task)
         deadline = body.ctx.deadline  # time.monotonic(), which is the loop's clock too
         timer = None if deadline is None else loop.call_at(deadline, running.interrupt, body.ctx.timed_out())
@@ -201,10 +207,20 @@ class NodeLoop:
             if timer is not None:
                 timer.cancel()
             self._bodies.pop(body.token, None)
-        moved, found = await asyncio.shield(advance(*outcome))
+        return await self._end(advance, *outcome)  # type: ignore[no-any-return]
+
+    @staticmethod
+    async def _end(
+        advance: Callable[[Callable[..., Body], Any], asyncio.Future[tuple[bool, Any]]],
+        how: Callable[..., Body],
+        arg: Any,
+    ) -> Any:
+        """The steps after the body, given its output (`steps.send`) or exception (`steps.throw`)."""
+        # Shielded: once the node's end is being recorded, it is recorded whatever befalls this driver.
+        moved, found = await asyncio.shield(advance(how, arg))
         if moved:
             raise RuntimeError("a node's steps yield one body")
-        return found  # type: ignore[no-any-return]
+        return found
 
 
 __all__ = ["Body", "NodeLoop", "NodeSteps", "is_async", "run_in_thread"]

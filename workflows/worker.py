@@ -223,7 +223,7 @@ class WorkflowWorker:
         this worker's workflows (a timer, a signal wait's timeout, a retry) comes due sooner, so that it
         wakes on time rather than up to a poll interval late. (Appends wake the worker anyway.)"""
         poll = self.settings.poll_interval
-        if len(self._running) >= self.settings.concurrency:
+        if not self._budgets():  # no room, in its threads or on its event loop
             return poll
         try:
             with self.engine.store.pool.connection() as conn:
