@@ -4,6 +4,7 @@ a sync node (fenced writes, steps paid once, durable waits, cancellation, timeou
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 import threading
 import time
@@ -128,7 +129,19 @@ async def bound(ctx: AsyncNodeContext) -> dict[str, Any]:
     return {k: str(v) for k, v in structlog.contextvars.get_contextvars().items()}
 
 
-for wf in (naps, waits, long_haul, timed, misuse, fields):
+blocking = Workflow("blocking")
+#: Set by the test to let the `hold` bodies finish.
+GATE = threading.Event()
+
+
+@blocking.node()
+def hold(ctx: NodeContext) -> str:
+    _note(ctx, "holding")
+    GATE.wait(30)
+    return "released"
+
+
+for wf in (naps, waits, long_haul, timed, misuse, fields, blocking):
     registry.register(wf)
 
 
@@ -322,3 +335,19 @@ def test_an_async_body_logs_with_its_node_s_fields(store: EventStore, start_work
     assert output["run_id"] == str(run_id)
     assert output["node"] == "bound"
     assert output["attempt"] == "1"
+
+
+def test_async_nodes_run_while_every_thread_is_taken(store: EventStore, start_worker: Any) -> None:
+    engine = Engine(store, registry)
+    GATE.clear()
+    held = engine.start("blocking").run_id
+    start_worker(settings=dataclasses.replace(FAST, concurrency=1))
+    wait_until(lambda: "holding" in _calls(held), timeout=20, what="the only thread to be taken")
+    try:
+        naps_ = [engine.start("naps", input={"seconds": 0.1}).run_id for _ in range(5)]
+        wait_until(lambda: all(_finished(engine, r) for r in naps_), timeout=20, what="the async nodes")
+        assert not _finished(engine, held), "the thread is still held"
+    finally:
+        GATE.set()
+    wait_until(lambda: _finished(engine, held), timeout=20)
+    assert engine.load(held).status == "succeeded"
