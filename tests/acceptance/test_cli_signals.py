@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -20,16 +22,19 @@ from tests.waiting import wait_until
 from workflows import Engine, NodeState, NodeStatus, WorkerSettings, WorkflowWorker
 
 
-def lf(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {
+def _env(database_url: str) -> dict[str, str]:
+    return os.environ | {
         "LEDGERFLOW_DATABASE_URL": database_url,
         "LEDGERFLOW_LOG_FORMAT": "json",
         "LEDGERFLOW_WORKFLOWS": "tests.flows:registry",
         "COLUMNS": "200",
     }
+
+
+def lf(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ops.cli", *args],
-        env=env,
+        env=_env(database_url),
         capture_output=True,
         text=True,
         timeout=120,
@@ -111,6 +116,48 @@ def test_bad_signals_are_explained_and_write_nothing(
     assert said in refused.stderr
     assert "Traceback" not in refused.stderr
     assert Engine(store, registry).load(run_id).signals == []
+
+
+@pytest.mark.drill
+def test_a_signal_killed_at_any_moment_and_sent_again_is_recorded_once(
+    database_url: str, store: EventStore
+) -> None:
+    engine = Engine(store, registry)
+    rng = random.Random(12)
+    began = time.monotonic()
+    assert (
+        lf(database_url, "workflows", "signal", str(engine.start("approval").run_id), "warm-up").returncode
+        == 0
+    )
+    whole = time.monotonic() - began  # how long a signal takes here, start-up included
+    answers = []
+    for i in range(4):
+        run_id = engine.start("approval").run_id
+        send = (
+            "workflows",
+            "signal",
+            str(run_id),
+            "approve",
+            "--data",
+            json.dumps({"n": i}),
+            "--idempotency-key",
+            "k",
+        )
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", *send],
+            env=_env(database_url),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        # Not a synchronisation: the arbitrary moment of the kill, anywhere in the command's life.
+        time.sleep(rng.uniform(0.25, 1.0) * whole)
+        process.kill()
+        process.wait(timeout=30)
+        again = lf(database_url, *send)
+        assert again.returncode == 0, again.stderr
+        answers.append("duplicate" in again.stdout)
+        assert [s.payload for s in engine.load(run_id).signals] == [{"n": i}], "recorded exactly once"
+    print(f"retries that found the killed send recorded: {sum(answers)} of {len(answers)}")
 
 
 def test_a_waiting_node_says_what_for_and_until_when() -> None:
