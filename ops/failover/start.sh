@@ -16,13 +16,16 @@
 # `pg_autoctl run` in a session of its own, whose id is in DIR/<node>.pid, so that a drill can kill a
 # node whole. Stop everything with ops/failover/stop.sh DIR.
 #
+# Run again on the same DIR, it starts whatever is not running: a primary that died rejoins as the
+# standby, and the script returns once the pair is in sync again.
+#
 # Needs Debian's packages pg-auto-failover-cli and postgresql-15-auto-failover (PG_BIN names
 # another PostgreSQL's bin directory). PostgreSQL refuses to run as root: run as root, the script
 # hands DIR to the `postgres` user and runs itself again as that user.
 set -euo pipefail
 
 DIR=${1:-$(mktemp -d "${TMPDIR:-/tmp}/lf-failover.XXXXXX")}
-BASE_PORT=${2:-${FAILOVER_BASE_PORT:-15432}}
+BASE_PORT=${2:-$(cat "$DIR/base_port" 2>/dev/null || echo "${FAILOVER_BASE_PORT:-15432}")}
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 CHECK_MS=${FAILOVER_CHECK_MS:-1000}
 RUN_AS=${FAILOVER_USER:-postgres}
@@ -81,6 +84,28 @@ wait_for() {  # seconds, what, command...: poll the command until it succeeds
     done
 }
 
+running() {  # name: whether its `pg_autoctl run` is alive
+    [ -f "$DIR/$1.pid" ] && kill -0 "$(cat "$DIR/$1.pid")" 2>/dev/null
+}
+
+pair_in_sync() {  # one primary and one secondary, each in the state the monitor wants
+    test "$(monitor_sql "SELECT string_agg(reportedstate::text, ',' ORDER BY reportedstate::text)
+                         FROM pgautofailover.node WHERE reportedstate = goalstate")" = "primary,secondary"
+}
+
+if [ -f "$DIR/monitor/PG_VERSION" ]; then
+    # Started before: run again whatever is not running. A node that died rejoins: pg_autoctl rewinds
+    # it (pg_rewind) and it becomes the synchronous standby of the primary that took its place.
+    for name in monitor node1 node2; do
+        running "$name" || run_detached "$name"
+    done
+    wait_for 60 "the monitor" monitor_sql "SELECT 1"
+    wait_for 180 "a primary and a secondary in sync" pair_in_sync
+    cat "$DIR/url"
+    exit 0
+fi
+
+echo "$BASE_PORT" >"$DIR/base_port"
 pg_autoctl create monitor --pgdata "$DIR/monitor" --pgport "$MONITOR_PORT" --hostname 127.0.0.1 \
     --auth trust --no-ssl >>"$DIR/monitor.log" 2>&1
 local_only "$DIR/monitor"
