@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 from croniter import croniter
+from opentelemetry import metrics
 from psycopg.rows import class_row
 
 from eventstore import EventStore
@@ -33,6 +34,14 @@ from workflows.definition import Schedule, Workflow, WorkflowRegistry
 from workflows.engine import Engine, Started
 
 log = structlog.get_logger(__name__)
+_meter = metrics.get_meter("ledgerflow.workflows")
+_ticks = _meter.create_counter(
+    "ledgerflow.workflow.schedule_ticks",
+    description="Schedule ticks, by workflow and outcome: started, or skipped under the catch-up policy",
+)
+_tick_lateness = _meter.create_histogram(
+    "ledgerflow.workflow.schedule_lateness", unit="ms", description="From a tick to the start of its run"
+)
 Q = load_queries("workflows", "schedules.sql")
 Clock = Callable[[], datetime]
 #: A worker looks at its schedules at least this often, also when no tick is due (a peer may have died
@@ -136,6 +145,10 @@ def run_due_ticks(engine: Engine, wf: Workflow, now: datetime) -> list[Started]:
                     "skipped": skipped,
                 },
             )
+    late_ms = (now - ticks[-1]).total_seconds() * 1000  # when this worker looked
+    _tick_lateness.record(max(0.0, late_ms), {"workflow": wf.name})
+    _ticks.add(sum(s.created for s in started), {"workflow": wf.name, "outcome": "started"})
+    _ticks.add(skipped, {"workflow": wf.name, "outcome": "skipped"})
     for tick, s in zip(ticks, started, strict=True):
         log.info(
             "workflow_scheduled",

@@ -21,10 +21,12 @@ import hashlib
 import threading
 import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import structlog
+from opentelemetry import metrics
 from psycopg import sql
 
 from eventstore import RecordedEvent
@@ -37,6 +39,15 @@ from workflows.definition import Trigger, Workflow, WorkflowRegistry
 from workflows.engine import Engine
 
 log = structlog.get_logger(__name__)
+_meter = metrics.get_meter("ledgerflow.workflows")
+_runs_triggered = _meter.create_counter(
+    "ledgerflow.workflow.runs_triggered", description="Runs started by events of the log, by workflow"
+)
+_trigger_delay = _meter.create_histogram(
+    "ledgerflow.workflow.trigger_delay",
+    unit="ms",
+    description="From an event's append to the start of the run it triggers (the worker's clock)",
+)
 Q = load_queries("workflows", "triggers.sql")
 _NOTIFY = load_queries("eventstore")["notify"]
 _PREFIX = "trigger_"
@@ -127,6 +138,9 @@ def trigger_projection(engine: Engine, wf: Workflow) -> Projection:
                     raise psycopg.OperationalError(str(exc)) from exc
                 raise
             if started.created:
+                _runs_triggered.add(1, {"workflow": wf.name})
+                delay = (datetime.now(UTC) - event.recorded_at).total_seconds() * 1000
+                _trigger_delay.record(max(0.0, delay), {"workflow": wf.name})
                 log.info(
                     "workflow_triggered",
                     workflow=wf.name,

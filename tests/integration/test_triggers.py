@@ -12,11 +12,14 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from eventstore import Cursor, EventStore, NewEvent, RecordedEvent
 from projector import ApplyContext, Projection, ProjectorWorker
 from projector import WorkerSettings as ProjectorSettings
 from projector import state as projector_state
+from tests.integration.test_telemetry import metric_points, telemetry  # noqa: F401 (a fixture)
 from tests.starts_flows import triggered
 from tests.waiting import wait_until
 from workflows import Engine, WorkerSettings, WorkflowWorker
@@ -193,3 +196,20 @@ def test_runs_started_are_exactly_the_matching_events(
     after = [(t, d) for t, d in started_runs(store) if (t, d["triggered_by"]["event_id"]) not in before]
     assert {(t, str(d["triggered_by"]["position"])) for t, d in after} == expected
     assert len(after) == len(expected)
+
+
+def test_triggered_runs_are_counted_and_their_delay_measured(
+    store: EventStore,
+    engine: Engine,
+    telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader],  # noqa: F811 (the fixture imported above)
+) -> None:
+    _, reader = telemetry
+    for i in range(3):
+        store.append(f"order-{i}", [order(i)])
+    catch_up(store, trigger_projection(engine, triggered.get("on_order")))
+    points = metric_points(reader)
+    ours = {"workflow": "on_order"}
+    counted = [p for p in points["ledgerflow.workflow.runs_triggered"] if p.attributes == ours]
+    assert sum(p.value for p in counted) >= 3  # the provider is the process's: earlier tests count too
+    delays = [p for p in points["ledgerflow.workflow.trigger_delay"] if p.attributes == ours]
+    assert sum(p.count for p in delays) >= 3
