@@ -20,7 +20,7 @@ import psycopg
 import structlog
 import tenacity
 
-from eventstore.db import with_network_timeouts
+from eventstore.db import connect
 from eventstore.outage import Outage, backoff, is_unavailable, sleeper
 from eventstore.sqlfile import load_queries
 
@@ -82,8 +82,8 @@ class Waker:
     def _listen(self) -> None:
         """Listen until stopped; raise _ListenerLost when the connection fails."""
         try:
-            with psycopg.connect(
-                with_network_timeouts(self._url),  # a partition ends the LISTEN too, not only queries
+            with connect(
+                self._url,  # with the network timeouts: a partition ends the LISTEN too, not only queries
                 autocommit=True,
                 application_name=self._application_name,
                 connect_timeout=_CONNECT_TIMEOUT,

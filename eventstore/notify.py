@@ -16,6 +16,7 @@ import time
 import psycopg
 import structlog
 
+from eventstore.db import connect
 from eventstore.outage import is_unavailable
 from eventstore.sqlfile import load_queries
 
@@ -73,7 +74,7 @@ class Notifier:
             self._last_sent = time.monotonic()
             try:
                 if conn is None or conn.closed:
-                    conn = psycopg.connect(self._url, autocommit=True, application_name="ledgerflow-notifier")
+                    conn = connect(self._url, autocommit=True, application_name="ledgerflow-notifier")
                     conn.execute("SET synchronous_commit = off")
                 _notify(conn)
             except psycopg.Error as exc:

@@ -35,6 +35,7 @@ import psycopg
 import structlog
 from psycopg.rows import class_row
 
+from eventstore.db import connect
 from eventstore.outage import is_unavailable
 from eventstore.sqlfile import load_queries
 
@@ -183,7 +184,7 @@ class Presence:
 
     def _register(self) -> None:
         self._drop_connection()
-        conn = psycopg.connect(
+        conn = connect(
             self._url,
             autocommit=True,
             application_name="ledgerflow-presence",
@@ -210,7 +211,7 @@ class Presence:
         )
 
     def _seen_by_others(self, registration: _Registration) -> bool:
-        with psycopg.connect(
+        with connect(
             self._url,
             autocommit=True,
             application_name="ledgerflow-presence-check",
