@@ -32,7 +32,7 @@ import psycopg
 import structlog
 
 from eventstore import START, AppendResult, Cursor, EventStore, InvalidInputError, LedgerflowError
-from eventstore.db import wrap_exceptions
+from eventstore.db import connect, wrap_exceptions
 from eventstore.sqlfile import load_queries
 from projector import state
 from projector.projection import Projection
@@ -150,7 +150,7 @@ class _Listeners:
         with self._lock:
             conn = self._idle.pop() if self._idle else None
         if conn is None or conn.closed:
-            conn = psycopg.connect(
+            conn = connect(
                 self._url,
                 autocommit=True,
                 application_name="ledgerflow-waiter",
