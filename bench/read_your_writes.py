@@ -7,8 +7,9 @@ Run by hand (it is not a test):
 Each run on a fresh database, every figure beside its baseline measured in the same run:
 
   (a) `projector.wait_for` after each of `--appends` one-event appends, with a projector worker (a thread
-      of this process, as `serve` runs one) following the catalogue: the wait's p50/p99, and one append
-      followed by its wait against one append alone.
+      of this process, as `serve` runs one) following the catalogue: the wait's p50/p99, one append
+      followed by its wait against one append alone, and the wait against looking for the catalogue's
+      row every millisecond (the projector's own delay, found by brute force).
   (b) the NOTIFY that every cursor advance sends (migration 0017): a projector applying `--events` events
       one per batch (a commit each, the worst case), with the trigger enabled and disabled, alternately.
   (c) the queue's version (migration 0016): `--rows` queue rows inserted with the version filled by the
@@ -35,15 +36,24 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def read_your_writes(url: str, appends: int) -> tuple[float, float, float]:
-    """(wait p50 ms, wait p99 ms, append+wait ÷ append alone)."""
+def read_your_writes(url: str, appends: int) -> tuple[float, float, float, float]:
+    """(wait p50 ms, wait p99 ms, append+wait ÷ append alone, wait ÷ polling every millisecond)."""
     with open_store(url=url) as store:
         worker = ProjectorWorker(store, [stream_catalogue], WorkerSettings(poll_interval=5))
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         wait_for(store, stream_catalogue, store.append("warm-0", [NewEvent("Warm", {})]), timeout=30)
-        alone, waits, together = [], [], []
+        alone, waits, together, polled = [], [], [], []
         for i in range(appends):
+            # The baseline: looking for the row every millisecond (what wait_for spares the database).
+            store.append(f"poll-{i}", [NewEvent("Placed", {"i": i})])
+            appended = time.perf_counter()
+            with store.pool.connection() as conn:
+                while not conn.execute(
+                    "SELECT 1 FROM ledgerflow.stream_catalogue WHERE stream_id = %s", (f"poll-{i}",)
+                ).fetchone():
+                    time.sleep(0.001)
+            polled.append(time.perf_counter() - appended)
             began = time.perf_counter()
             store.append(f"alone-{i}", [NewEvent("Placed", {"i": i})])
             alone.append(time.perf_counter() - began)
@@ -59,6 +69,7 @@ def read_your_writes(url: str, appends: int) -> tuple[float, float, float]:
         _pct(waits, 0.5) * 1000,
         _pct(waits, 0.99) * 1000,
         statistics.median(together) / statistics.median(alone),
+        statistics.median(waits) / statistics.median(polled),
     )
 
 
@@ -122,7 +133,7 @@ def main() -> None:
     found: dict[str, list[float]] = {}
     for run in range(args.runs):
         with fresh_database(args.url, "bench_ryw") as url:
-            p50, p99, ratio = read_your_writes(url, args.appends)
+            p50, p99, ratio, polling = read_your_writes(url, args.appends)
         with fresh_database(args.url, "bench_ryw") as url:
             notify = notify_cost(url, args.events)
         with fresh_database(args.url, "bench_ryw") as url:
@@ -131,6 +142,7 @@ def main() -> None:
             ("wait p50 ms", p50),
             ("wait p99 ms", p99),
             ("append+wait ÷ append", ratio),
+            ("wait ÷ polling the row every ms", polling),
             ("projector, 1-event batches: NOTIFY ÷ none", notify),
             ("queue insert: version from the log ÷ given", fill),
         ):
