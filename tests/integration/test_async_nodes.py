@@ -141,7 +141,26 @@ def hold(ctx: NodeContext) -> str:
     return "released"
 
 
-for wf in (naps, waits, long_haul, timed, misuse, fields, blocking):
+limited = Workflow("limited")
+registry.limit("api", concurrency=2)
+#: Bodies of `limited` inside their call now, and the most there ever were.
+INSIDE = [0, 0]
+
+
+@limited.node(limits=["api"])
+async def call_api(ctx: AsyncNodeContext) -> str:
+    with _lock:
+        INSIDE[0] += 1
+        INSIDE[1] = max(INSIDE)
+    try:
+        await asyncio.sleep(0.2)
+    finally:
+        with _lock:
+            INSIDE[0] -= 1
+    return "called"
+
+
+for wf in (naps, waits, long_haul, timed, misuse, fields, blocking, limited):
     registry.register(wf)
 
 
@@ -351,3 +370,13 @@ def test_async_nodes_run_while_every_thread_is_taken(store: EventStore, start_wo
         GATE.set()
     wait_until(lambda: _finished(engine, held), timeout=20)
     assert engine.load(held).status == "succeeded"
+
+
+def test_an_async_node_with_a_limit_holds_a_slot_of_it(store: EventStore, start_worker: Any) -> None:
+    engine = Engine(store, registry)
+    INSIDE[:] = [0, 0]
+    runs = [engine.start("limited").run_id for _ in range(6)]
+    start_worker()
+    wait_until(lambda: all(_finished(engine, r) for r in runs), timeout=30)
+    assert all(engine.load(r).status == "succeeded" for r in runs)
+    assert INSIDE[1] == 2, "at most two at once, and two did run at once"
