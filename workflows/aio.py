@@ -33,6 +33,7 @@ import structlog
 
 from workflows.async_context import AsyncNodeContext
 from workflows.context import NodeContext
+from workflows.definition import WorkflowRegistry
 from workflows.errors import WorkerStopping
 
 log = structlog.get_logger(__name__)
@@ -55,6 +56,48 @@ NodeSteps = Generator[Body, Any, R]
 def is_async(fn: Callable[..., Any]) -> bool:
     """Whether a node's function is an `async def` one, whose body runs on the worker's event loop."""
     return inspect.iscoroutinefunction(fn)
+
+
+@dataclass(frozen=True)
+class Kinds:
+    """A registry's workflows by where their nodes' bodies run, for claiming: sync ones in the worker's
+    threads, `async def` ones on its event loop."""
+
+    #: Workflows with a sync node (claimed for the threads).
+    threaded: list[str]
+    #: Workflows whose nodes are all `async def` (claimed for the event loop).
+    on_loop: list[str]
+    #: Whether a workflow has nodes of both kinds.
+    mixed: bool
+
+    @property
+    def any_async(self) -> bool:
+        return bool(self.on_loop) or self.mixed
+
+    @classmethod
+    def of(cls, registry: WorkflowRegistry) -> Kinds:
+        kinds: dict[str, set[bool]] = {}
+        for wf in registry.definitions():  # every version: a run goes on with the one it started with
+            kinds.setdefault(wf.name, set()).update(is_async(spec.fn) for spec in wf.nodes.values())
+        return cls(
+            threaded=[name for name, k in kinds.items() if False in k],
+            on_loop=[name for name, k in kinds.items() if k == {True}],
+            mixed=any(len(k) == 2 for k in kinds.values()),
+        )
+
+    def budgets(self, threads_free: int, loop_free: int) -> list[tuple[list[str], int]]:
+        """What to claim, as (workflows, how many), with so many threads and places on the loop free:
+        never more sync nodes than free threads, nor more async ones than free places. A workflow whose
+        nodes are all `async def` is claimed for the loop; any other for the threads, and, when one mixes
+        both kinds, never more than the loop has room for either."""
+        budgets: list[tuple[list[str], int]] = []
+        for_threads = min(threads_free, loop_free) if self.mixed else threads_free
+        if self.threaded and for_threads > 0:
+            budgets.append((self.threaded, for_threads))
+            loop_free -= for_threads if self.mixed else 0
+        if self.on_loop and loop_free > 0:
+            budgets.append((self.on_loop, loop_free))
+        return budgets
 
 
 def run_in_thread(steps: NodeSteps[R]) -> R:
@@ -223,4 +266,4 @@ class NodeLoop:
         return found
 
 
-__all__ = ["Body", "NodeLoop", "NodeSteps", "is_async", "run_in_thread"]
+__all__ = ["Body", "Kinds", "NodeLoop", "NodeSteps", "is_async", "run_in_thread"]

@@ -35,7 +35,7 @@ from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
 from workflows import events as ev
 from workflows import limits, metrics, queue, versions
-from workflows.aio import Body, NodeLoop, is_async, run_in_thread
+from workflows.aio import Body, Kinds, NodeLoop, is_async, run_in_thread
 from workflows.context import NodeContext
 from workflows.definition import NodeSpec, WorkflowRegistry
 from workflows.engine import Engine
@@ -83,34 +83,6 @@ class _EmptyClaims:
 
 
 @dataclass(frozen=True)
-class _Kinds:
-    """The registry's workflows by the kind of their nodes, for claiming: sync nodes run in the worker's
-    threads, `async def` ones on its event loop."""
-
-    #: Workflows with a sync node (claimed for the threads).
-    threaded: list[str]
-    #: Workflows whose nodes are all `async def` (claimed for the event loop).
-    on_loop: list[str]
-    #: Whether a workflow has nodes of both kinds.
-    mixed: bool
-
-    @property
-    def any_async(self) -> bool:
-        return bool(self.on_loop) or self.mixed
-
-    @classmethod
-    def of(cls, registry: WorkflowRegistry) -> _Kinds:
-        kinds: dict[str, set[bool]] = {}
-        for wf in registry.definitions():  # every version: a run goes on with the one it started with
-            kinds.setdefault(wf.name, set()).update(is_async(spec.fn) for spec in wf.nodes.values())
-        return cls(
-            threaded=[name for name, k in kinds.items() if False in k],
-            on_loop=[name for name, k in kinds.items() if k == {True}],
-            mixed=any(len(k) == 2 for k in kinds.values()),
-        )
-
-
-@dataclass(frozen=True)
 class WorkerSettings:
     concurrency: int = 4
     lease_ttl: float = 10.0
@@ -152,7 +124,7 @@ class WorkflowWorker:
         self._loop = NodeLoop(io_threads=self.settings.async_io_threads)
         #: Tokens of the nodes in _running that run (or are about to run) on the event loop.
         self._on_loop: set[int] = set()
-        self._kinds = _Kinds.of(registry)
+        self._kinds = Kinds.of(registry)
         self._empty_claims = _EmptyClaims()
         self._claimant = Claimant(
             self.name,
@@ -291,22 +263,13 @@ class WorkflowWorker:
         return bool(claims)
 
     def _budgets(self) -> list[tuple[list[str], int]]:
-        """What to claim now: (workflows, how many) for the free threads and the free places on the event
-        loop. A workflow whose nodes are all `async def` is claimed for the loop; any other for the
-        threads, and, when it mixes both kinds, never more than the loop has room for either."""
+        """What to claim now, for the free threads and the free places on the event loop."""
         with self._lock:
             on_loop = len(self._on_loop)
             in_threads = len(self._running) - on_loop
-        threads_free = self.settings.concurrency - in_threads
-        loop_free = self.settings.async_concurrency - on_loop
-        budgets: list[tuple[list[str], int]] = []
-        for_threads = min(threads_free, loop_free) if self._kinds.mixed else threads_free
-        if self._kinds.threaded and for_threads > 0:
-            budgets.append((self._kinds.threaded, for_threads))
-            loop_free -= for_threads if self._kinds.mixed else 0
-        if self._kinds.on_loop and loop_free > 0:
-            budgets.append((self._kinds.on_loop, loop_free))
-        return budgets
+        return self._kinds.budgets(
+            self.settings.concurrency - in_threads, self.settings.async_concurrency - on_loop
+        )
 
     def _claim(self, limit: int = 0, *, budgets: list[tuple[list[str], int]] | None = None) -> list[Claim]:
         """Claim up to `limit` ready nodes of any of the worker's workflows, or, with `budgets`, up to so
