@@ -320,14 +320,19 @@ def test_an_async_node_times_out_where_it_awaits(store: EventStore, start_worker
     assert "NodeTimeout" in (run.nodes["slow"].error or "")
 
 
-def test_a_stopping_worker_hands_back_an_async_node(store: EventStore, start_worker: Any) -> None:
+@pytest.mark.parametrize("quiet", [True, False], ids=["awaiting", "calling"])
+def test_a_stopping_worker_hands_back_an_async_node(
+    store: EventStore, start_worker: Any, quiet: bool
+) -> None:
     engine = Engine(store, registry)
-    run_id = engine.start("long_haul", input={"quiet": True}).run_id
+    run_id = engine.start("long_haul", input={"quiet": quiet, "rounds": 0 if quiet else 40}).run_id
     first = start_worker(name="w1")
-    wait_until(lambda: "attempt 1" in _calls(run_id), timeout=20)
-    first.stop()  # its grace period (1 s) ends while the body awaits: the body is stopped there
+    wait_until(lambda: "attempt 1" in _calls(run_id) and (quiet or "round" in _calls(run_id)), timeout=20)
+    # A body that makes calls stops at its next one (WorkerStopping); one that awaits is cancelled where
+    # it awaits once the grace period (1 s) ends.
+    first.stop()
     wait_until(lambda: ev.NODE_RELEASED in _types(store, run_id), timeout=10, what="the hand-back")
-    assert "interrupted" in _calls(run_id)
+    assert ("interrupted" in _calls(run_id)) == quiet
     start_worker(name="w2")
     wait_until(lambda: _finished(engine, run_id), timeout=20)
     run = engine.load(run_id)
