@@ -29,14 +29,11 @@ from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import structlog
-
 from workflows.async_context import AsyncNodeContext
 from workflows.context import NodeContext
 from workflows.definition import WorkflowRegistry
 from workflows.errors import WorkerStopping
 
-log = structlog.get_logger(__name__)
 R = TypeVar("R")
 
 
