@@ -88,6 +88,8 @@ def passed(
     at = current.cursor
     if at >= wanted:
         return at, True
+    if projection.event_types is None:
+        return at, False  # it reads every event, the written one among them
     # Behind: does anything the projection reads lie between its cursor and the wanted one?
     page = store.read_all(at, limit=1, types=projection.event_types, conn=conn)
     if page.events:
