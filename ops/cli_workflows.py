@@ -38,6 +38,8 @@ def registry_of(settings: Settings) -> WorkflowRegistry:
 def worker_settings(settings: Settings) -> WorkerSettings:
     return WorkerSettings(
         concurrency=settings.worker_concurrency,
+        async_concurrency=settings.worker_async_concurrency,
+        async_io_threads=settings.worker_async_io_threads,
         lease_ttl=settings.workflow_lease_ttl,
         heartbeat_interval=settings.workflow_heartbeat_interval,
         recovery=settings.recovery,

@@ -27,6 +27,10 @@ class Settings(DatabaseSettings):
     #: A workflow worker's name, stable across restarts (give each worker on a host its own).
     worker_name: str = Field(default_factory=socket.gethostname)
     worker_concurrency: int = Field(default=4, ge=1, le=1000)
+    #: `async def` nodes a worker runs at once on its event loop (apart from its threads), and the threads
+    #: that carry their database calls.
+    worker_async_concurrency: int = Field(default=100, ge=1, le=100_000)
+    worker_async_io_threads: int = Field(default=4, ge=1, le=256)
     workflow_lease_ttl: float = Field(default=10.0, gt=0)
     workflow_heartbeat_interval: float = Field(default=2.0, gt=0)
     recovery: bool = True
