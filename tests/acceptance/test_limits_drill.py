@@ -61,7 +61,9 @@ def call(ctx: NodeContext) -> int:
 
     def llm() -> int:
         _note("INSERT INTO public.limit_calls (run_id) VALUES (%s)", ctx.run_id)
-        threading.Event().wait(CALL_SECONDS)  # the provider's answer takes this long
+        # The provider's answer takes this long (longer in the worker the drill kills, so that it dies
+        # in the middle of its calls).
+        threading.Event().wait(float(os.environ.get("LIMITS_CALL_SECONDS", CALL_SECONDS)))
         return int(ctx.outputs["prepare"]) * 2
 
     answer = ctx.step("llm", llm)
@@ -76,8 +78,29 @@ def finish(ctx: NodeContext) -> int:
 
 registry.register(limited)
 
+registry.limit("quota", per_minute=5)
+quota = Workflow("quota")
 
-def start_worker(url: str, name: str, log: Path) -> subprocess.Popen[bytes]:
+
+@quota.node(limits=["quota"])
+def ask(ctx: NodeContext) -> int:
+    _note(
+        "INSERT INTO public.limit_probe (execution, run_id, attempt, pid, ended_at) "
+        "VALUES (%s, %s, %s, %s, clock_timestamp())",
+        uuid.uuid4(),
+        ctx.run_id,
+        ctx.attempt,
+        os.getpid(),
+    )
+    return 1
+
+
+registry.register(quota)
+
+
+def start_worker(
+    url: str, name: str, log: Path, call_seconds: float = CALL_SECONDS
+) -> subprocess.Popen[bytes]:
     env = os.environ | {
         "LEDGERFLOW_DATABASE_URL": url,
         "LEDGERFLOW_WORKFLOWS": "tests.acceptance.test_limits_drill:registry",
@@ -86,6 +109,7 @@ def start_worker(url: str, name: str, log: Path) -> subprocess.Popen[bytes]:
         "LEDGERFLOW_RECOVERY_INTERVAL": "0.5",
         "LEDGERFLOW_WORKER_CONCURRENCY": "4",
         "LEDGERFLOW_LOG_FORMAT": "json",
+        "LIMITS_CALL_SECONDS": str(call_seconds),
     }
     with log.open("ab") as out:
         return subprocess.Popen(
@@ -107,18 +131,61 @@ def max_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
     return most
 
 
-def test_a_limit_of_four_holds_across_three_workers_and_a_sigkill(store: EventStore, tmp_path: Path) -> None:
+def create_probe(store: EventStore) -> None:
     with store.pool.connection() as conn:
         conn.execute(
             "CREATE TABLE public.limit_probe (execution uuid PRIMARY KEY, run_id uuid, attempt int, pid int, "
             "started_at timestamptz NOT NULL DEFAULT clock_timestamp(), ended_at timestamptz)"
         )
+
+
+def test_a_per_minute_limit_holds_across_workers(store: EventStore, tmp_path: Path) -> None:
+    """Five starts a minute: with two workers and eight runs, five start and three wait, due when the
+    oldest start is a minute old. The minute then passes at once (the starts are moved back in time)."""
+    create_probe(store)
+    engine = Engine(store, registry)
+    log = tmp_path / "workers.log"
+    workers = [start_worker(store.url, f"quota-{i}", log) for i in range(2)]
+    try:
+        run_ids = [engine.start("quota", input={"n": n}).run_id for n in range(8)]
+
+        def deferred() -> bool:
+            with store.pool.connection() as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM ledgerflow.workflow_queue "
+                    "WHERE status = 'ready' AND ready_at > clock_timestamp() + interval '50 seconds'"
+                ).fetchone()
+                started = conn.execute("SELECT count(*) FROM public.limit_probe").fetchone()
+            return row == (3,) and started == (5,)  # admitted nodes note their start a moment later
+
+        wait_until(deferred, timeout=60, what="three runs to wait for the minute to have room")
+        with store.pool.connection() as conn:
+            assert conn.execute("SELECT count(*) FROM public.limit_probe").fetchone() == (5,)
+            conn.execute(
+                "UPDATE ledgerflow.workflow_limit_starts SET started_at = started_at - interval '61 seconds'"
+            )
+            conn.execute(
+                "UPDATE ledgerflow.workflow_queue SET ready_at = clock_timestamp() WHERE status = 'ready'"
+            )
+        wait_until(lambda: all(not engine.load(r).active for r in run_ids), timeout=60, what="every run")
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            w.wait(timeout=30)
+    with store.pool.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM public.limit_probe").fetchone() == (8,)
+
+
+def test_a_limit_of_four_holds_across_three_workers_and_a_sigkill(store: EventStore, tmp_path: Path) -> None:
+    create_probe(store)
+    with store.pool.connection() as conn:
         conn.execute(
             "CREATE TABLE public.limit_calls (run_id uuid, at timestamptz NOT NULL DEFAULT clock_timestamp())"
         )
     engine = Engine(store, registry)
     log = tmp_path / "workers.log"
-    workers = [start_worker(store.url, f"limits-{i}", log) for i in range(3)]
+    workers = [start_worker(store.url, f"limits-{i}", log, 30 if i == 0 else CALL_SECONDS) for i in range(3)]
     killed_at: datetime | None = None
     victim = workers[0]
     try:
