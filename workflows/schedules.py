@@ -4,9 +4,9 @@ number of workers.
 Each scheduled workflow has a row in `ledgerflow.workflow_schedules` with the last tick whose run was
 started. Every worker looks at its schedules when their next tick is due (and every few seconds); one
 takes the row's lock with SELECT ... FOR UPDATE SKIP LOCKED, starts the due ticks' runs and moves
-`last_tick` in that transaction, while the others skip the row. Each tick's run is started with the
-idempotency key `schedule:<workflow>:<tick>`: a worker killed after starting a run and before its
-transaction moved `last_tick` leaves the tick to the next one, whose start returns the run already made.
+`last_tick` in that transaction, while the others skip the row: a worker killed at any moment leaves the
+runs and the new `last_tick`, or neither. Each tick's run also carries the idempotency key
+`schedule:<workflow>:<tick>`, a second guard: a start repeated for a tick returns the run already made.
 
 Ticks that passed while no worker ran follow the schedule's `catch_up`: "skip" starts a run for the
 latest of them only, "all" one for each of them, at most `max_catch_up` (the latest ones). Cron
@@ -132,6 +132,7 @@ def run_due_ticks(engine: Engine, wf: Workflow, now: datetime) -> list[Started]:
                     input=schedule_input(tick),
                     idempotency_key=idempotency_key(wf.name, tick),
                     tenant=schedule.tenant,
+                    conn=conn,  # the runs commit with the schedule's new last tick, or neither does
                 )
                 for tick in ticks
             ]
@@ -145,6 +146,7 @@ def run_due_ticks(engine: Engine, wf: Workflow, now: datetime) -> list[Started]:
                     "skipped": skipped,
                 },
             )
+    engine.store.notify_appended()  # workers claim the new runs' nodes now, not at their next poll
     late_ms = (now - ticks[-1]).total_seconds() * 1000  # when this worker looked
     _tick_lateness.record(max(0.0, late_ms), {"workflow": wf.name})
     _ticks.add(sum(s.created for s in started), {"workflow": wf.name, "outcome": "started"})
