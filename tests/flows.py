@@ -257,6 +257,8 @@ def review(ctx: NodeContext) -> Any:
 
 @approval.node(depends_on=["review"])
 def publish(ctx: NodeContext) -> Any:
+    if (ctx.input or {}).get("hold"):  # the run stays active until the test opens the gate
+        GATES.setdefault(f"publish:{ctx.run_id}", threading.Event()).wait(30)
     decision = ctx.outputs["review"]
     approved = isinstance(decision, dict) and decision.get("approved") is True
     return {"published": approved, "decision": decision}

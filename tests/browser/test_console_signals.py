@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import uuid
 
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Route, expect
 
 from ops.auth import create_token
 from tests.browser.conftest import Console, confirm, shot, sign_in, watch_csp
 from tests.browser.test_console import expect_run, node, start_run
 from tests.browser.test_operator_console import decline, posts
+from tests.flows import GATES
 
 
 def test_an_operator_approves_a_waiting_run_and_it_completes(page: Page, console: Console) -> None:
@@ -36,7 +38,7 @@ def test_an_operator_approves_a_waiting_run_and_it_completes(page: Page, console
     expect(dialog).to_contain_text('Sends signal approve with {"approved":true,"note":"looks right"}')
     confirm(page, names="Node review, which waits for it")
     notice = page.locator("[data-testid=notice]")
-    expect(notice).to_contain_text("signal approve sent to node review: approved")
+    expect(notice).to_contain_text("signal approve sent for node review: approved")
     assert sent == [f"/api/v1/runs/{run_id}/signals/approve"]
 
     expect_run(page, "succeeded")
@@ -51,6 +53,46 @@ def test_an_operator_approves_a_waiting_run_and_it_completes(page: Page, console
     run = console.services.engine.load(uuid.UUID(run_id))
     assert [s.payload for s in run.signals] == [{"approved": True, "note": "looks right"}]
     shot(page, "dag-approval-approved")
+
+
+def test_pressing_again_after_a_lost_answer_records_the_decision_once(page: Page, console: Console) -> None:
+    run_id = start_run(page, "approval", {"hold": True})  # publish holds the run open until told
+    expect(node(page, "review")).to_have_attribute("data-status", "waiting")
+    # The page keeps seeing the run as it is now (waiting), as if its polls were slow to tell it otherwise.
+    seen: dict[str, str] = {}
+
+    def as_first_seen(route: Route) -> None:
+        seen.setdefault("body", route.fetch().text())
+        route.fulfill(status=200, content_type="application/json", body=seen["body"])
+
+    run_detail = re.compile(rf"/api/v1/runs/{run_id}$")
+    page.route(run_detail, as_first_seen)
+    keys: list[str | None] = []
+
+    def lose_the_first_answer(route: Route) -> None:
+        keys.append(route.request.headers.get("idempotency-key"))
+        if len(keys) == 1:
+            route.fetch()  # the server records the signal...
+            route.abort("connectionreset")  # ...and its answer never reaches the page
+        else:
+            route.continue_()
+
+    page.route(re.compile(r"/api/v1/runs/[^/]+/signals/approve$"), lose_the_first_answer)
+    page.click("[data-testid=signal-approve-review]")
+    confirm(page, names="Approve approval run")
+    expect(page.locator("[data-testid=error-code]")).to_have_text("unreachable")
+
+    page.click("[data-testid=signal-approve-review]")  # the operator, seeing the error, presses again
+    confirm(page, names="Approve approval run")
+    expect(page.locator("[data-testid=notice]")).to_contain_text("signal approve was already recorded")
+    assert len(keys) == 2
+    assert keys[0] is not None
+    assert keys[0] == keys[1], "the second press sends the first one's Idempotency-Key"
+    page.unroute(run_detail)
+    expect(node(page, "publish")).to_have_attribute("data-status", "running")
+    GATES.setdefault(f"publish:{run_id}", threading.Event()).set()
+    expect_run(page, "succeeded")
+    assert len(console.services.engine.load(uuid.UUID(run_id)).signals) == 1
 
 
 def test_a_payload_that_is_not_an_object_is_refused_before_anything_is_sent(page: Page) -> None:

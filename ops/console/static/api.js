@@ -23,8 +23,8 @@ export class ApiError extends Error {
 
 // Calls /api/v1<path>; returns the parsed JSON body (null for an empty one). A failure shows in the banner
 // and is thrown as an ApiError, from the body's {"error": {"code", "message", "next"}} when it has one.
-export async function api(method, path, body) {
-  const err = await attempt(method, path, body, getToken());
+export async function api(method, path, body, extraHeaders = {}) {
+  const err = await attempt(method, path, body, getToken(), extraHeaders);
   if (!(err instanceof ApiError)) return err;
   if (err.status === 401) onRefused(err);
   throw showError(err);
@@ -32,8 +32,8 @@ export async function api(method, path, body) {
 
 // One request with `token`: the parsed JSON body (null for an empty one) on success, or the ApiError it
 // failed with (from the body's {"error": {"code", "message", "next"}} when it has one), never thrown.
-export async function attempt(method, path, body, token) {
-  const headers = { Accept: "application/json" };
+export async function attempt(method, path, body, token, extraHeaders = {}) {
+  const headers = { Accept: "application/json", ...extraHeaders };
   if (token) headers.Authorization = `Bearer ${token}`;
   if (body !== undefined) headers["Content-Type"] = "application/json";
   let response;
@@ -55,7 +55,7 @@ export async function attempt(method, path, body, token) {
 }
 
 export const get = (path) => api("GET", path);
-export const post = (path, body = {}) => api("POST", path, body);
+export const post = (path, body = {}, headers = {}) => api("POST", path, body, headers);
 
 export function query(params) {
   const q = new URLSearchParams();

@@ -17,6 +17,9 @@ export function waitingText(node) {
 export function waitingPanel(runId, onSent) {
   const el = h("section", { id: "waiting", "data-testid": "waiting", hidden: true });
   let drawn = ""; // what the section shows: drawn again only when that changes, so a payload being typed stays
+  // An Idempotency-Key per node, kept until a send of it is answered: pressing again after an answer that
+  // never came (the network) cannot record the decision twice, where a second signal could feed a later wait.
+  const keys = new Map();
 
   function update(run) {
     const waiting = run.nodes.filter((n) => n.status === "waiting");
@@ -55,13 +58,18 @@ export function waitingPanel(runId, onSent) {
     });
     if (!ok) return;
     for (const b of buttons) b.disabled = true; // one decision per click, whatever the network does
+    if (!keys.has(node.name)) keys.set(node.name, freshKey());
+    let answer;
     try {
-      await post(`/runs/${encodeURIComponent(run.run_id)}/signals/${encodeURIComponent(name)}`, body);
+      answer = await post(`/runs/${encodeURIComponent(run.run_id)}/signals/${encodeURIComponent(name)}`, body,
+        { "Idempotency-Key": keys.get(node.name) });
     } catch {
       for (const b of buttons) b.disabled = false; // the banner says why
       return;
     }
-    showNotice(`signal ${name} sent to node ${node.name}: ${approved ? "approved" : "rejected"}`);
+    keys.delete(node.name); // answered: the node's next wait gets a decision of its own
+    const what = answer.duplicate ? "was already recorded" : "sent";
+    showNotice(`signal ${name} ${what} for node ${node.name}: ${approved ? "approved" : "rejected"}`);
     onSent();
   }
 
@@ -88,3 +96,7 @@ function decision(approved, text) {
   }
   return { approved, ...extra };
 }
+
+// 32 random hex digits (crypto.randomUUID needs a secure context; a console over plain http has none).
+const freshKey = () =>
+  `console-${Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("")}`;
