@@ -91,6 +91,10 @@ class Failover:
         hosts = f"127.0.0.1:{self.base + 1},127.0.0.1:{self.base + 2}"
         return f"postgresql://{user}@{hosts}/{dbname}?target_session_attrs=read-write&connect_timeout=2"
 
+    def node_url(self, node: str, user: str = "postgres") -> str:
+        """One node alone, whatever its role."""
+        return f"postgresql://{user}@127.0.0.1:{self.base + int(node[-1])}/ledgerflow?connect_timeout=2"
+
     def primary(self) -> str:
         """The node that takes writes now."""
         with psycopg.connect(self.url(), connect_timeout=2) as conn:
@@ -329,6 +333,25 @@ def test_primary_killed_under_load_loses_nothing(failover: Failover, tmp_path: P
         assert row == (1,), "an event was applied twice"
 
         phase("verified")
+
+        # The dead node comes back as the new primary's standby (ops/failover/start.sh again rewinds it),
+        # and holds every append too: the pair is synchronous again.
+        rejoined = subprocess.run(
+            [str(START), str(failover.root)], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert rejoined.returncode == 0, f"{rejoined.stdout}\n{rejoined.stderr}"
+        with psycopg.connect(failover.node_url(victim), autocommit=True) as conn:
+            assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+
+            def standby_has_every_append() -> bool:
+                row = conn.execute(
+                    "SELECT count(*) FROM ledgerflow.events "
+                    "WHERE event_type = 'Add' AND stream_id LIKE 'fo-%'"
+                ).fetchone()
+                return row == (len(acks),)
+
+            wait_until(standby_has_every_append, timeout=30, what="the rejoined standby to hold every append")
+        phase("rejoined")
         # Every process came back by itself: none exited, each saw the outage end.
         exited = {p.name: p.popen.poll() for p in processes if p.popen.poll() is not None}
         assert exited == {}, f"processes exited: {exited}"
@@ -353,6 +376,11 @@ def test_primary_killed_under_load_loses_nothing(failover: Failover, tmp_path: P
     for p in processes:
         text = p.log.read_text(errors="replace")
         assert "Traceback" not in text, f"{p.name} logged a traceback:\n{text[-4000:]}"
+        events = p.events()
+        assert not [e for e in events if e.get("level") == "error"], f"{p.name} logged errors"
+        if p.name != "serve":  # a worker says once that it waits, however many of its parts noticed
+            warned = [e for e in events if e.get("event") == "database_unavailable"]
+            assert len(warned) == 1, f"{p.name}: {len(warned)} database_unavailable warnings for 1 outage"
     print(
         f"\nfailover: killed {victim} ({killed} processes); write outage {write_outage:.2f}s "
         f"(kill to first acknowledged append); every run progressing after {runs_progressing:.2f}s; "
