@@ -1,6 +1,7 @@
 """A run waiting for a person, in a real browser against the real API and worker: the console says what
 the node waits for, an operator approves it with a payload after a confirmation (declining sends
-nothing), and the run completes; a token without the operate scope sees the wait and no buttons."""
+nothing), and the run completes; a token without the operate scope sees the wait and no buttons (nor
+Cancel, Retry or Refresh)."""
 
 from __future__ import annotations
 
@@ -125,5 +126,6 @@ def test_a_reader_sees_the_wait_but_no_buttons(browser: Browser, console: Consol
     expect(page.locator("[data-testid=signal-approve-review]")).to_have_count(0)
     expect(page.locator("[data-testid=signal-reject-review]")).to_have_count(0)
     expect(page.locator("#page")).not_to_contain_text(re.compile("Approve|Reject"))
+    expect(page.locator("#run-cancel")).to_be_hidden()  # nor any other lever it may not pull
     context.close()
     assert violations == []

@@ -91,10 +91,11 @@ export function render(root, runId) {
       "`ledgerflow serve` with the workflow's module in LEDGERFLOW_WORKFLOWS to see the DAG.";
     const active = !TERMINAL.has(run.status);
     status.dataset.polling = String(active); // load() returns the same, which ends or continues the polling
-    buttons.cancel.hidden = !active;
+    const operates = run.may_operate !== false; // a token without the operate scope gets no levers
+    buttons.cancel.hidden = !active || !operates;
     buttons.cancel.disabled = Boolean(run.cancel_requested);
-    buttons.retry.hidden = !(run.status === "failed" || run.status === "cancelled");
-    refreshBox.hidden = buttons.refresh.hidden = run.status !== "succeeded";
+    buttons.retry.hidden = !operates || !(run.status === "failed" || run.status === "cancelled");
+    refreshBox.hidden = buttons.refresh.hidden = !operates || run.status !== "succeeded";
     if (!refreshBox.hidden && !refreshInput.value) refreshInput.value = JSON.stringify(run.input);
     error.hidden = !run.error;
     error.textContent = run.error || "";
