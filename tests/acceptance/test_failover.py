@@ -362,6 +362,13 @@ def test_primary_killed_under_load_loses_nothing(failover: Failover, tmp_path: P
                     timeout=30,
                     what=f"{p.name} to see the database again",
                 )
+        worker = next(p for p in processes if p.name == "worker")
+        if "workflow_presence_unavailable" in worker.log.read_text():  # its session died with the primary
+            wait_until(
+                lambda: "workflow_presence_restored" in worker.log.read_text(),
+                timeout=30,
+                what="the worker to hold its presence again",
+            )
     finally:
         stop.set()
         for p in processes:
