@@ -57,6 +57,8 @@ _MAX_NAME = 41
 #: round trips (some 25 ms on a loaded machine): a small batch commits well within the shortest lease, so
 #: the lease is renewed on time and no peer takes it over mid-batch.
 _BATCH = 10
+#: Seconds before a consumer that ended on an unexpected error is replaced.
+_RESTART_AFTER = 1.0
 
 
 def projection_name(workflow: str) -> str:
@@ -188,31 +190,45 @@ class TriggerConsumer:
     def __init__(
         self, engine: Engine, registry: WorkflowRegistry, *, worker_id: str, lease_ttl: float = 10.0
     ) -> None:
-        projections = trigger_projections(engine, registry)
+        self._projections = trigger_projections(engine, registry)
+        self._store = engine.store
+        self._worker_id = f"{worker_id}/triggers"
         # The leases last as long as the workflow worker's node leases: a peer takes over a dead
         # worker's triggers as soon as it would take over its nodes.
-        settings = ProjectorSettings(lease_ttl=lease_ttl, heartbeat_interval=lease_ttl / 3, batch_size=_BATCH)
-        self._worker = (
-            ProjectorWorker(engine.store, projections, settings, worker_id=f"{worker_id}/triggers")
-            if projections
-            else None
+        self._settings = ProjectorSettings(
+            lease_ttl=lease_ttl, heartbeat_interval=lease_ttl / 3, batch_size=_BATCH
         )
+        self._worker: ProjectorWorker | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self._worker is not None and self._thread is None:
+        if self._projections and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="ledgerflow-triggers", daemon=True)
             self._thread.start()
 
     def _run(self) -> None:
-        assert self._worker is not None
-        try:
-            self._worker.run()
-        except Exception:
-            log.exception("workflow_triggers_stopped")
+        # A projector worker outlives the database's outages and its projections' failures by itself;
+        # anything else that ends it (a bug) is logged, and a new one takes over after a pause, so that
+        # this worker does not stop starting runs for good.
+        while not self._stopping.is_set():
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                self._worker = ProjectorWorker(
+                    self._store, self._projections, self._settings, worker_id=self._worker_id
+                )
+            try:
+                self._worker.run()
+            except Exception:
+                log.exception("workflow_triggers_failed", retry_in=_RESTART_AFTER)
+                self._stopping.wait(_RESTART_AFTER)
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self._worker is not None:
-            self._worker.stop()
+        with self._lock:
+            self._stopping.set()
+            if self._worker is not None:
+                self._worker.stop()
         if self._thread is not None:
             self._thread.join(timeout)

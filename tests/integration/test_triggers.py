@@ -22,7 +22,7 @@ from projector import state as projector_state
 from tests.integration.test_telemetry import metric_points, telemetry  # noqa: F401 (a fixture)
 from tests.starts_flows import triggered
 from tests.waiting import wait_until
-from workflows import Engine, WorkerSettings, WorkflowWorker
+from workflows import Engine, WorkerSettings, WorkflowWorker, triggers
 from workflows.triggers import projection_name, trigger_projection, trigger_projections
 
 TRIGGER = projection_name("on_order")
@@ -213,3 +213,27 @@ def test_triggered_runs_are_counted_and_their_delay_measured(
     assert sum(p.value for p in counted) >= 3  # the provider is the process's: earlier tests count too
     delays = [p for p in points["ledgerflow.workflow.trigger_delay"] if p.attributes == ours]
     assert sum(p.count for p in delays) >= 3
+
+
+def test_a_consumer_ended_by_an_unexpected_error_is_replaced(
+    store: EventStore, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[ProjectorWorker] = []
+
+    class Flaky(ProjectorWorker):
+        def run(self) -> None:
+            made.append(self)
+            if len(made) == 1:
+                raise RuntimeError("a bug")
+            super().run()
+
+    monkeypatch.setattr(triggers, "ProjectorWorker", Flaky)
+    monkeypatch.setattr(triggers, "_RESTART_AFTER", 0.01)
+    consumer = triggers.TriggerConsumer(engine, triggered, worker_id="flaky")
+    consumer.start()
+    try:
+        store.append("order-1", [order(1)])
+        wait_until(lambda: len(started_runs(store)) == 1, what="the replacement consumer's start")
+    finally:
+        consumer.stop()
+    assert len(made) == 2
