@@ -13,6 +13,12 @@ every way a node stops running frees it by itself. A node that waits for a slot 
 queue, due again shortly (or, under a per-minute limit, when the oldest start in the window is a minute
 old): it holds no thread and no connection, and the walk of the ready index passes it by meanwhile.
 
+A node's successor handed to the worker that ends the node (see workflows/lifecycle.py) is admitted in
+the same way, by ledgerflow.wf_end_node; refused, it is queued ready instead, and the worker that
+expected it finds at its start that it holds no claim (`check_slots`) and lets it go. A step can need
+slots too (`ctx.step(key, fn, limits=[...])`, `step_slots`): a row holds each from its admission until
+the step's result is recorded (migrations/0018_workflow_step_limits.sql).
+
 Two workers that disagree about a limit (a deploy in progress) do not fight: the last to start wins,
 and it logs `workflow_limit_redeclared` with what it replaced. The same holds for the limits of a node.
 """
@@ -49,7 +55,7 @@ class LimitUsage:
     name: str
     concurrency: int | None
     per_minute: int | None
-    #: Nodes of this limit running now (claimed), on every worker.
+    #: Slots in use now, on every worker: nodes of this limit running, and steps holding one.
     in_use: int
     #: Nodes of this limit ready to run and not yet started: waiting for a slot, or for a worker.
     waiting: int
@@ -59,18 +65,21 @@ class LimitUsage:
 
 
 def node_limits(registry: WorkflowRegistry) -> dict[tuple[str, str], tuple[str, ...]]:
-    """Every node of the registry that needs limits, by (workflow, node). Raises DefinitionError when a
-    node names a limit the registry does not declare: its bounds would be unknown."""
+    """Every node of the registry that needs limits, by (workflow, node). The queue knows a node by its
+    workflow and name: a node that needs limits in any version of its workflow needs them in every one
+    (the union, so that no version runs unbounded). Raises DefinitionError when a node names a limit the
+    registry does not declare: its bounds would be unknown."""
     needs: dict[tuple[str, str], tuple[str, ...]] = {}
-    for name in registry.names():
-        for spec in registry.get(name).nodes.values():
+    for wf in registry.definitions():
+        for spec in wf.nodes.values():
             if unknown := [k for k in spec.limits if k not in registry.limits]:
                 raise DefinitionError(
-                    f"workflow {name!r}: node {spec.name!r} needs limit(s) {unknown} that the registry does "
-                    f'not declare; declare each with registry.limit("{unknown[0]}", concurrency=...)'
+                    f"workflow {wf.name!r}: node {spec.name!r} needs limit(s) {unknown} that the registry "
+                    f'does not declare; declare each with registry.limit("{unknown[0]}", concurrency=...)'
                 )
             if spec.limits:
-                needs[(name, spec.name)] = spec.limits
+                known = needs.get((wf.name, spec.name), ())
+                needs[(wf.name, spec.name)] = known + tuple(k for k in spec.limits if k not in known)
     return needs
 
 

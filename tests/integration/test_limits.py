@@ -310,3 +310,17 @@ def test_a_node_naming_an_undeclared_limit_stops_the_declaration(store: EventSto
     registry.register(wf)
     with store.pool.connection() as conn, pytest.raises(DefinitionError, match="gpu"):
         declare(conn, registry, worker="a/1")
+
+
+def test_a_node_limited_in_any_version_is_limited_in_every_one(store: EventStore) -> None:
+    registry = WorkflowRegistry()
+    registry.limit("llm", concurrency=2)
+    registry.limit("gpu", concurrency=1)
+    for version, needs in (("1", ["gpu"]), ("2", ["llm"])):
+        wf = Workflow("lim", version=version)
+        wf.node(name="call", limits=needs)(_body)
+        registry.register(wf)
+    with store.pool.connection() as conn:
+        declare(conn, registry, worker="a/1")
+        rows = conn.execute("SELECT workflow, node, limits FROM ledgerflow.workflow_node_limits").fetchall()
+    assert rows == [("lim", "call", ["gpu", "llm"])]
