@@ -1,5 +1,6 @@
 """Drills of runs started by the log and by schedules, on real `ledgerflow worker` processes killed with
-SIGKILL: every matching event starts exactly one run, recording its cursor, and every run completes; every
+SIGKILL: every matching event (also those appended before any worker ran) starts exactly one run,
+recording its cursor, and every run completes; every
 schedule tick has at most one run, none is lost while a worker runs, and ticks missed while none ran
 follow the catch-up policy."""
 
@@ -130,19 +131,20 @@ def test_sigkill_while_a_trigger_delivers(store: EventStore, tmp_path: Path) -> 
     log = tmp_path / "workers.log"
     registry = "tests.starts_flows:triggered"
     create_calls_table(store)
-    workers = {n: start_worker(store.url, n, log, registry) for n in ("t1", "t2")}
     appended: list[RecordedEvent] = []
 
-    def append_500() -> None:
+    def append(first: int, last: int) -> None:
         # Paced, so that the workers deliver while events still arrive and a kill lands mid-delivery.
-        for i in range(500):
+        for i in range(first, last):
             result = store.append(f"order-{i}", [NewEvent("OrderPlaced", {"total": i})])
             appended.append(store.read_stream(f"order-{i}", limit=1)[0])
             assert result.events[0].position == appended[-1].position
             if i % 25 == 0:
                 threading.Event().wait(0.05)
 
-    appender = threading.Thread(target=append_500)
+    append(0, 50)  # before any worker runs: their runs start once one does
+    workers = {n: start_worker(store.url, n, log, registry) for n in ("t1", "t2")}
+    appender = threading.Thread(target=append, args=(50, 500))
     appender.start()
     rng = random.Random(12)
     delivered_at_kill = []
