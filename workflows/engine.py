@@ -34,7 +34,7 @@ from eventstore import (
     WrongExpectedVersionError,
     jsonvalue,
 )
-from eventstore._validation import check_tenant
+from eventstore._validation import check_idempotency_key, check_tenant
 from eventstore.errors import ConflictError, NotFoundError
 from workflows import events as ev
 from workflows import queue
@@ -70,6 +70,10 @@ class Started:
     #: waits until the run tables show the run. None when an existing run was returned (its start is
     #: older: `store.committed_so_far()` lies beyond it).
     cursor: Cursor | None = None
+
+
+class _NotARepeat(Exception):
+    """Rolls back an append that was only a lookup of its idempotency key."""
 
 
 @dataclass(frozen=True)
@@ -269,7 +273,11 @@ class Engine:
             )
         stream = ev.run_stream(run_id)
         received = ev.event(ev.SIGNAL_RECEIVED, run_id, name=name, payload=payload, actor=actor)
-        key = None if idempotency_key is None else f"signal:{run_id}:{idempotency_key}"
+        key = None
+        if idempotency_key is not None:
+            check_idempotency_key(idempotency_key)
+            # Scoped to the run (the same key may be used for every run), at a fixed length.
+            key = "signal:" + hashlib.sha256(f"{run_id}\x00{idempotency_key}".encode()).hexdigest()
         with self.pipelined_transaction() as conn:
             # The run's queue rows first (the order every node end takes too): see queue.lock_run_nodes.
             active = queue.lock_run_nodes(conn, run_id, tenant)
@@ -278,6 +286,11 @@ class Engine:
                 if not result.duplicate:
                     queue.wake_waiting(conn, run_id, name)
         if not active:
+            # A repeat of a send whose answer was lost may come after the signal let the run end: it gets
+            # the first send's answer, not a refusal.
+            repeated = self._repeated_send(stream, received, key, tenant) if key is not None else None
+            if repeated is not None:
+                return SignalSent(run_id, name, repeated.last_position, duplicate=True)
             last = self.store.read_stream(stream, tenant=tenant, backward=True, limit=1)
             if not last:
                 raise NotFoundError(
@@ -288,6 +301,18 @@ class Engine:
             )
         log.info("workflow_signal_sent", run_id=str(run_id), signal=name, duplicate=result.duplicate)
         return SignalSent(run_id, name, result.last_position, result.duplicate)
+
+    def _repeated_send(self, stream: str, received: NewEvent, key: str, tenant: str) -> AppendResult | None:
+        """The first send's result if `key` already recorded this signal, else None; writes nothing. (The
+        store's idempotency check answers a repeat; anything new it would write is rolled back.)"""
+        try:
+            with self.transaction() as conn:
+                result = self.store.append(stream, [received], idempotency_key=key, tenant=tenant, conn=conn)
+                if not result.duplicate:
+                    raise _NotARepeat
+        except _NotARepeat:
+            return None
+        return result
 
     # -- operator actions ------------------------------------------------------------------------------
 

@@ -224,14 +224,9 @@ def test_a_payload_keeps_its_exact_numbers_and_a_missing_body_is_null(
     assert empty is None
 
 
-# Known faults of workflows.Engine.signal, kept here so that a fix shows (strict: an unexpected pass fails).
+# A client that lost an answer retries with its key, whenever that is; and any key the API takes works.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Engine.signal refuses an ended run (409) before it looks up the idempotency key, so a client "
-    "retrying a send whose answer it lost, after the signal let the run end, is told the run ended",
-)
 def test_a_repeat_after_the_run_ended_returns_the_first_send(client: TestClient, admin: Headers) -> None:
     run_id = start(client, admin)
     keyed = {**admin, "Idempotency-Key": "decision-1"}
@@ -243,11 +238,6 @@ def test_a_repeat_after_the_run_ended_returns_the_first_send(client: TestClient,
     assert again.json() == {**first.json(), "duplicate": True}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Engine.signal prefixes the key with signal:<run id>: (44 characters), so keys of 157 to 200 "
-    "characters, which the API and the store otherwise take, are refused as if they were malformed",
-)
 def test_an_idempotency_key_of_200_characters_is_taken(client: TestClient, admin: Headers) -> None:
     run_id = start(client, admin)
     sent = signal(client, {**admin, "Idempotency-Key": "k" * 200}, run_id, {"approved": True})
