@@ -1,8 +1,7 @@
 """Drills of runs started by the log and by schedules, on real `ledgerflow worker` processes killed with
 SIGKILL: every matching event (also those appended before any worker ran) starts exactly one run,
-recording its cursor, and every run completes; every
-schedule tick has at most one run, none is lost while a worker runs, and ticks missed while none ran
-follow the catch-up policy."""
+recording its cursor, and every run completes; every schedule tick has at most one run, none is lost while
+a worker runs, and ticks missed while none ran follow the catch-up policy."""
 
 from __future__ import annotations
 
