@@ -667,7 +667,10 @@ def _with_bumps(query: LiteralString) -> dict[ExpectedState | None, bytes]:
     STREAM_EXISTS (no version condition). Rendered once to bytes: a composed query would be rendered
     again on every execution."""
     bumps = {ExpectedState.ANY: "bump_any", ExpectedState.NO_STREAM: "bump_no_stream", None: "bump_existing"}
-    return {k: sql.SQL(query).format(bump=sql.SQL(Q[name])).as_bytes() for k, name in bumps.items()}
+    return {
+        k: sql.SQL(query).format(writer=sql.SQL(Q["writer"]), bump=sql.SQL(Q[name])).as_bytes()
+        for k, name in bumps.items()
+    }
 
 
 _ONE_STREAM = _with_bumps(Q["append_one_stream"])
