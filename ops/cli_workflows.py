@@ -271,7 +271,7 @@ def list_runs(
             str(r["run_id"]),
             r["workflow"],
             r["key"] or "",
-            r["status"],
+            r["status"] + (f" (waiting: {r['waiting']})" if r.get("waiting") else ""),
             f"{r['nodes_done']}/{r['nodes_total']}",
             r["current_node"] or "",
             str(r["created_at"])[:19],

@@ -173,9 +173,13 @@ SELECT count(*) FILTER (WHERE status = 'ready'),
 
 
 -- name: list_runs
+-- `waiting`: what the run's waiting nodes wait for ("signal approve", "timer"), or NULL.
 SELECT run_id, workflow, key, status, current_node, nodes_total, nodes_done, error, cancel_requested,
-       created_at, updated_at, finished_at
-  FROM ledgerflow.workflow_runs
+       created_at, updated_at, finished_at,
+       (SELECT string_agg(coalesce('signal ' || n.waiting_for, 'timer'), ', ' ORDER BY n.position)
+          FROM ledgerflow.workflow_nodes n
+         WHERE n.run_id = r.run_id AND n.status = 'waiting') AS waiting
+  FROM ledgerflow.workflow_runs r
  WHERE tenant = %(tenant)s
    AND (%(status)s::text IS NULL OR status = %(status)s::text)
    AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
@@ -184,7 +188,7 @@ SELECT run_id, workflow, key, status, current_node, nodes_total, nodes_done, err
 
 -- name: run_nodes
 SELECT node, position, status, attempt, crashes, generation, progress_current, progress_total, progress_message,
-       checkpoints, worker, error, stuck, started_at, finished_at, duration_ms, updated_at
+       checkpoints, worker, error, stuck, started_at, finished_at, duration_ms, updated_at, waiting_for, wake_at
   FROM ledgerflow.workflow_nodes
  WHERE run_id = %(run_id)s
  ORDER BY position

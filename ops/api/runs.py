@@ -91,6 +91,8 @@ class RunSummaryOut(BaseModel):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    #: What the run's waiting nodes wait for ("signal approve", "timer"), or None.
+    waiting: str | None = None
 
 
 class RunList(BaseModel):

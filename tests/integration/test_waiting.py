@@ -241,3 +241,24 @@ def test_sleep_until_needs_a_time_zone() -> None:
         NodeContext.sleep_until(None, datetime(2030, 1, 1))  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="finite"):
         NodeContext.sleep(None, float("inf"))  # type: ignore[arg-type]
+
+
+def test_the_run_list_says_what_a_run_waits_for(engine: Engine, start_worker: Any) -> None:
+    from projector import ProjectorWorker
+    from projector import WorkerSettings as ProjectorSettings
+    from workflows import list_runs, run_nodes, workflow_tables
+
+    start_worker()
+    run_id = engine.start("approval").run_id
+    wait_until(lambda: _node(engine, run_id, "review").status == NodeStatus.WAITING, timeout=20)
+    projector = ProjectorWorker(engine.store, [workflow_tables], ProjectorSettings())
+    try:
+        projector.run_until_caught_up()
+    finally:
+        projector.release_all()
+    (listed,) = [r for r in list_runs(engine.store, tenant="default") if r["run_id"] == run_id]
+    assert listed["waiting"] == "signal approve"
+    review = next(n for n in run_nodes(engine.store, run_id) if n["node"] == "review")
+    assert review["status"] == "waiting"
+    assert review["waiting_for"] == "approve"
+    assert review["wake_at"] is None
