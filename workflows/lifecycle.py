@@ -129,8 +129,12 @@ class Lifecycle:
             try:
                 with fenced_writes(), self.engine.pipelined_transaction() as conn:
                     handoff = None
-                    if claim_next is not None and decision.ready:
-                        node = decision.ready[0]
+                    # The worker hands itself a node without limits only: one that needs a slot is
+                    # admitted by the claim, which may defer it (a hand-over refused there would record
+                    # a claim that nobody runs). Stable sort: unlimited nodes first, in their order.
+                    ready = sorted(decision.ready, key=lambda n: bool(wf.nodes[n].limits))
+                    if claim_next is not None and ready and not wf.nodes[ready[0]].limits:
+                        node = ready[0]
                         successor = Claim(
                             claim.run_id,
                             node,
@@ -155,8 +159,8 @@ class Lifecycle:
                             conn,
                             claim,
                             retry_in=decision.retry_in,
-                            ready=[wf.nodes[n] for n in decision.ready],
-                            attempts={n: run.node(n).attempt for n in decision.ready},
+                            ready=[wf.nodes[n] for n in ready],
+                            attempts={n: run.node(n).attempt for n in ready},
                             successor=handoff,
                         )
                     terminal = any(e.type in _TERMINAL for e in events)
