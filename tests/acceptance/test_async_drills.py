@@ -6,11 +6,9 @@ checkpointed item recorded before the kill is paid again, and the workflow table
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -25,33 +23,17 @@ from tests.acceptance.test_workflow_drills import (
     db_now,
     holds_nodes,
 )
+from tests.acceptance.test_workflow_drills import start_worker as drill_worker
 from tests.async_flows import create_calls_table, expected_total, registry
 from tests.waiting import wait_until
 from workflows import Engine
 from workflows import events as ev
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.drill
 
 
-def start_worker(url: str, name: str, log: Path, lease_ttl: float = 2.0) -> subprocess.Popen[bytes]:
-    env = os.environ | {
-        "LEDGERFLOW_DATABASE_URL": url,
-        "LEDGERFLOW_WORKFLOWS": "tests.async_flows:registry",
-        "LEDGERFLOW_WORKFLOW_LEASE_TTL": str(lease_ttl),
-        "LEDGERFLOW_WORKFLOW_HEARTBEAT_INTERVAL": str(lease_ttl / 4),
-        "LEDGERFLOW_RECOVERY_INTERVAL": "0.5",
-        "LEDGERFLOW_WORKER_CONCURRENCY": "2",
-        "LEDGERFLOW_LOG_FORMAT": "json",
-    }
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", "worker", "--name", name],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+def start_worker(url: str, name: str, log: Path) -> subprocess.Popen[bytes]:
+    return drill_worker(url, name, log, workflows="tests.async_flows:registry", concurrency=2)
 
 
 def recorded_steps(store: EventStore, run_id: uuid.UUID) -> dict[str, int]:

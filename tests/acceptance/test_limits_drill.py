@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import uuid
 from datetime import datetime
@@ -22,11 +21,11 @@ import psycopg
 import pytest
 
 from eventstore import EventStore
+from tests.acceptance.test_workflow_drills import start_worker as drill_worker
 from tests.waiting import wait_until
 from workflows import Engine, NodeContext, Workflow, WorkflowRegistry
 from workflows import events as ev
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.drill
 
 LIMIT = 4
@@ -101,24 +100,14 @@ registry.register(quota)
 def start_worker(
     url: str, name: str, log: Path, call_seconds: float = CALL_SECONDS
 ) -> subprocess.Popen[bytes]:
-    env = os.environ | {
-        "LEDGERFLOW_DATABASE_URL": url,
-        "LEDGERFLOW_WORKFLOWS": "tests.acceptance.test_limits_drill:registry",
-        "LEDGERFLOW_WORKFLOW_LEASE_TTL": "3",
-        "LEDGERFLOW_WORKFLOW_HEARTBEAT_INTERVAL": "0.75",
-        "LEDGERFLOW_RECOVERY_INTERVAL": "0.5",
-        "LEDGERFLOW_WORKER_CONCURRENCY": "4",
-        "LEDGERFLOW_LOG_FORMAT": "json",
-        "LIMITS_CALL_SECONDS": str(call_seconds),
-    }
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", "worker", "--name", name],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    return drill_worker(
+        url,
+        name,
+        log,
+        lease_ttl=3,
+        workflows="tests.acceptance.test_limits_drill:registry",
+        env={"LIMITS_CALL_SECONDS": str(call_seconds)},
+    )
 
 
 def max_overlap(intervals: list[tuple[datetime, datetime]]) -> int:

@@ -5,11 +5,9 @@ a worker runs, and ticks missed while none ran follow the catch-up policy."""
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,11 +21,11 @@ import pytest
 from eventstore import EventStore, NewEvent, RecordedEvent
 from projector import ProjectorWorker, WorkerSettings, rebuild
 from projector.digest import projection_digest
+from tests.acceptance.test_workflow_drills import start_worker as drill_worker
 from tests.waiting import wait_until
 from workflows import workflow_tables
 from workflows.triggers import projection_name
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.drill
 LEASE_TTL = 2.0
 
@@ -43,23 +41,7 @@ def create_calls_table(store: EventStore) -> None:
 
 
 def start_worker(url: str, name: str, log: Path, registry: str) -> subprocess.Popen[bytes]:
-    env = os.environ | {
-        "LEDGERFLOW_DATABASE_URL": url,
-        "LEDGERFLOW_WORKFLOWS": registry,
-        "LEDGERFLOW_WORKFLOW_LEASE_TTL": str(LEASE_TTL),
-        "LEDGERFLOW_WORKFLOW_HEARTBEAT_INTERVAL": str(LEASE_TTL / 4),
-        "LEDGERFLOW_RECOVERY_INTERVAL": "0.5",
-        "LEDGERFLOW_WORKER_CONCURRENCY": "4",
-        "LEDGERFLOW_LOG_FORMAT": "json",
-    }
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", "worker", "--name", name],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    return drill_worker(url, name, log, lease_ttl=LEASE_TTL, workflows=registry)
 
 
 def kill(worker: subprocess.Popen[bytes]) -> None:

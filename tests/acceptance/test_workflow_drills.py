@@ -33,16 +33,25 @@ pytestmark = pytest.mark.drill
 
 
 def start_worker(
-    url: str, name: str, log: Path, lease_ttl: float = 2.0, workflows: str = "tests.flows:registry"
+    url: str,
+    name: str,
+    log: Path,
+    lease_ttl: float = 2.0,
+    workflows: str = "tests.flows:registry",
+    concurrency: int = 4,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
+    """A real `ledgerflow worker` process for the drills, logging JSON lines to `log`; `env` adds to (or
+    overrides) its environment."""
     env = os.environ | {
         "LEDGERFLOW_DATABASE_URL": url,
         "LEDGERFLOW_WORKFLOWS": workflows,
         "LEDGERFLOW_WORKFLOW_LEASE_TTL": str(lease_ttl),
         "LEDGERFLOW_WORKFLOW_HEARTBEAT_INTERVAL": str(lease_ttl / 4),
         "LEDGERFLOW_RECOVERY_INTERVAL": "0.5",
-        "LEDGERFLOW_WORKER_CONCURRENCY": "4",
+        "LEDGERFLOW_WORKER_CONCURRENCY": str(concurrency),
         "LEDGERFLOW_LOG_FORMAT": "json",
+        **(env or {}),
     }
     with log.open("ab") as out:
         return subprocess.Popen(
