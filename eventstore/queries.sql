@@ -79,9 +79,14 @@ RETURNING s.version - %(count)s AS base
 -- A page holds at most %(limit)s events and stops once their size passes %(max_bytes)s (always with at
 -- least one event): the walk takes one event at a time in resume order, each one index step after the
 -- last, and stops at the budget, so an event beyond it is never read, let alone sent. `bytes` is the
--- page's running size: data and metadata as JSON text, plus the envelope.
+-- page's running size: data and metadata as JSON text, plus the envelope. `ended`: the transaction the
+-- horizon stopped at had ended by the time it was looked at (it ended during the read, which log_holders
+-- cannot tell from a writer's ending): the reader is told to read again at once rather than wait.
 WITH RECURSIVE horizon AS MATERIALIZED (
-    SELECT ledgerflow.log_horizon() AS xmin
+    SELECT h.xmin,
+           h.xmin < pg_snapshot_xmax(pg_current_snapshot())
+           AND pg_xact_status(h.xmin) IS DISTINCT FROM 'in progress' AS ended
+      FROM (SELECT ledgerflow.log_horizon() AS xmin OFFSET 0) h  -- OFFSET 0: computed once
 ), page AS (
     SELECT 0 AS n, %(transaction_id)s::text::xid8 AS transaction_id, %(position)s::bigint AS position,
            NULL::text AS tenant, NULL::text AS stream_id, NULL::bigint AS stream_version,
@@ -109,7 +114,7 @@ WITH RECURSIVE horizon AS MATERIALIZED (
      ) e
      WHERE p.n < %(limit)s AND (%(max_bytes)s::bigint IS NULL OR p.bytes < %(max_bytes)s::bigint)
 )
-SELECT h.xmin::text::bigint, p.bytes, p.position, p.transaction_id::text::bigint, p.tenant, p.stream_id,
+SELECT h.xmin::text::bigint, h.ended, p.bytes, p.position, p.transaction_id::text::bigint, p.tenant, p.stream_id,
        p.stream_version, p.event_id, p.event_type, p.data, p.metadata, p.correlation_id, p.causation_id,
        p.recorded_at
   FROM horizon h

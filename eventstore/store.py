@@ -565,7 +565,7 @@ class EventStore:
         `max_page_bytes`), always with at least one event; such a page is not `caught_up`.
         """
         rows, cursor, caught_up = self._read_all(after, limit, tenant, types, categories, max_bytes, conn)
-        return ReadPage(tuple(_recorded(r[1:]) for r in rows), cursor, caught_up)
+        return ReadPage(tuple(_recorded(r[2:]) for r in rows), cursor, caught_up)
 
     def read_all_encoded(
         self,
@@ -580,7 +580,7 @@ class EventStore:
     ) -> EncodedPage:
         """`read_all`, with each event's data and metadata left as JSON text."""
         rows, cursor, caught_up = self._read_all(after, limit, tenant, types, categories, max_bytes, conn)
-        return EncodedPage(tuple(_encoded(r[1:]) for r in rows), cursor, caught_up)
+        return EncodedPage(tuple(_encoded(r[2:]) for r in rows), cursor, caught_up)
 
     def _read_all(
         self,
@@ -592,8 +592,8 @@ class EventStore:
         max_bytes: int | None,
         conn: psycopg.Connection[Any] | None,
     ) -> tuple[list[Any], Cursor, bool]:
-        """The page's event rows (horizon, running size, then the event's columns), where to resume, and
-        whether the reader is caught up."""
+        """The page's event rows (horizon, whether its transaction had ended, running size, then the
+        event's columns), where to resume, and whether the reader is caught up."""
         if tenant is not None:
             check.check_tenant(tenant)
         _check_limit(limit)
@@ -609,15 +609,16 @@ class EventStore:
         }
         with wrap_exceptions(), self._connection(conn) as c:
             rows = c.execute(Q["read_all"], params).fetchall()
-        xmin = int(rows[0][0])
-        if rows[0][2] is None:
+        xmin, ended = int(rows[0][0]), bool(rows[0][1])
+        if rows[0][3] is None:
             rows = []
-        if rows and (len(rows) == limit or int(rows[-1][1]) >= budget):
+        if rows and (len(rows) == limit or int(rows[-1][2]) >= budget):
             # Stopped at the count or the byte budget: more may follow at once.
             last = rows[-1]
-            return rows, Cursor(int(last[3]), int(last[2])), False
-        # Everything below the horizon that matches has been read: resume at the horizon.
-        return rows, max(after, Cursor(xmin, 0)), True
+            return rows, Cursor(int(last[4]), int(last[3])), False
+        # Everything below the horizon that matches has been read: resume at the horizon. If the
+        # transaction it stopped at has ended meanwhile, more may be readable at once.
+        return rows, max(after, Cursor(xmin, 0)), not ended
 
     def _budget(self, max_bytes: int | None) -> int:
         if max_bytes is None:
