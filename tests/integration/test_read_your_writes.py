@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventstore import Cursor, EventStore, NewEvent
@@ -48,6 +48,7 @@ def test_every_append_is_seen_by_the_next_read(store: EventStore, projector: Pro
         assert count_of(store, stream) == expected[stream]
 
 
+@settings(max_examples=40)  # each example waits for a real projector: kept short for the suite
 @given(batches=st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=8))
 def test_a_read_after_waiting_shows_every_event_appended(
     store: EventStore, projector: ProjectorWorker, batches: list[int]
