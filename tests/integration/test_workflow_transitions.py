@@ -250,7 +250,14 @@ def _claim_plan(conn: psycopg.Connection[Any], ready: int) -> dict[str, int]:
     from workflows.queue import Q
 
     query = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + Q["claim"]
-    params = {"worker_name": "w", "instance": "i", "workflows": ["linear"], "limit": 8, "ttl": 30.0}
+    params = {
+        "worker_name": "w",
+        "instance": "i",
+        "workflows": ["linear"],
+        "versions": ["1"],
+        "limit": 8,
+        "ttl": 30.0,
+    }
     ((plan,),) = conn.execute(query, params).fetchall()
     top = plan[0]["Plan"]
     buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
@@ -262,7 +269,7 @@ def _claim_plan(conn: psycopg.Connection[Any], ready: int) -> dict[str, int]:
 def _index_rows(node: dict[str, object]) -> int:
     """Rows the plan read from the ready index."""
     own = 0
-    if node.get("Index Name") == "workflow_queue_ready_by_workflow":
+    if node.get("Index Name") == "workflow_queue_ready_by_version":
         own = int(node["Actual Rows"]) * int(node.get("Actual Loops", 1))  # type: ignore[call-overload]
     children = node.get("Plans", [])
     assert isinstance(children, list)
