@@ -226,9 +226,7 @@ def test_nodes_refused_a_slot_do_not_hold_back_the_queue(store: EventStore, engi
     assert sum(c.workflow == "lim" for c in got) == 1
 
 
-def test_a_successor_needing_a_slot_is_claimed_never_handed_over(
-    store: EventStore, engine: Engine
-) -> None:
+def test_a_successor_needing_a_slot_is_claimed_never_handed_over(store: EventStore, engine: Engine) -> None:
     set_limit(store, 1)
     runs = [engine.start("chain", input={"n": n}).run_id for n in range(2)]
     prepares = claim(store, 2, ("chain",))
