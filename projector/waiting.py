@@ -117,12 +117,14 @@ def wait_for(
             at, done = passed(store, projection, wanted, conn)
         if done:
             return at or wanted
-        if timeout == 0:
-            raise ProjectionBehindError(projection.name, at, wanted, timeout)
+        # Before any answer about the projection: a cursor no write returned is the caller's mistake,
+        # whatever state the projection is in.
         if wanted.transaction_id >= store.committed_so_far().transaction_id:
             raise InvalidInputError(
                 f"cursor {wanted} lies beyond every committed write; use the cursor an append returned"
             )
+        if timeout == 0:
+            raise ProjectionBehindError(projection.name, at, wanted, timeout)
         # Behind: listen first, then look again, so that no advance falls between the look and the wait.
         with _listening(store) as listener:
             while True:
