@@ -95,6 +95,13 @@ def test_fuzzing_every_operation_from_the_openapi_document(
                 def exercise(case: schemathesis.Case[Any]) -> None:
                     before = events()
                     response = client.request(**_request_kwargs(case))
+                    if response.status_code == 413:
+                        # A body over the size limit is refused before it is parsed: a rejection as good
+                        # as a 422, though not one the negative-data check lists (a generated list of
+                        # over 10,000 events, some megabytes, gets it).
+                        assert response.json()["error"]["code"]
+                        assert events() == before
+                        return
                     case.validate_response(response, checks=CHECKS)
                     if 400 <= response.status_code < 500:
                         assert events() == before, (
