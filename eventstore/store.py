@@ -18,7 +18,7 @@ from psycopg import sql
 from eventstore import _validation as check
 from eventstore import direct, jsonvalue, telemetry
 from eventstore.db import synced, wrap_exceptions
-from eventstore.errors import ConflictError, InvalidInputError, WrongExpectedVersionError
+from eventstore.errors import ConflictError, InvalidInputError, LedgerflowError, WrongExpectedVersionError
 from eventstore.events import (
     START,
     AppendedEvent,
@@ -37,6 +37,7 @@ from eventstore.events import (
 from eventstore.eventtypes import EventTypes
 from eventstore.jsonvalue import loads
 from eventstore.notify import Notifier
+from eventstore.partitions import ensure_partitions
 from eventstore.pinning import PinnedConnections
 from eventstore.sqlfile import load_queries
 
@@ -161,6 +162,9 @@ class EventStore:
         #: pool, so that other work always finds connections.
         pinned = pool.max_size // 2 if pinned_connections is None else pinned_connections
         self._pins = PinnedConnections(pool, limit=min(pinned, pool.max_size))
+        #: Where the log's last partition ends and how wide partitions are, as last seen (0: not yet).
+        self._log_end = 0
+        self._partition_size = 0
 
     def close(self) -> None:
         """Close the notifier and the pool (when the store was opened with `open_store`)."""
@@ -331,6 +335,8 @@ class EventStore:
             raise
         if len(rows) > 1:
             rows.sort(key=lambda r: r[2])  # by position
+        if rows:
+            self._make_room(int(rows[-1][2]))
         result = AppendResult(
             events=tuple(AppendedEvent(r[0], r[1], r[2], r[3]) for r in rows),
             duplicate=bool(rows and len(rows[0]) > 4 and rows[0][4]),
@@ -339,6 +345,20 @@ class EventStore:
         if not result.duplicate:
             telemetry.events_appended.add(len(result.events), {"tenant": tenant})
         return result
+
+    def _make_room(self, position: int) -> None:
+        """Once appends reach the log's last partition, create the next one: one statement per partition
+        and process, after the append (never on its round trip), so an append always finds its partition."""
+        if position < self._log_end - self._partition_size:
+            return
+        try:
+            with self.pool.connection(timeout=5) as conn:
+                end = ensure_partitions(conn)
+        except (LedgerflowError, psycopg_pool.PoolTimeout) as exc:
+            # The next append tries again; the partition ahead still has a whole partition's room.
+            log.warning("log_partition_not_created", error=str(exc))
+            return
+        self._log_end, self._partition_size = end.end, end.partition_size
 
     def notify_appended(self) -> None:
         """Wake subscribers. Called after an append commits; callers that append inside their own
@@ -426,6 +446,9 @@ class EventStore:
             counts[stream_id] = counts.get(stream_id, 0) + 1
         if not pairs:
             return 0
+        with self.pool.connection() as conn:
+            # Room for the whole import and one partition more, before the import's transaction.
+            ensure_partitions(conn, headroom=ensure_partitions(conn).partition_size + len(pairs))
         with wrap_exceptions(), self.pool.connection() as conn, conn.transaction():
             # Gap-freedom: the writer lock before the first write. The transaction has no xid yet, so its
             # stamp is its own xid, the column's default that COPY fills in.
