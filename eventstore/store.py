@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 Q = load_queries("eventstore")
+#: Appends between two attempts to create the next partition after one failed.
+_ROOM_RETRY_AFTER = 1000
 
 DEFAULT_TENANT = "default"
 _FORWARD_FROM_START = 1
@@ -355,8 +357,9 @@ class EventStore:
             with self.pool.connection(timeout=5) as conn:
                 end = ensure_partitions(conn)
         except (LedgerflowError, psycopg_pool.PoolTimeout) as exc:
-            # The next append tries again; the partition ahead still has a whole partition's room.
+            # Tried again after some more appends; the partition ahead still has a whole partition's room.
             log.warning("log_partition_not_created", error=str(exc))
+            self._log_end, self._partition_size = position + _ROOM_RETRY_AFTER, 0
             return
         self._log_end, self._partition_size = end.end, end.partition_size
 
