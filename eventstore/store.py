@@ -282,7 +282,7 @@ class EventStore:
         which writes no row (rather than raising) when the expected version does not hold;
         `direct_form`: the statement's form for `eventstore.direct`, if it has one."""
         if not telemetry.tracing():
-            return self._write_untraced(query, params, tenant, conn, missing, direct_form)
+            return self._write_in_room(query, params, tenant, events, conn, missing, direct_form)
         with telemetry.tracer.start_as_current_span(
             "ledgerflow.append",
             attributes={
@@ -291,7 +291,30 @@ class EventStore:
                 "ledgerflow.events": events,
             },
         ):
+            return self._write_in_room(query, params, tenant, events, conn, missing, direct_form)
+
+    def _write_in_room(
+        self,
+        query: LiteralString | bytes,
+        params: dict[str, Any],
+        tenant: str,
+        events: int,
+        conn: psycopg.Connection[Any] | None,
+        missing: tuple[str, ExpectedVersion] | None,
+        direct_form: direct.DirectStatement | None,
+    ) -> AppendResult:
+        """The append; should its positions run past the last partition (a batch wider than the
+        partition kept ahead), the partitions it needs are created and it is sent again, once. Appends in
+        the caller's transaction (`conn=`) cannot be sent again: the error reaches the caller."""
+        try:
             return self._write_untraced(query, params, tenant, conn, missing, direct_form)
+        except LedgerflowError as exc:
+            if conn is not None or not _no_partition(exc):
+                raise
+        with self.pool.connection() as own:
+            end = ensure_partitions(own)
+            ensure_partitions(own, headroom=end.partition_size + events)
+        return self._write_untraced(query, params, tenant, conn, missing, direct_form)
 
     def _write_untraced(
         self,
@@ -687,6 +710,12 @@ class EventStore:
         else:
             with self.pool.connection() as own:
                 yield own
+
+
+def _no_partition(exc: LedgerflowError) -> bool:
+    """Whether an append failed for want of a partition for its positions."""
+    cause = exc.__cause__
+    return isinstance(cause, psycopg.errors.CheckViolation) and "no partition" in str(cause)
 
 
 def _with_bumps(query: LiteralString) -> dict[ExpectedState | None, bytes]:
