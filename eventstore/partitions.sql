@@ -42,10 +42,10 @@ SELECT c.projection, c.cursor_tx, c.cursor_position
  ORDER BY c.projection
 
 -- name: beyond_horizon
--- Events of the range whose transaction is still running (or just ended): not yet final.
+-- Events of the range at or beyond the log's horizon: a writer that may still add to them is running.
 SELECT count(*) FROM ledgerflow.events
  WHERE position >= %(from)s AND position < %(to)s
-   AND transaction_id >= pg_snapshot_xmin(pg_current_snapshot())
+   AND transaction_id >= ledgerflow.log_horizon()
 
 -- name: lock_timeout
 -- Detaching and attaching wait at most this long for the log's lock, so a long reader never makes

@@ -67,7 +67,7 @@ CREATE TABLE ledgerflow.event_ids (
 
 CREATE TABLE ledgerflow.events (
     position        bigint GENERATED ALWAYS AS IDENTITY,
-    -- See 0001: readers order and resume by (transaction_id, position), below the safe horizon.
+    -- See 0001 and 0013: readers order and resume by (transaction_id, position), below the log's horizon.
     transaction_id  xid8   NOT NULL DEFAULT pg_current_xact_id(),
     tenant          text   NOT NULL CHECK (tenant ~ '^[a-z0-9][a-z0-9_-]{0,62}$'),
     stream_id       text   NOT NULL CHECK (stream_id <> '' AND length(stream_id) <= 400),
@@ -167,6 +167,11 @@ $$;
 CREATE TRIGGER events_claim_event_id
     BEFORE INSERT ON ledgerflow.events
     FOR EACH ROW EXECUTE FUNCTION ledgerflow.claim_event_id();
+
+COMMENT ON COLUMN ledgerflow.events.transaction_id IS
+    'The writing transaction''s stamp (ledgerflow.log_writer): its xid, or for a transaction that wrote '
+    'something else first, an xid handed out after it took the log writer lock. Readers of the global log '
+    'order and resume by (transaction_id, position), below ledgerflow.log_horizon().';
 
 -- Append-only, as in 0001: on the parent (cloned to every partition) and, for TRUNCATE, on each partition.
 CREATE TRIGGER events_refuse_update_delete
