@@ -32,7 +32,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import default_admin_url, fresh_database, median, print_table, quiet_logs
-from eventstore import Cursor, DatabaseSettings, EventStore, NewEvent, ensure_partitions, open_store
+from eventstore import Cursor, EventStore, NewEvent, ensure_partitions, open_store
 from eventstore.migrate import migrate
 
 # Short transactions: a transaction open anywhere on the server holds back every reader's safe horizon
@@ -130,7 +130,7 @@ def main() -> None:
             size = args.small if label == "small" else args.large
             print(f"filling the {label} log to {size:,} events", flush=True)
             print(f"  {fill(url, size):.0f} s", flush=True)
-        stores = {label: open_store(DatabaseSettings(database_url=url)) for label, url in urls.items()}
+        stores = {label: open_store(url=url, migrate=False) for label, url in urls.items()}
         try:
             for store in stores.values():  # warm-up: connections and plans ready
                 measure_appends(store, args.appends)
