@@ -118,17 +118,53 @@ def create_twin_table(url: str, source: str, schema: str, table: str = "events")
 
     LIKE ... INCLUDING ALL copies identity, generated columns, defaults, CHECK constraints, indexes
     (primary key and unique constraints included), statistics, storage and compression, but not
-    triggers. ledgerflow's triggers only fire on UPDATE, DELETE and TRUNCATE, never on INSERT, so the
-    twin's insert cost is the same; `table_shape` checks that no INSERT trigger exists on either.
+    triggers. A partitioned source (ledgerflow.events, partitioned by position) gets a partitioned twin
+    with a twin of each of its partitions (same bounds, same per-partition indexes), and its INSERT
+    trigger (the one that keeps event ids unique per tenant) on the twin too: the same work per row.
+    `table_shape` checks that both have as many INSERT triggers.
     """
     target = f"{schema}.{table}"
+    twin = sql.Identifier(schema, table)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        partitioned = conn.execute(
+            "SELECT relkind = 'p' FROM pg_class WHERE oid = %s::regclass", (source,)
+        ).fetchone() == (True,)
         conn.execute(
-            sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(
-                sql.Identifier(schema, table), sql.Identifier(*source.split("."))
+            sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL){}").format(
+                twin,
+                sql.Identifier(*source.split(".")),
+                sql.SQL(" PARTITION BY RANGE (position)") if partitioned else sql.SQL(""),
             )
         )
+        if partitioned:
+            parts = conn.execute(
+                "SELECT c.oid::regclass::text, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
+                " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass",
+                (source,),
+            ).fetchall()
+            for n, (part, bound) in enumerate(parts):
+                twin_part = sql.Identifier(schema, f"{table}_p{n}")
+                conn.execute(
+                    sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(
+                        twin_part, sql.Identifier(*part.split("."))
+                    )
+                )
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(
+                        twin,
+                        twin_part,
+                        sql.SQL(bound),  # type: ignore[arg-type]  # from the catalogue
+                    )
+                )
+            triggers = conn.execute(
+                "SELECT tgname, tgfoid::regproc::text FROM pg_trigger"
+                " WHERE tgrelid = %s::regclass AND NOT tgisinternal AND (tgtype::int & 4) <> 0",
+                (source,),
+            ).fetchall()
+            for name, function in triggers:
+                create = sql.SQL("CREATE TRIGGER {} BEFORE INSERT ON {} FOR EACH ROW EXECUTE FUNCTION {}()")
+                conn.execute(create.format(sql.Identifier(name), twin, sql.Identifier(*function.split("."))))
         want, got = table_shape(conn, source), table_shape(conn, target)
     return [
         f"{what}: {source} has {want[what]}, {target} has {got[what]}"

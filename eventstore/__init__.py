@@ -11,6 +11,7 @@ from eventstore._validation import (
 from eventstore.connect import open_store
 from eventstore.db import pipelined, redact, resolve_database_url, synced, translate, wrap_exceptions
 from eventstore.errors import (
+    ArchiveRefusedError,
     ConfigurationError,
     ConflictError,
     DatabaseUnavailableError,
@@ -45,6 +46,15 @@ from eventstore.jsonvalue import loads as json_loads
 from eventstore.migrate import Migration, applied_versions, pending_migrations
 from eventstore.migrate import migrate as apply_migrations
 from eventstore.outage import Outage, OutageState, backoff, is_unavailable, sleeper
+from eventstore.partitions import (
+    LogEnd,
+    Manifest,
+    Partition,
+    archive_partition,
+    ensure_partitions,
+    list_partitions,
+    restore_partition,
+)
 from eventstore.settings import DatabaseSettings
 from eventstore.sqlfile import load_queries
 from eventstore.store import EventStore, Horizon
@@ -60,6 +70,7 @@ __all__ = [
     "START",
     "STREAM_EXISTS",
     "AppendResult",
+    "ArchiveRefusedError",
     "ConfigurationError",
     "ConflictError",
     "Cursor",
@@ -76,12 +87,15 @@ __all__ = [
     "IdempotencyConflictError",
     "InvalidInputError",
     "LedgerflowError",
+    "LogEnd",
+    "Manifest",
     "Migration",
     "MigrationError",
     "NewEvent",
     "NotFoundError",
     "Outage",
     "OutageState",
+    "Partition",
     "ReadPage",
     "RecordedEvent",
     "StreamAppend",
@@ -90,12 +104,15 @@ __all__ = [
     "WrongExpectedVersionError",
     "applied_versions",
     "apply_migrations",
+    "archive_partition",
     "backoff",
     "check_stream_id",
     "check_tenant",
+    "ensure_partitions",
     "is_unavailable",
     "json_dumps",
     "json_loads",
+    "list_partitions",
     "load_queries",
     "open_store",
     "pending_migrations",
@@ -103,6 +120,7 @@ __all__ = [
     "redact",
     "require_ledgerflow_packages",
     "resolve_database_url",
+    "restore_partition",
     "sleeper",
     "synced",
     "translate",

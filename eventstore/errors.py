@@ -107,3 +107,9 @@ class MissingRelationError(LedgerflowError):
 
 class NotFoundError(LedgerflowError, LookupError):
     code = "not_found"
+
+
+class ArchiveRefusedError(LedgerflowError):
+    """A partition of the log cannot be archived or restored now; the message says why and what to do."""
+
+    code = "archive_refused"

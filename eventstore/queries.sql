@@ -82,10 +82,28 @@ RETURNING s.version - %(count)s AS base
 -- page's running size: data and metadata as JSON text, plus the envelope. `ended`: the transaction the
 -- horizon stopped at had ended by the time it was looked at (it ended during the read, which log_holders
 -- cannot tell from a writer's ending): the reader is told to read again at once rather than wait.
+-- The log is partitioned by position (migration 0020); `floor` is the first position of the oldest
+-- partition holding an event after the cursor (one index probe per partition, once per page), and the
+-- walk's `position >= floor` prunes the partitions before it from every step. Gap-free still: the page
+-- reads only events below the horizon, which no later commit can add to, so all of them are visible to
+-- the statement snapshot that found the floor; an event committed later, wherever it lies, is found by
+-- the next page's floor.
 WITH RECURSIVE horizon AS MATERIALIZED (
     SELECT h.xmin,
            h.xmin < pg_snapshot_xmax(pg_current_snapshot())
-           AND pg_xact_status(h.xmin) IS DISTINCT FROM 'in progress' AS ended
+           AND pg_xact_status(h.xmin) IS DISTINCT FROM 'in progress' AS ended,
+           coalesce(
+               (SELECT min(p.from_position) FROM ledgerflow.event_partitions p
+                 WHERE p.state = 'attached'
+                   AND EXISTS (SELECT 1 FROM (
+                       SELECT e.position FROM ledgerflow.events e
+                        WHERE e.position >= p.from_position AND e.position < p.to_position
+                          AND (e.transaction_id, e.position)
+                              > (%(transaction_id)s::text::xid8, %(position)s::bigint)
+                        ORDER BY e.transaction_id, e.position
+                        LIMIT 1) AS after_cursor)),
+               (SELECT max(p.from_position) FROM ledgerflow.event_partitions p WHERE p.state = 'attached'),
+               1) AS floor
       FROM (SELECT ledgerflow.log_horizon() AS xmin OFFSET 0) h  -- OFFSET 0: computed once
 ), page AS (
     SELECT 0 AS n, %(transaction_id)s::text::xid8 AS transaction_id, %(position)s::bigint AS position,
@@ -106,6 +124,7 @@ WITH RECURSIVE horizon AS MATERIALIZED (
             FROM ledgerflow.events e
            WHERE (e.transaction_id, e.position) > (p.transaction_id, p.position)
              AND e.transaction_id < h.xmin
+             AND e.position >= h.floor
              AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
              AND (%(types)s::text[] IS NULL OR e.event_type = ANY (%(types)s::text[]))
              AND (%(categories)s::text[] IS NULL OR e.category = ANY (%(categories)s::text[]))

@@ -18,7 +18,7 @@ from psycopg import sql
 from eventstore import _validation as check
 from eventstore import direct, jsonvalue, telemetry
 from eventstore.db import synced, wrap_exceptions
-from eventstore.errors import ConflictError, InvalidInputError, WrongExpectedVersionError
+from eventstore.errors import ConflictError, InvalidInputError, LedgerflowError, WrongExpectedVersionError
 from eventstore.events import (
     START,
     AppendedEvent,
@@ -37,6 +37,7 @@ from eventstore.events import (
 from eventstore.eventtypes import EventTypes
 from eventstore.jsonvalue import loads
 from eventstore.notify import Notifier
+from eventstore.partitions import ensure_partitions
 from eventstore.pinning import PinnedConnections
 from eventstore.sqlfile import load_queries
 
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 Q = load_queries("eventstore")
+#: Appends between two attempts to create the next partition after one failed.
+_ROOM_RETRY_AFTER = 1000
 
 DEFAULT_TENANT = "default"
 _FORWARD_FROM_START = 1
@@ -161,6 +164,9 @@ class EventStore:
         #: pool, so that other work always finds connections.
         pinned = pool.max_size // 2 if pinned_connections is None else pinned_connections
         self._pins = PinnedConnections(pool, limit=min(pinned, pool.max_size))
+        #: Where the log's last partition ends and how wide partitions are, as last seen (0: not yet).
+        self._log_end = 0
+        self._partition_size = 0
 
     def close(self) -> None:
         """Close the notifier and the pool (when the store was opened with `open_store`)."""
@@ -276,7 +282,7 @@ class EventStore:
         which writes no row (rather than raising) when the expected version does not hold;
         `direct_form`: the statement's form for `eventstore.direct`, if it has one."""
         if not telemetry.tracing():
-            return self._write_untraced(query, params, tenant, conn, missing, direct_form)
+            return self._write_in_room(query, params, tenant, events, conn, missing, direct_form)
         with telemetry.tracer.start_as_current_span(
             "ledgerflow.append",
             attributes={
@@ -285,7 +291,30 @@ class EventStore:
                 "ledgerflow.events": events,
             },
         ):
+            return self._write_in_room(query, params, tenant, events, conn, missing, direct_form)
+
+    def _write_in_room(
+        self,
+        query: LiteralString | bytes,
+        params: dict[str, Any],
+        tenant: str,
+        events: int,
+        conn: psycopg.Connection[Any] | None,
+        missing: tuple[str, ExpectedVersion] | None,
+        direct_form: direct.DirectStatement | None,
+    ) -> AppendResult:
+        """The append; should its positions run past the last partition (a batch wider than the
+        partition kept ahead), the partitions it needs are created and it is sent again, once. Appends in
+        the caller's transaction (`conn=`) cannot be sent again: the error reaches the caller."""
+        try:
             return self._write_untraced(query, params, tenant, conn, missing, direct_form)
+        except LedgerflowError as exc:
+            if conn is not None or not _no_partition(exc):
+                raise
+        with self.pool.connection() as own:
+            end = ensure_partitions(own)
+            ensure_partitions(own, headroom=end.partition_size + events)
+        return self._write_untraced(query, params, tenant, conn, missing, direct_form)
 
     def _write_untraced(
         self,
@@ -331,6 +360,8 @@ class EventStore:
             raise
         if len(rows) > 1:
             rows.sort(key=lambda r: r[2])  # by position
+        if rows:
+            self._make_room(int(rows[-1][2]))
         result = AppendResult(
             events=tuple(AppendedEvent(r[0], r[1], r[2], r[3]) for r in rows),
             duplicate=bool(rows and len(rows[0]) > 4 and rows[0][4]),
@@ -339,6 +370,21 @@ class EventStore:
         if not result.duplicate:
             telemetry.events_appended.add(len(result.events), {"tenant": tenant})
         return result
+
+    def _make_room(self, position: int) -> None:
+        """Once appends reach the log's last partition, create the next one: one statement per partition
+        and process, after the append (never on its round trip), so an append always finds its partition."""
+        if position < self._log_end - self._partition_size:
+            return
+        try:
+            with self.pool.connection(timeout=5) as conn:
+                end = ensure_partitions(conn)
+        except (LedgerflowError, psycopg_pool.PoolTimeout) as exc:
+            # Tried again after some more appends; the partition ahead still has a whole partition's room.
+            log.warning("log_partition_not_created", error=str(exc))
+            self._log_end, self._partition_size = position + _ROOM_RETRY_AFTER, 0
+            return
+        self._log_end, self._partition_size = end.end, end.partition_size
 
     def notify_appended(self) -> None:
         """Wake subscribers. Called after an append commits; callers that append inside their own
@@ -426,6 +472,9 @@ class EventStore:
             counts[stream_id] = counts.get(stream_id, 0) + 1
         if not pairs:
             return 0
+        with self.pool.connection() as conn:
+            # Room for the whole import and one partition more, before the import's transaction.
+            ensure_partitions(conn, headroom=ensure_partitions(conn).partition_size + len(pairs))
         with wrap_exceptions(), self.pool.connection() as conn, conn.transaction():
             # Gap-freedom: the writer lock before the first write. The transaction has no xid yet, so its
             # stamp is its own xid, the column's default that COPY fills in.
@@ -661,6 +710,12 @@ class EventStore:
         else:
             with self.pool.connection() as own:
                 yield own
+
+
+def _no_partition(exc: LedgerflowError) -> bool:
+    """Whether an append failed for want of a partition for its positions."""
+    cause = exc.__cause__
+    return isinstance(cause, psycopg.errors.CheckViolation) and "no partition" in str(cause)
 
 
 def _with_bumps(query: LiteralString) -> dict[ExpectedState | None, bytes]:

@@ -1,0 +1,220 @@
+"""The partitioned log: partitions made ahead of need, uniqueness across partitions, archive and restore.
+
+Partitions here are 10 positions wide, so a few dozen events cross several of them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from eventstore import (
+    NO_STREAM,
+    START,
+    ArchiveRefusedError,
+    EventStore,
+    NewEvent,
+    RecordedEvent,
+    WrongExpectedVersionError,
+    archive_partition,
+    list_partitions,
+    open_store,
+    restore_partition,
+)
+from eventstore.errors import DuplicateEventIdError
+from tests.waiting import wait_until
+
+_SIZE = 10
+
+
+@pytest.fixture
+def small_store(database_url: str) -> Iterator[EventStore]:
+    """A store on an empty log whose partitions are 10 positions wide."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE ledgerflow.events DETACH PARTITION ledgerflow.events_p000001")
+        conn.execute("DROP TABLE ledgerflow.events_p000001")
+        conn.execute("DELETE FROM ledgerflow.event_partitions")
+        conn.execute("UPDATE ledgerflow.event_partitioning SET partition_size = %s", (_SIZE,))
+        conn.execute("SELECT ledgerflow.events_ensure_partitions()")
+    with open_store(url=database_url) as store:
+        yield store
+
+
+def _all(store: EventStore) -> list[RecordedEvent]:
+    """Every event committed so far, in resume order: read on until the cursor passes everything that had
+    committed when the call began (the horizon may lag behind for a moment, never for good)."""
+    target = store.committed_so_far()
+    out: list[RecordedEvent] = []
+    cursor = START
+
+    def read_on() -> bool:
+        nonlocal cursor
+        while (page := store.read_all(cursor, limit=7)).events:
+            out.extend(page.events)
+            cursor = page.cursor
+        cursor = page.cursor
+        return not cursor < target
+
+    wait_until(read_on, what="the log to be read to its end")
+    return out
+
+
+def _partitions(store: EventStore) -> dict[str, tuple[int, int, str]]:
+    with store.pool.connection() as conn:
+        return {p.name: (p.from_position, p.to_position, p.state) for p in list_partitions(conn)}
+
+
+def test_appends_cross_partitions_and_read_back_whole(small_store: EventStore) -> None:
+    store = small_store
+    for i in range(12):
+        store.append(f"order-{i % 3}", [NewEvent("Placed", {"i": i})])
+    # A batch wider than the partition kept ahead: the store makes room and sends it again.
+    store.append("order-0", [NewEvent("Batch", {"j": j}) for j in range(25)])
+    store.import_events([(f"imported-{k % 2}", NewEvent("Imported", {"k": k})) for k in range(30)])
+    events = _all(store)
+    assert len(events) == 12 + 25 + 30
+    # Every position has its partition, and one partition more is always there ahead of the appends.
+    parts = _partitions(store)
+    last = max(e.position for e in events)
+    assert max(to for _, to, _ in parts.values()) > last + _SIZE - 1
+    assert len(parts) >= 7
+    # Streams read whole across partitions, versions 1..n with no gap.
+    order_0 = store.read_stream("order-0")
+    assert [e.stream_version for e in order_0] == list(range(1, 4 + 25 + 1))
+    assert {e.position // _SIZE for e in order_0} != {order_0[0].position // _SIZE}
+
+
+def test_uniqueness_holds_across_partitions(small_store: EventStore) -> None:
+    store = small_store
+    first = store.append("a-1", [NewEvent("E", {})], expected_version=NO_STREAM).events[0]
+    taken = store.read_stream("a-1")[0].event_id
+    for i in range(3 * _SIZE):  # the log moves on by several partitions
+        store.append(f"b-{i}", [NewEvent("E", {})])
+    with psycopg.connect(store.url) as conn:
+        before = conn.execute("SELECT count(*) FROM ledgerflow.events").fetchone()
+    # An event id of an old partition is refused in a new one (same tenant), nothing written.
+    with pytest.raises(DuplicateEventIdError):
+        store.append("c-1", [NewEvent("E", {}, event_id=taken)])
+    # Another tenant may use it: ids are unique within a tenant's log.
+    store.append("c-1", [NewEvent("E", {}, event_id=taken)], tenant="other")
+    # Versions: the stream's row refuses a stale expectation whatever partition its events are in.
+    with pytest.raises(WrongExpectedVersionError):
+        store.append("a-1", [NewEvent("E", {})], expected_version=NO_STREAM)
+    with psycopg.connect(store.url) as conn:
+        after = conn.execute("SELECT count(*) FROM ledgerflow.events").fetchone()
+    assert after is not None
+    assert before is not None
+    assert after[0] == before[0] + 1
+    assert first.stream_version == 1
+
+
+def test_concurrent_appends_across_partition_boundaries_keep_versions_unique(small_store: EventStore) -> None:
+    store = small_store
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            for i in range(20):
+                store.append(f"shared-{i % 2}", [NewEvent("W", {"n": n, "i": i})])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for stream in ("shared-0", "shared-1"):
+        assert [e.stream_version for e in store.read_stream(stream)] == list(range(1, 41))
+    assert len({e.position for e in _all(store)}) == 80
+
+
+def _fill(store: EventStore, n: int) -> None:
+    for i in range(n):
+        store.append(f"s-{i % 5}", [NewEvent("E", {"i": i, "text": "x\ny\t\\z ü"})])
+
+
+def _cursor_at_end(store: EventStore, projection: str) -> None:
+    events = _all(store)
+    last = events[-1]
+    with psycopg.connect(store.url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO ledgerflow.projection_cursors (projection, cursor_tx, cursor_position, version)"
+            " VALUES (%s, %s, %s, 1) ON CONFLICT (projection) DO UPDATE"
+            " SET cursor_tx = excluded.cursor_tx, cursor_position = excluded.cursor_position",
+            (projection, last.transaction_id, last.position),
+        )
+
+
+def test_archive_is_refused_while_a_projection_has_not_read_the_partition(
+    small_store: EventStore, tmp_path: Path
+) -> None:
+    store = small_store
+    _fill(store, 25)
+    _cursor_at_end(store, "done")
+    with psycopg.connect(store.url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO ledgerflow.projection_cursors (projection, cursor_tx, cursor_position, version)"
+            " VALUES ('lagging', 0, 3, 1)"
+        )
+    with pytest.raises(ArchiveRefusedError, match=r"lagging .*catch up"):
+        archive_partition(store.url, "events_p000001", tmp_path)
+    # The partition still receiving appends is refused too, whatever the cursors.
+    with psycopg.connect(store.url, autocommit=True) as conn:
+        conn.execute("DELETE FROM ledgerflow.projection_cursors WHERE projection = 'lagging'")
+    newest = max(_partitions(store).items(), key=lambda kv: kv[1][0])[0]
+    with pytest.raises(ArchiveRefusedError, match="still receives appends"):
+        archive_partition(store.url, newest, tmp_path)
+    assert all(state == "attached" for _, _, state in _partitions(store).values())
+    assert len(_all(store)) == 25
+
+
+def test_archive_then_restore_gives_back_the_same_log(small_store: EventStore, tmp_path: Path) -> None:
+    store = small_store
+    _fill(store, 25)
+    before = _all(store)
+    _cursor_at_end(store, "caught_up")
+
+    manifest = archive_partition(store.url, "events_p000001", tmp_path / "archive")
+    files = sorted(p.name for p in (tmp_path / "archive").iterdir())
+    assert files == ["events_p000001.copy", "events_p000001.manifest.json"]
+    recorded = json.loads((tmp_path / "archive" / "events_p000001.manifest.json").read_text())
+    assert (recorded["from_position"], recorded["to_position"]) == (1, 11)
+    assert recorded["events"] == manifest.events == sum(1 for e in before if e.position < 11)
+    assert _partitions(store)["events_p000001"][2] == "archived"
+    # The rest of the log reads on, and appends go on.
+    assert _all(store) == [e for e in before if e.position >= 11]
+    store.append("s-new", [NewEvent("E", {})])
+    # Its event ids are still taken while archived.
+    with pytest.raises(DuplicateEventIdError):
+        store.append("s-9", [NewEvent("E", {}, event_id=before[0].event_id)])
+    with pytest.raises(ArchiveRefusedError, match="already archived"):
+        archive_partition(store.url, "events_p000001", tmp_path / "again")
+
+    restored = restore_partition(store.url, tmp_path / "archive" / "events_p000001.manifest.json")
+    assert restored.state == "attached"
+    after = _all(store)
+    assert after[: len(before)] == before
+    assert [e.stream_id for e in after[len(before) :]] == ["s-new"]
+    with pytest.raises(ArchiveRefusedError, match="is attached"):
+        restore_partition(store.url, tmp_path / "archive" / "events_p000001.manifest.json")
+
+
+def test_a_damaged_archive_is_not_restored(small_store: EventStore, tmp_path: Path) -> None:
+    store = small_store
+    _fill(store, 25)
+    _cursor_at_end(store, "caught_up")
+    archive_partition(store.url, "events_p000002", tmp_path)
+    data = tmp_path / "events_p000002.copy"
+    data.write_bytes(data.read_bytes().replace(b"E", b"F", 1))
+    with pytest.raises(ArchiveRefusedError, match="SHA-256"):
+        restore_partition(store.url, tmp_path / "events_p000002.manifest.json")
+    assert _partitions(store)["events_p000002"][2] == "archived"
+    with psycopg.connect(store.url) as conn:
+        assert conn.execute("SELECT to_regclass('ledgerflow.events_p000002')").fetchone() == (None,)
