@@ -1084,7 +1084,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print(f"run {run + 1}/{args.runs} done in {time.perf_counter() - t0:.1f}s", flush=True)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    # The load average says how shared the machine was: other checkouts' tests run on the same server.
+    # The load average says how busy the machine was: other work on the same server moves the latencies.
     print(f"\nTotal {time.perf_counter() - started:.0f}s; load average at the end (1, 5, 15 min): {load}\n")
     report(results, s)
     return 0
