@@ -308,7 +308,10 @@ class NodeContext:
         Each signal is taken by one wait: the earliest one no other wait took. With `timeout` (seconds,
         from when the body first reaches this call), raises SignalTimeout once it passes with no signal;
         the body, run again, gets the same answer (payload or timeout)."""
-        if timeout is not None and not (isinstance(timeout, int | float) and timeout >= 0):
+        ev.check_signal_name(name)  # a name no sender may use would be waited for forever
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+        ):
             raise InvalidInputError(f"timeout must be a number of seconds or None, got {timeout!r}")
         key = self._wait_key(f"signal:{name}", key)
         self.check()

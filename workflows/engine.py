@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -48,7 +47,6 @@ T = TypeVar("T")
 
 _RUN_IDS = uuid.UUID("5b1f0c1e-8d4e-4d59-9a57-6c2f3b1d7e10")  # namespace of idempotent run ids
 _MAX_KEY = 200
-_SIGNAL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 _OCC_ATTEMPTS = 50
 _PAGE = 5000
 
@@ -267,10 +265,7 @@ class Engine:
         signal yet gets it (`NodeContext.wait_for_signal`), now if a node waits for it, or later when one
         does. A repeat with the same `idempotency_key` is recorded once."""
         check_tenant(tenant)
-        if not isinstance(name, str) or not _SIGNAL_NAME.fullmatch(name):
-            raise InvalidInputError(
-                f"invalid signal name {name!r}: use 1 to 100 characters of letters, digits and _.:-"
-            )
+        ev.check_signal_name(name)
         stream = ev.run_stream(run_id)
         received = ev.event(ev.SIGNAL_RECEIVED, run_id, name=name, payload=payload, actor=actor)
         key = None

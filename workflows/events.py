@@ -10,6 +10,7 @@ meaning); `parse()` gives a recorded event back as its model, for the fold in `w
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any, ClassVar
 
@@ -318,6 +319,18 @@ MODELS: dict[str, type[WorkflowEvent]] = {
         KeyReleased,
     )
 }
+
+
+_SIGNAL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+
+
+def check_signal_name(name: object) -> str:
+    """`name` if it can name a signal (both for sending one and for waiting for one), else a typed error."""
+    if not isinstance(name, str) or not _SIGNAL_NAME.fullmatch(name):
+        raise InvalidInputError(
+            f"invalid signal name {name!r}: use 1 to 100 characters of letters, digits and _.:-"
+        )
+    return name
 
 
 def run_stream(run_id: uuid.UUID) -> str:

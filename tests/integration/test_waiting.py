@@ -15,7 +15,15 @@ import pytest
 
 from eventstore import EventStore, InvalidInputError, NotFoundError
 from tests.waiting import wait_until
-from workflows import Engine, RunStateError, WorkerSettings, Workflow, WorkflowRegistry, WorkflowWorker
+from workflows import (
+    Engine,
+    RetryPolicy,
+    RunStateError,
+    WorkerSettings,
+    Workflow,
+    WorkflowRegistry,
+    WorkflowWorker,
+)
 from workflows import events as ev
 from workflows.context import NodeContext
 from workflows.errors import SignalTimeout
@@ -97,7 +105,15 @@ def both(ctx: NodeContext) -> Any:
     return sorted([ctx.outputs["first"]["n"], ctx.outputs["second"]["n"]])
 
 
-for wf in (sleepy, approval, pair):
+misnamed = Workflow("misnamed")
+
+
+@misnamed.node(retry=RetryPolicy(max_attempts=1))
+def waits_for_what_nobody_can_send(ctx: NodeContext) -> Any:
+    return ctx.wait_for_signal("not a name!")
+
+
+for wf in (sleepy, approval, pair, misnamed):
     registry.register(wf)
 
 
@@ -135,12 +151,15 @@ def _finished(engine: Engine, run_id: uuid.UUID) -> bool:
 def test_a_sleeping_node_holds_no_thread_and_wakes_after_its_time(engine: Engine, start_worker: Any) -> None:
     worker = start_worker()
     # Twice as many sleepers as the worker has threads: they all sleep at once, so none holds one.
-    runs = [engine.start("sleepy", input={"seconds": 1.5}).run_id for _ in range(4)]
+    runs = [engine.start("sleepy", input={"seconds": 3}).run_id for _ in range(4)]
     wait_until(lambda: all(_node(engine, r, "nap").status == NodeStatus.WAITING for r in runs), timeout=20)
-    assert not worker._running, "a waiting node holds no worker slot"
+    # A waiting node holds no worker slot (the slot is let go just after the wait is recorded), while every
+    # node still sleeps.
+    wait_until(lambda: not worker._running, timeout=1, what="the worker's slots to be free")
+    assert all(_node(engine, r, "nap").status == NodeStatus.WAITING for r in runs)
     started = time.monotonic()
     wait_until(lambda: all(_finished(engine, r) for r in runs), timeout=20)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 7
     for r in runs:
         run = engine.load(r)
         assert run.status == "succeeded"
@@ -262,3 +281,15 @@ def test_the_run_list_says_what_a_run_waits_for(engine: Engine, start_worker: An
     assert review["status"] == "waiting"
     assert review["waiting_for"] == "approve"
     assert review["wake_at"] is None
+
+
+def test_a_wait_for_a_signal_nobody_can_send_fails_the_node_at_once(
+    engine: Engine, start_worker: Any
+) -> None:
+    start_worker()
+    run_id = engine.start("misnamed").run_id
+    wait_until(lambda: _finished(engine, run_id), timeout=20)
+    run = engine.load(run_id)
+    assert run.status == "failed"
+    assert "invalid signal name" in (run.error or "")
+    assert not any(e.type == ev.NODE_WAITING for e in engine.store.read_stream(ev.run_stream(run_id)))
