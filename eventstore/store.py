@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -167,6 +168,8 @@ class EventStore:
         #: Where the log's last partition ends and how wide partitions are, as last seen (0: not yet).
         self._log_end = 0
         self._partition_size = 0
+        self._room_lock = threading.Lock()
+        self._room_keeper: threading.Thread | None = None
 
     def close(self) -> None:
         """Close the notifier and the pool (when the store was opened with `open_store`)."""
@@ -372,14 +375,26 @@ class EventStore:
         return result
 
     def _make_room(self, position: int) -> None:
-        """Once appends reach the log's last partition, create the next one: one statement per partition
-        and process, after the append (never on its round trip), so an append always finds its partition."""
+        """Once appends reach the log's last partition, have the next one created: by a thread of its own,
+        one statement per partition and process, never on the append's round trip nor holding up its
+        caller. (An appender inside its own transaction holds a pool connection: waiting here for a second
+        one could wait for the whole pool.) The partition kept ahead gives that thread a whole partition of
+        room; an append that outruns it anyway creates what it needs itself (`_write_in_room`)."""
         if position < self._log_end - self._partition_size:
             return
+        with self._room_lock:
+            if self._room_keeper is not None and self._room_keeper.is_alive():
+                return
+            self._room_keeper = threading.Thread(
+                target=self._keep_room, args=(position,), name="ledgerflow-log-room", daemon=True
+            )
+            self._room_keeper.start()
+
+    def _keep_room(self, position: int) -> None:
         try:
-            with self.pool.connection(timeout=5) as conn:
+            with self.pool.connection() as conn:
                 end = ensure_partitions(conn)
-        except (LedgerflowError, psycopg_pool.PoolTimeout) as exc:
+        except (LedgerflowError, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
             # Tried again after some more appends; the partition ahead still has a whole partition's room.
             log.warning("log_partition_not_created", error=str(exc))
             self._log_end, self._partition_size = position + _ROOM_RETRY_AFTER, 0

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from structlog.testing import capture_logs
 
 from eventstore import (
+    DatabaseSettings,
     NO_STREAM,
     START,
     ArchiveRefusedError,
@@ -218,3 +220,15 @@ def test_a_damaged_archive_is_not_restored(small_store: EventStore, tmp_path: Pa
     assert _partitions(store)["events_p000002"][2] == "archived"
     with psycopg.connect(store.url) as conn:
         assert conn.execute("SELECT to_regclass('ledgerflow.events_p000002')").fetchone() == (None,)
+
+
+def test_an_append_in_the_callers_transaction_never_waits_for_a_second_connection(database_url: str) -> None:
+    """The partition ahead is made by a thread of its own: an appender holding the pool's only connection
+    (its own transaction) is not held up waiting for another, and the partition still comes."""
+    settings = DatabaseSettings(database_url=database_url, pool_min_size=1, pool_max_size=1)
+    with open_store(settings) as store, capture_logs() as logs:
+        with store.pool.connection() as conn, conn.transaction():
+            store.append("order-1", [NewEvent("Placed", {})], conn=conn)
+            assert not [e for e in logs if e["event"] == "log_partition_not_created"]
+        wait_until(lambda: store._log_end > 0, what="the partition ahead to be seen")
+        assert not [e for e in logs if e["event"] == "log_partition_not_created"]
