@@ -15,10 +15,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from eventstore import (
-    DatabaseSettings,
     NO_STREAM,
     START,
     ArchiveRefusedError,
+    DatabaseSettings,
     EventStore,
     NewEvent,
     RecordedEvent,
