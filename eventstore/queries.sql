@@ -205,6 +205,13 @@ SELECT 0::bigint, position, transaction_id::text::bigint, tenant, stream_id, str
 -- name: stream_version
 SELECT version FROM ledgerflow.streams WHERE tenant = %(tenant)s AND stream_id = %(stream_id)s
 
+-- name: earlier_append
+-- What an append under an idempotency key answered (see ledgerflow.append_events), read without writing:
+-- one row per event, each with the key's request hash. No row if no committed append used the key.
+SELECT k.request_hash, r->>0, (r->>1)::bigint, (r->>2)::bigint, (r->>3)::bigint
+  FROM ledgerflow.idempotency_keys k, jsonb_array_elements(k.result) AS r
+ WHERE k.tenant = %(tenant)s AND k.key = %(idempotency_key)s
+
 -- name: log_writer
 -- Makes the calling transaction a writer of the log (see ledgerflow.log_writer): its first statement in a
 -- transaction that writes events by other means than the append statements above (COPY).

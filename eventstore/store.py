@@ -19,7 +19,13 @@ from psycopg import sql
 from eventstore import _validation as check
 from eventstore import direct, jsonvalue, telemetry
 from eventstore.db import synced, wrap_exceptions
-from eventstore.errors import ConflictError, InvalidInputError, LedgerflowError, WrongExpectedVersionError
+from eventstore.errors import (
+    ConflictError,
+    IdempotencyConflictError,
+    InvalidInputError,
+    LedgerflowError,
+    WrongExpectedVersionError,
+)
 from eventstore.events import (
     START,
     AppendedEvent,
@@ -609,6 +615,28 @@ class EventStore:
         with wrap_exceptions(), self.pool.connection() as conn:
             row = conn.execute(Q["stream_version"], {"tenant": tenant, "stream_id": stream_id}).fetchone()
         return None if row is None else int(row[0])
+
+    def earlier_append(
+        self,
+        appends: Sequence[StreamAppend],
+        *,
+        idempotency_key: str,
+        tenant: str = DEFAULT_TENANT,
+    ) -> AppendResult | None:
+        """The result of an earlier append of `appends` under `idempotency_key` (`duplicate=True`), as
+        `append_many` would answer a repeat of it, but read: nothing is written or locked. None if no
+        committed append used the key; other content under the key raises IdempotencyConflictError."""
+        params = self._append_params(appends, idempotency_key, tenant)
+        with wrap_exceptions(), self.pool.connection() as conn:
+            rows = conn.execute(
+                Q["earlier_append"], {"tenant": tenant, "idempotency_key": idempotency_key}
+            ).fetchall()
+        if not rows:
+            return None
+        if rows[0][0] != params["request_hash"]:
+            raise IdempotencyConflictError(tenant, idempotency_key)
+        rows.sort(key=lambda r: r[3])  # by position, as append_many orders its result
+        return AppendResult(events=tuple(AppendedEvent(r[1], r[2], r[3], r[4]) for r in rows), duplicate=True)
 
     def read_all(
         self,

@@ -70,10 +70,6 @@ class Started:
     cursor: Cursor | None = None
 
 
-class _NotARepeat(Exception):
-    """Rolls back an append that was only a lookup of its idempotency key."""
-
-
 @dataclass(frozen=True)
 class SignalSent:
     run_id: uuid.UUID
@@ -298,16 +294,11 @@ class Engine:
         return SignalSent(run_id, name, result.last_position, result.duplicate)
 
     def _repeated_send(self, stream: str, received: NewEvent, key: str, tenant: str) -> AppendResult | None:
-        """The first send's result if `key` already recorded this signal, else None; writes nothing. (The
-        store's idempotency check answers a repeat; anything new it would write is rolled back.)"""
-        try:
-            with self.transaction() as conn:
-                result = self.store.append(stream, [received], idempotency_key=key, tenant=tenant, conn=conn)
-                if not result.duplicate:
-                    raise _NotARepeat
-        except _NotARepeat:
-            return None
-        return result
+        """The first send's result if `key` already recorded this signal, else None: a read of the key's
+        record, which writes nothing. A key used for other content (another name or payload) raises
+        IdempotencyConflictError, as the append would."""
+        first = [StreamAppend(stream, [received])]
+        return self.store.earlier_append(first, idempotency_key=key, tenant=tenant)
 
     # -- operator actions ------------------------------------------------------------------------------
 

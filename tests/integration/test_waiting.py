@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from eventstore import EventStore, InvalidInputError, NotFoundError
+from eventstore import EventStore, IdempotencyConflictError, InvalidInputError, NotFoundError
 from tests.waiting import wait_until
 from workflows import (
     Engine,
@@ -239,6 +239,35 @@ def test_each_signal_is_taken_by_exactly_one_wait(engine: Engine, start_worker: 
         engine.signal(run_id, "go", {"n": 2})
         wait_until(lambda run_id=run_id: _finished(engine, run_id), timeout=20)  # type: ignore[misc]
         assert engine.load(run_id).nodes["both"].output == [1, 2]
+
+
+def _writes(engine: Engine) -> tuple[int, ...]:
+    """Events, idempotency keys, and the last log position handed out (a rolled-back append moves it too)."""
+    with engine.store.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM ledgerflow.events),"
+            " (SELECT count(*) FROM ledgerflow.idempotency_keys),"
+            " coalesce(pg_sequence_last_value(pg_get_serial_sequence('ledgerflow.events', 'position')), 0)"
+        ).fetchone()
+    assert row is not None
+    return tuple(int(v) for v in row)
+
+
+def test_a_repeat_after_the_run_ended_reads_the_first_send_and_writes_nothing(engine: Engine) -> None:
+    run_id = engine.start("approval").run_id
+    sent = engine.signal(run_id, "approve", {"approved": True}, idempotency_key="k1")
+    assert not sent.duplicate
+    assert engine.cancel(run_id).status == "cancelled"
+    before = _writes(engine)
+    again = engine.signal(run_id, "approve", {"approved": True}, idempotency_key="k1")
+    assert again.duplicate
+    assert again.position == sent.position, "the first send's answer"
+    with pytest.raises(IdempotencyConflictError):
+        engine.signal(run_id, "approve", {"approved": False}, idempotency_key="k1")
+    with pytest.raises(RunStateError, match="ended"):
+        engine.signal(run_id, "approve", {"approved": True}, idempotency_key="k2")
+    assert _writes(engine) == before, "no event, key or log position was taken, not even for a moment"
+    assert len(engine.load(run_id).signals) == 1
 
 
 def test_signals_are_checked(engine: Engine) -> None:
