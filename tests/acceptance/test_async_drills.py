@@ -9,21 +9,15 @@ from __future__ import annotations
 import random
 import signal
 import subprocess
-import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
 from eventstore import EventStore
-from tests.acceptance.test_workflow_drills import (
-    all_done,
-    assert_tables_equal_rebuild,
-    calls_by_run,
-    db_now,
-    holds_nodes,
-)
-from tests.acceptance.test_workflow_drills import start_worker as drill_worker
+from tests.acceptance.drill_workers import kill, sigkill_at_random_moments
+from tests.acceptance.drill_workers import start_worker as drill_worker
+from tests.acceptance.test_workflow_drills import all_done, assert_tables_equal_rebuild, calls_by_run
 from tests.async_flows import create_calls_table, expected_total, registry
 from tests.waiting import wait_until
 from workflows import Engine
@@ -74,8 +68,7 @@ def test_an_async_step_is_paid_once_across_a_sigkill(store: EventStore, tmp_path
             what="every first step to be recorded",
         )
         assert not any("step:refund" in recorded_steps(store, r) for r in run_ids)
-        worker.send_signal(signal.SIGKILL)
-        worker.wait()
+        kill(worker)
         worker = start_worker(store.url, "paid-a", log)  # the same name takes its nodes back at once
         wait_until(lambda: all_done(engine, run_ids), timeout=60, what="every run to finish")
     finally:
@@ -98,27 +91,15 @@ def test_sigkill_async_workers_at_random_moments(store: EventStore, tmp_path: Pa
     run_ids = [engine.start("async_pages", input={"items": 8}).run_id for _ in range(8)]
     log = tmp_path / "workers.log"
     create_calls_table(store.url)
-    rng = random.Random(12)
-    kills = 0
-    name, since = "async-a", db_now(store)
-    worker = start_worker(store.url, name, log)
-    try:
-        while not all_done(engine, run_ids) and kills < 5:
-            wait_until(
-                lambda n=name, t=since: holds_nodes(store, n, t) or all_done(engine, run_ids),
-                timeout=60,
-                what="the worker to claim a node",
-            )
-            threading.Event().wait(rng.uniform(0, 0.4))
-            worker.send_signal(signal.SIGKILL)
-            worker.wait()
-            kills += 1
-            name, since = ("async-a" if kills % 2 else f"async-{kills}"), db_now(store)
-            worker = start_worker(store.url, name, log)
-        wait_until(lambda: all_done(engine, run_ids), timeout=120, what="every run to finish")
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=30)
+    kills = sigkill_at_random_moments(
+        store,
+        lambda name: start_worker(store.url, name, log),
+        lambda: all_done(engine, run_ids),
+        prefix="async",
+        rng=random.Random(12),
+        most=5,
+        pause=0.4,
+    )
     assert kills >= 3
     for run_id in run_ids:
         run = engine.load(run_id)

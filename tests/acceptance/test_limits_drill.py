@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from eventstore import EventStore
-from tests.acceptance.test_workflow_drills import start_worker as drill_worker
+from tests.acceptance.drill_workers import start_worker as drill_worker
 from tests.waiting import wait_until
 from workflows import Engine, NodeContext, Workflow, WorkflowRegistry
 from workflows import events as ev

@@ -21,7 +21,8 @@ import pytest
 from eventstore import EventStore, NewEvent, RecordedEvent
 from projector import ProjectorWorker, WorkerSettings, rebuild
 from projector.digest import projection_digest
-from tests.acceptance.test_workflow_drills import start_worker as drill_worker
+from tests.acceptance.drill_workers import kill
+from tests.acceptance.drill_workers import start_worker as drill_worker
 from tests.waiting import wait_until
 from workflows import workflow_tables
 from workflows.triggers import projection_name
@@ -42,11 +43,6 @@ def create_calls_table(store: EventStore) -> None:
 
 def start_worker(url: str, name: str, log: Path, registry: str) -> subprocess.Popen[bytes]:
     return drill_worker(url, name, log, lease_ttl=LEASE_TTL, workflows=registry)
-
-
-def kill(worker: subprocess.Popen[bytes]) -> None:
-    worker.send_signal(signal.SIGKILL)
-    worker.wait()
 
 
 def stop(workers: dict[str, subprocess.Popen[bytes]]) -> None:

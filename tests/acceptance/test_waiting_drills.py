@@ -10,7 +10,6 @@ workflow tables equal a rebuild.
 from __future__ import annotations
 
 import random
-import signal
 import threading
 import uuid
 from pathlib import Path
@@ -18,15 +17,8 @@ from pathlib import Path
 import pytest
 
 from eventstore import EventStore
-from tests.acceptance.test_workflow_drills import (
-    all_done,
-    assert_tables_equal_rebuild,
-    calls_by_run,
-    db_now,
-    holds_nodes,
-    start_worker,
-)
-from tests.waiting import wait_until
+from tests.acceptance.drill_workers import sigkill_at_random_moments, start_worker
+from tests.acceptance.test_workflow_drills import all_done, assert_tables_equal_rebuild, calls_by_run
 from tests.waiting_flows import registry
 from workflows import Engine
 from workflows import events as ev
@@ -51,8 +43,6 @@ def test_sigkill_while_runs_sleep_and_wait_for_signals(store: EventStore, tmp_pa
     for run_id in early:
         engine.signal(run_id, "approve", {"ok": str(run_id)}, idempotency_key="approval")
     log = tmp_path / "workers.log"
-    name, since = "patient-a", db_now(store)
-    worker = start_worker(store.url, name, log, workflows=FLOWS)
     stop_sending = threading.Event()
 
     def approve_the_rest() -> None:
@@ -69,26 +59,19 @@ def test_sigkill_while_runs_sleep_and_wait_for_signals(store: EventStore, tmp_pa
 
     sender = threading.Thread(target=approve_the_rest, daemon=True)
     sender.start()
-    kills = 0
     try:
-        while not all_done(engine, run_ids) and kills < 8:
-            wait_until(
-                lambda n=name, t=since: holds_nodes(store, n, t) or all_done(engine, run_ids),
-                timeout=60,
-                what="the worker to claim a node",
-            )
-            threading.Event().wait(rng.uniform(0, 0.4))
-            worker.send_signal(signal.SIGKILL)
-            worker.wait()
-            kills += 1
-            name, since = ("patient-a" if kills % 2 else f"patient-{kills}"), db_now(store)
-            worker = start_worker(store.url, name, log, workflows=FLOWS)
-        wait_until(lambda: all_done(engine, run_ids), timeout=120, what="every run to finish")
+        kills = sigkill_at_random_moments(
+            store,
+            lambda name: start_worker(store.url, name, log, workflows=FLOWS),
+            lambda: all_done(engine, run_ids),
+            prefix="patient",
+            rng=rng,
+            most=8,
+            pause=0.4,
+        )
     finally:
         stop_sending.set()
         sender.join(timeout=10)
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=30)
     assert kills >= 3
     calls = calls_by_run(store)
     for run_id in run_ids:

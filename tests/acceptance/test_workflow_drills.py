@@ -7,15 +7,10 @@ equal a rebuild. A worker paused past its lease cannot write anything afterwards
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import subprocess
-import sys
-import threading
 import uuid
 from collections import defaultdict
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -23,44 +18,13 @@ import pytest
 from eventstore import EventStore
 from projector import ProjectorWorker, WorkerSettings, rebuild
 from projector.digest import projection_digest
+from tests.acceptance.drill_workers import sigkill_at_random_moments, start_worker
 from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, workflow_tables
 from workflows import events as ev
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.drill
-
-
-def start_worker(
-    url: str,
-    name: str,
-    log: Path,
-    lease_ttl: float = 2.0,
-    workflows: str = "tests.flows:registry",
-    concurrency: int = 4,
-    env: dict[str, str] | None = None,
-) -> subprocess.Popen[bytes]:
-    """A real `ledgerflow worker` process for the drills, logging JSON lines to `log`; `env` adds to (or
-    overrides) its environment."""
-    env = os.environ | {
-        "LEDGERFLOW_DATABASE_URL": url,
-        "LEDGERFLOW_WORKFLOWS": workflows,
-        "LEDGERFLOW_WORKFLOW_LEASE_TTL": str(lease_ttl),
-        "LEDGERFLOW_WORKFLOW_HEARTBEAT_INTERVAL": str(lease_ttl / 4),
-        "LEDGERFLOW_RECOVERY_INTERVAL": "0.5",
-        "LEDGERFLOW_WORKER_CONCURRENCY": str(concurrency),
-        "LEDGERFLOW_LOG_FORMAT": "json",
-        **(env or {}),
-    }
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", "worker", "--name", name],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
 
 
 def calls_by_run(store: EventStore) -> dict[uuid.UUID, list[tuple[str, int]]]:
@@ -71,24 +35,6 @@ def calls_by_run(store: EventStore) -> dict[uuid.UUID, list[tuple[str, int]]]:
         ).fetchall():
             found[run_id].append((what, attempt))
     return found
-
-
-def db_now(store: EventStore) -> datetime:
-    with store.pool.connection() as conn:
-        row = conn.execute("SELECT clock_timestamp()").fetchone()
-    assert row is not None
-    return row[0]  # type: ignore[no-any-return]
-
-
-def holds_nodes(store: EventStore, worker_name: str, since: datetime) -> bool:
-    """True once a worker of this name claimed a node after `since` (not a dead predecessor's claim)."""
-    with store.pool.connection() as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM ledgerflow.workflow_queue "
-            "WHERE status = 'claimed' AND worker_name = %s AND claimed_at > %s",
-            (worker_name, since),
-        ).fetchone()
-    return row is not None and row[0] > 0
 
 
 def all_done(engine: Engine, run_ids: list[uuid.UUID]) -> bool:
@@ -134,30 +80,15 @@ def test_sigkill_workers_at_random_moments(store: EventStore, tmp_path: Path) ->
     engine = Engine(store, registry)
     run_ids = [engine.start("drill", input={"items": 10}).run_id for _ in range(12)]
     log = tmp_path / "workers.log"
-    rng = random.Random(11)
-    kills = 0
-    name, since = "drill-a", db_now(store)
-    worker = start_worker(store.url, name, log)
-    try:
-        while not all_done(engine, run_ids) and kills < 12:
-            # Kill it while it works: once it holds a node, after a random extra moment.
-            wait_until(
-                lambda n=name, t=since: holds_nodes(store, n, t) or all_done(engine, run_ids),
-                timeout=60,
-                what="the worker to claim a node",
-            )
-            threading.Event().wait(rng.uniform(0, 0.3))
-            worker.send_signal(signal.SIGKILL)
-            worker.wait()
-            kills += 1
-            # Half the time the same name comes back (takes its nodes back at once); else another worker
-            # must wait for the leases to lapse.
-            name, since = ("drill-a" if kills % 2 else f"drill-{kills}"), db_now(store)
-            worker = start_worker(store.url, name, log)
-        wait_until(lambda: all_done(engine, run_ids), timeout=120, what="every run to finish")
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=30)
+    kills = sigkill_at_random_moments(
+        store,
+        lambda name: start_worker(store.url, name, log),
+        lambda: all_done(engine, run_ids),
+        prefix="drill",
+        rng=random.Random(11),
+        most=12,
+        pause=0.3,
+    )
     assert kills >= 3
     assert_nothing_paid_twice(store, engine, run_ids)
     reclaims = sum(

@@ -19,6 +19,7 @@ from eventstore import EventStore
 from tests.async_flows import create_calls_table, expected_total
 from tests.async_flows import registry as flows_registry
 from tests.waiting import wait_until
+from tests.worker_threads import FAST, StartWorker, worker_threads
 from workflows import (
     AsyncNodeContext,
     Engine,
@@ -27,19 +28,9 @@ from workflows import (
     WorkerSettings,
     Workflow,
     WorkflowRegistry,
-    WorkflowWorker,
 )
 from workflows import events as ev
 from workflows.scheduler import NodeStatus
-
-FAST = WorkerSettings(
-    concurrency=2,
-    lease_ttl=2.0,
-    heartbeat_interval=0.3,
-    recovery_interval=0.3,
-    poll_interval=0.05,
-    shutdown_grace=1,
-)
 
 #: What the bodies did, by run id, as it happened.
 CALLS: dict[str, list[str]] = {}
@@ -165,22 +156,9 @@ for wf in (naps, waits, long_haul, timed, misuse, fields, blocking, limited):
 
 
 @pytest.fixture
-def start_worker(store: EventStore) -> Iterator[Any]:
-    started: list[tuple[WorkflowWorker, threading.Thread]] = []
-
-    def start(
-        reg: WorkflowRegistry = registry, settings: WorkerSettings = FAST, name: str = "w1"
-    ) -> WorkflowWorker:
-        worker = WorkflowWorker(Engine(store, reg), reg, settings, name=name)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        started.append((worker, thread))
-        return worker
-
-    yield start
-    for worker, thread in started:
-        worker.stop()
-        thread.join(timeout=15)
+def start_worker(store: EventStore) -> Iterator[StartWorker]:
+    with worker_threads(store, registry) as start:
+        yield start
     CALLS.clear()
 
 
@@ -196,7 +174,7 @@ def test_a_workflow_of_sync_and_async_nodes_completes(store: EventStore, start_w
     engine = Engine(store, flows_registry)
     create_calls_table(store.url)
     run_id = engine.start("async_pages", input={"items": 6}).run_id
-    start_worker(flows_registry)
+    start_worker(registry=flows_registry)
     wait_until(lambda: _finished(engine, run_id), timeout=30)
     run = engine.load(run_id)
     assert run.status == "succeeded", run.error

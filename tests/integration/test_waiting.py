@@ -15,28 +15,18 @@ import pytest
 
 from eventstore import EventStore, IdempotencyConflictError, InvalidInputError, NotFoundError
 from tests.waiting import wait_until
+from tests.worker_threads import StartWorker, worker_threads
 from workflows import (
     Engine,
     RetryPolicy,
     RunStateError,
-    WorkerSettings,
     Workflow,
     WorkflowRegistry,
-    WorkflowWorker,
 )
 from workflows import events as ev
 from workflows.context import NodeContext
 from workflows.errors import SignalTimeout
 from workflows.scheduler import NodeStatus
-
-FAST = WorkerSettings(
-    concurrency=2,
-    lease_ttl=2.0,
-    heartbeat_interval=0.3,
-    recovery_interval=0.3,
-    poll_interval=0.05,
-    shutdown_grace=1,
-)
 
 #: What the node bodies did, by run id: a list of labels, appended as they happen.
 CALLS: dict[str, list[str]] = {}
@@ -123,20 +113,9 @@ def engine(store: EventStore) -> Engine:
 
 
 @pytest.fixture
-def start_worker(engine: Engine) -> Iterator[Any]:
-    started: list[tuple[WorkflowWorker, threading.Thread]] = []
-
-    def start(name: str = "w1") -> WorkflowWorker:
-        worker = WorkflowWorker(Engine(engine.store, registry), registry, FAST, name=name)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        started.append((worker, thread))
-        return worker
-
-    yield start
-    for worker, thread in started:
-        worker.stop()
-        thread.join(timeout=15)
+def start_worker(store: EventStore) -> Iterator[StartWorker]:
+    with worker_threads(store, registry) as start:
+        yield start
     CALLS.clear()
 
 
