@@ -205,6 +205,7 @@ def take_back(
     claimant: Claimant,
     *,
     slots: int,
+    workflows: Sequence[WorkflowVersion] | None = None,
     trigger: str = "startup",
     start: StartClaims | None = None,
 ) -> tuple[RecoveryReport, list[Claim]]:
@@ -212,7 +213,9 @@ def take_back(
     (their NodeReclaimed and NodeClaimed events appended together): what a restarted worker, or a peer
     taking a dead one over, calls to run the nodes at once. `start` gets each batch's claims as soon as
     it commits (a first small batch, then up to a thousand at a time), so the first nodes run while the
-    rest are taken back; without it, the caller starts the returned claims."""
+    rest are taken back; without it, the caller starts the returned claims. Only nodes of `workflows`
+    ((name, version) pairs; default: all the registry has) are claimed, and never a node with limits,
+    which needs a slot of each (the claim loop admits it)."""
     return _traced(
         engine,
         registry,
@@ -220,7 +223,7 @@ def take_back(
         claimant.instance,
         trigger,
         claimant,
-        registry.name_versions(),
+        registry.name_versions() if workflows is None else workflows,
         slots,
         start,
     )

@@ -19,7 +19,10 @@ WITH presence AS (
            q.crashes + 1 <= q.max_crashes
            -- Claimed for the recoverer only if it has the run's version (migration 0016).
            AND (q.workflow, q.version) IN (SELECT * FROM unnest(%(claim_workflows)s::text[],
-                                                                %(claim_versions)s::text[])) AS claimable,
+                                                                %(claim_versions)s::text[]))
+           -- Never a node with limits: it needs a slot of each, which only the claim admits.
+           AND NOT EXISTS (SELECT 1 FROM ledgerflow.workflow_node_limits nl
+                            WHERE nl.workflow = q.workflow AND nl.node = q.node) AS claimable,
            CASE WHEN q.worker_name = %(worker_name)s AND q.worker_instance <> %(instance)s
                      AND q.worker_instance NOT IN (SELECT instance FROM presence WHERE alive)
                 THEN 'worker_restarted'

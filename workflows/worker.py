@@ -43,7 +43,7 @@ from workflows.errors import NodeLeaseLost, NodeSuspended, RunCancelled, WorkerS
 from workflows.lifecycle import Lifecycle, claimed_event
 from workflows.presence import Presence
 from workflows.queue import Claim, Claimant
-from workflows.recovery import sweep
+from workflows.recovery import take_back
 from workflows.schedules import ScheduleKeeper
 from workflows.state import RunState
 from workflows.triggers import TriggerConsumer
@@ -120,6 +120,8 @@ class WorkflowWorker:
         #: Tokens of nodes whose end is being recorded: their rows may be gone before they leave _running.
         self._ending: set[int] = set()
         self._lock = threading.Lock()
+        #: Held while claiming and starting, by the claim loop and by recovery alike (see `_take_back`).
+        self._claiming = threading.Lock()
         self._pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="ledgerflow-node")
         self._loop = NodeLoop(io_threads=self.settings.async_io_threads)
         #: Tokens of the nodes in _running that run (or are about to run) on the event loop.
@@ -233,13 +235,14 @@ class WorkflowWorker:
 
     def claim_and_start(self) -> bool:
         """Claim as many nodes as there are free slots and start them; True if any was claimed."""
-        budgets = self._budgets()
-        if not budgets or self.stopping.is_set():
+        if not self._budgets() or self.stopping.is_set():
             return False
         self._empty_claims.wait(self.stopping)
         try:
-            claims = self._claim(budgets=budgets)
-            self._empty_claims.record(bool(claims))
+            with self._claiming:
+                claims = self._claim(budgets=self._budgets())
+                self._empty_claims.record(bool(claims))
+                self._start_claimed(claims)
         except Exception as exc:
             if is_unavailable(exc):
                 self.outage.failed(exc)  # the loop waits for the database before claiming again
@@ -250,6 +253,12 @@ class WorkflowWorker:
                 log.exception("workflow_claim_failed", error=str(exc))
                 self.stopping.wait(self.settings.poll_interval)
             return False
+        return bool(claims)
+
+    def _start_claimed(self, claims: list[Claim]) -> None:
+        """Start nodes claimed for this worker, their runs' states read in one query per tenant."""
+        if not claims:
+            return
         try:
             states = self._load_claimed(claims)
         except Exception as exc:
@@ -260,7 +269,6 @@ class WorkflowWorker:
             states = {}  # each node loads its own
         for claim, state in zip(claims, self._own_copies(claims, states), strict=True):
             self._start(claim, state)
-        return bool(claims)
 
     def _budgets(self) -> list[tuple[list[str], int]]:
         """What to claim now, for the free threads and the free places on the event loop."""
@@ -553,11 +561,29 @@ class WorkflowWorker:
                 # Here, every recovery interval, not in the heartbeat (the shutdown loop beats every 50 ms).
                 with self.engine.store.pool.connection() as conn:
                     end_frozen_sessions(conn, self.settings.lease_ttl)
-            sweep(self.engine, self.registry, worker_name=self.name, instance=self.instance, trigger=trigger)
+            self._take_back(trigger)
         except Exception as exc:
             if not is_unavailable(exc):
                 raise
             self.outage.failed(exc)
+
+    def _take_back(self, trigger: str) -> None:
+        """Sweep, claiming for this worker as many of the nodes taken back as it has room for, in the
+        sweep's own statements, and starting each batch as it commits: a restarted worker, or one taking
+        a dead peer over, runs them without a claim of its own (the rest are ready for any worker).
+        Under the claim lock: the claim loop and the recovery threads never both fill the same room."""
+        with self._claiming:
+            budgets = [] if self.stopping.is_set() else self._budgets()
+            workflows, slots = budgets[0] if budgets else ([], 0)
+            take_back(
+                self.engine,
+                self.registry,
+                self._claimant,
+                slots=slots,
+                workflows=[(n, v) for n in workflows for v in self.registry.versions(n)],
+                trigger=trigger,
+                start=self._start_claimed,
+            )
 
     def _periodic_recovery(self, trigger: str = "periodic") -> None:
         self.recover(trigger)

@@ -22,6 +22,7 @@ from workflows.definition import DefinitionError
 from workflows.lifecycle import Lifecycle
 from workflows.limits import declare, usage
 from workflows.queue import Claim, Claimant
+from workflows.recovery import take_back
 
 
 def _body(ctx: NodeContext) -> int:
@@ -311,3 +312,28 @@ def test_a_node_limited_in_any_version_is_limited_in_every_one(store: EventStore
         declare(conn, registry, worker="a/1")
         rows = conn.execute("SELECT workflow, node, limits FROM ledgerflow.workflow_node_limits").fetchall()
     assert rows == [("lim", "call", ["gpu", "llm"])]
+
+
+def test_recovery_never_claims_a_node_with_limits_for_the_recoverer(
+    store: EventStore, engine: Engine
+) -> None:
+    """A node taken back from a dead worker is claimed for the recoverer only when it needs no slot: one
+    with limits goes back to the queue, where the claim admits it (or not) like any other."""
+    set_limit(store, 1)
+    limited = engine.start("lim").run_id
+    free = engine.start("free").run_id
+    assert len(claim(store, 2)) == 2  # worker "w"/"i1" holds both; then it dies
+    with store.pool.connection() as conn:  # its leases lapse
+        conn.execute(
+            "UPDATE ledgerflow.workflow_queue SET lease_expires_at = clock_timestamp() - interval '1s'"
+        )
+    recoverer = Claimant("r", "r1", "r/r1", 30.0)
+    report, claims = take_back(engine, engine.registry, recoverer, slots=5)
+    assert report.reclaimed == 2
+    assert [c.run_id for c in claims] == [free]
+    with store.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT status FROM ledgerflow.workflow_queue WHERE run_id = %s", (limited,)
+        ).fetchone()
+    assert row == ("ready",)
+    assert in_use(store) == 0  # the dead worker's slot is free, and nobody holds one without admission

@@ -344,3 +344,38 @@ def test_behind_a_transaction_pooler_the_presence_falls_back_to_leases_and_says_
     warnings = [e for e in logs if e["event"] == "workflow_presence_pooled"]
     assert len(warnings) == 1
     assert "leases" in warnings[0]["consequence"]
+
+
+def test_a_restarted_worker_starts_the_nodes_it_takes_back_without_claiming_them_again(
+    store: EventStore, engine: Engine
+) -> None:
+    """The worker's start-up sweep claims what it takes back for itself, up to its free threads, and
+    starts those nodes: each run's NodeReclaimed and NodeClaimed come in one transaction, and no claim
+    of the worker's own loop is needed (it has not run)."""
+    run_ids = {engine.start("linear").run_id for _ in range(3)}
+    before = WorkflowWorker(engine, registry, LONG_LEASE, name="host-b")
+    assert len(before._claim(3)) == 3  # then the process "dies": its leases would last an hour
+    gate = threading.Event()
+    after = WorkflowWorker(engine, registry, WorkerSettings(concurrency=2, lease_ttl=3600), name="host-b")
+    for _ in range(2):  # its threads wait: nothing it starts runs before the assertions below
+        after._pool.submit(gate.wait)
+    after.recover("startup")
+    try:
+        started = {claim.run_id for claim, _ in after._running.values()}
+        assert len(started) == 2
+        assert started <= run_ids
+        for run_id in started:
+            history = store.read_stream(ev.run_stream(run_id))
+            reclaimed, claimed = history[-2:]
+            assert (reclaimed.type, claimed.type) == (ev.NODE_RECLAIMED, ev.NODE_CLAIMED)
+            assert claimed.data["worker"] == after.id
+            assert reclaimed.transaction_id == claimed.transaction_id
+    finally:
+        after.stop()
+        gate.set()
+    (left,) = run_ids - started
+    with store.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT status FROM ledgerflow.workflow_queue WHERE run_id = %s", (left,)
+        ).fetchone()
+    assert row == ("ready",), "beyond its free threads, nodes are ready for anyone"
