@@ -7,10 +7,12 @@ import json
 import signal
 import time
 import uuid
+from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
 import click
+from croniter import croniter
 from rich.table import Table
 
 from eventstore import InvalidInputError, json_loads, open_store
@@ -24,6 +26,7 @@ from workflows import (
     WorkerSettings,
     WorkflowRegistry,
     WorkflowWorker,
+    list_schedules,
     load_workflows,
     queue_summary,
     recent_recoveries,
@@ -77,7 +80,9 @@ def worker_command(ctx: click.Context, name: str | None) -> None:
 
 @click.group("workflows")
 def workflows_group() -> None:
-    """Start, list, show, signal, cancel, retry and refresh workflow runs."""
+    """Start, list, show, signal, cancel, retry and refresh workflow runs.
+
+    `ledgerflow workflows schedules` lists the schedules with their cron, catch-up, last and next tick."""
 
 
 def _run_id(text: str) -> uuid.UUID:
@@ -275,6 +280,54 @@ def list_runs(
             f"{r['nodes_done']}/{r['nodes_total']}",
             r["current_node"] or "",
             str(r["created_at"])[:19],
+        )
+    console.print(table)
+
+
+def _next_tick(cron: str, last: datetime) -> datetime:
+    """The first tick of `cron` after `last`, in UTC as the workers count them (workflows.schedules)."""
+    return croniter(cron, last.astimezone(UTC)).get_next(datetime)
+
+
+@workflows_group.command("schedules")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array, for programs.")
+@click.pass_context
+def list_schedule_rows(ctx: click.Context, as_json: bool) -> None:
+    """Every schedule a worker has seen: its workflow, cron, catch-up policy, last tick (the latest one
+    dealt with: started, or passed over) and next tick (the first after it; one long past means no worker
+    keeps the schedule)."""
+    with open_store(settings_of(ctx)) as store:
+        rows = list_schedules(store)
+    if as_json:
+        emit_json(
+            [
+                {
+                    "tenant": r.tenant,
+                    "workflow": r.workflow,
+                    "cron": r.cron,
+                    "catch_up": r.catch_up,
+                    "last_tick": r.last_tick.astimezone(UTC).isoformat(),
+                    "next_tick": _next_tick(r.cron, r.last_tick).isoformat(),
+                    "last_run_id": str(r.last_run_id) if r.last_run_id else None,
+                    "ticks_started": r.ticks_started,
+                    "ticks_skipped": r.ticks_skipped,
+                }
+                for r in rows
+            ]
+        )
+        return
+    if not rows:
+        console.print("no schedules yet; a worker records each scheduled workflow's schedule when it starts")
+        return
+    table = Table("workflow", "tenant", "cron", "catch-up", "last tick (UTC)", "next tick (UTC)")
+    for r in rows:
+        table.add_row(
+            r.workflow,
+            r.tenant,
+            r.cron,
+            r.catch_up,
+            f"{r.last_tick.astimezone(UTC):%Y-%m-%d %H:%M:%S}",
+            f"{_next_tick(r.cron, r.last_tick):%Y-%m-%d %H:%M:%S}",
         )
     console.print(table)
 
