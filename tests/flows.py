@@ -100,15 +100,20 @@ def after_flaky(ctx: NodeContext) -> Any:
 registry.register(flaky_flow)
 
 drill = Workflow("drill")
+#: The drills SIGKILL their worker up to 12 times, each time while it holds nodes, and a restarted worker
+#: takes its nodes back first: one node can be held at most of the kills. A node held at a kill counts a
+#: crash, and is parked after `max_crashes` of them (a node that kills its worker is parked, not run for
+#: ever); the drills prove completion and payment, so no node of theirs may be parked for their kills.
+DRILL_MAX_CRASHES = 12
 
 
-@drill.node()
+@drill.node(max_crashes=DRILL_MAX_CRASHES)
 def prepare(ctx: NodeContext) -> Any:
     record_call(ctx, "prepare")
     return list(range(int((ctx.input or {}).get("items", 10))))
 
 
-@drill.node(depends_on=["prepare"])
+@drill.node(depends_on=["prepare"], max_crashes=DRILL_MAX_CRASHES)
 def work_items(ctx: NodeContext) -> Any:
     def square(i: int) -> int:
         record_call(ctx, f"item:{i}")
@@ -118,7 +123,7 @@ def work_items(ctx: NodeContext) -> Any:
     return sum(ctx.map(ctx.outputs["prepare"], square))
 
 
-@drill.node(depends_on=["prepare"])
+@drill.node(depends_on=["prepare"], max_crashes=DRILL_MAX_CRASHES)
 def expensive(ctx: NodeContext) -> Any:
     def call() -> int:
         record_call(ctx, "step:llm")
@@ -131,7 +136,7 @@ def expensive(ctx: NodeContext) -> Any:
     return first + second
 
 
-@drill.node(depends_on=["work_items", "expensive"])
+@drill.node(depends_on=["work_items", "expensive"], max_crashes=DRILL_MAX_CRASHES)
 def combine(ctx: NodeContext) -> Any:
     record_call(ctx, "combine")
     return ctx.outputs["work_items"] + ctx.outputs["expensive"]
