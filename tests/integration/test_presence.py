@@ -379,3 +379,20 @@ def test_a_restarted_worker_starts_the_nodes_it_takes_back_without_claiming_them
             "SELECT status FROM ledgerflow.workflow_queue WHERE run_id = %s", (left,)
         ).fetchone()
     assert row == ("ready",), "beyond its free threads, nodes are ready for anyone"
+
+
+def test_a_worker_starts_all_its_node_threads_before_it_takes_anything_back(
+    store: EventStore, engine: Engine
+) -> None:
+    """Nodes taken back by the hundred start on threads that already exist: submitting one never waits
+    for a new thread to be scheduled among the busy ones."""
+    worker = WorkflowWorker(engine, registry, WorkerSettings(concurrency=40), name="host-c")
+    worker._start_threads()
+    threads = set(worker._pool._threads)
+    assert len(threads) == 40
+    gate = threading.Event()
+    for _ in range(40):
+        worker._pool.submit(gate.wait, 30)
+    assert set(worker._pool._threads) == threads, "no node waited for a thread to be made"
+    gate.set()
+    worker._pool.shutdown()
