@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -300,15 +300,7 @@ def _sweep(
         found += len(taken)
         parked += sum(r.status == "parked" for r in taken)
         reclaimed += sum(r.status != "parked" for r in taken)
-        for r in taken:
-            log.warning(
-                "workflow_node_reclaimed" if r.status != "parked" else "workflow_node_parked",
-                run_id=str(r.run_id),
-                node=r.node,
-                previous_worker=r.previous_worker,
-                reason=r.reason,
-                crashes=r.crashes,
-            )
+        _log_taken(taken)
         if len(taken) < batch:
             break
         batch = _BATCH
@@ -333,6 +325,30 @@ def _sweep(
         log.info("workflow_recovery", trigger=trigger, **asdict(report))
     metrics.record_recovery(report, trigger)
     return report, claims
+
+
+def _log_taken(taken: list[Reclaimed]) -> None:
+    """One warning per batch of nodes taken back (a takeover may take a thousand: a line each would cost
+    the sweep a fifth of a second and bury the log), each node at debug level; a warning per parked node,
+    which waits for an operator."""
+    back = [r for r in taken if r.status != "parked"]
+    if back:
+        log.warning(
+            "workflow_nodes_reclaimed",
+            count=len(back),
+            previous_workers=sorted({r.previous_worker or "" for r in back}),
+            reasons=dict(Counter(r.reason for r in back)),
+            claimed_here=sum(r.status == "claimed" for r in back),
+        )
+    for r in taken:
+        (log.warning if r.status == "parked" else log.debug)(
+            "workflow_node_parked" if r.status == "parked" else "workflow_node_reclaimed",
+            run_id=str(r.run_id),
+            node=r.node,
+            previous_worker=r.previous_worker,
+            reason=r.reason,
+            crashes=r.crashes,
+        )
 
 
 def _stuck(engine: Engine, registry: WorkflowRegistry) -> tuple[int, int]:
