@@ -82,29 +82,52 @@ RETURNING s.version - %(count)s AS base
 -- page's running size: data and metadata as JSON text, plus the envelope. `ended`: the transaction the
 -- horizon stopped at had ended by the time it was looked at (it ended during the read, which log_holders
 -- cannot tell from a writer's ending): the reader is told to read again at once rather than wait.
--- The log is partitioned by position (migration 0020); `floor` is the first position of the oldest
--- partition holding an event after the cursor (one index probe per partition, once per page), and the
--- walk's `position >= floor` prunes the partitions before it from every step. Gap-free still: the page
--- reads only events below the horizon, which no later commit can add to, so all of them are visible to
--- the statement snapshot that found the floor; an event committed later, wherever it lies, is found by
--- the next page's floor.
-WITH RECURSIVE horizon AS MATERIALIZED (
+-- The log is partitioned by position (migration 0020). Once per page, `firsts` finds each attached
+-- partition's first event after the cursor (one index probe per partition). `floor` is the first position
+-- of the oldest partition holding one; the walk's `position >= floor` prunes the partitions before it.
+-- The run: `run_from`..`run_to` is the partition holding the earliest of these events; `run_below` is the
+-- earliest first event of any other partition, or (horizon, 0) if none comes before that. Every readable
+-- event before `run_below` in resume order lies in the run's partition, so a step that finds its next
+-- event there (the first branch; below `run_below`, so below the horizon) probes that one partition alone.
+-- Otherwise (the cursor has reached `run_below`, or the run's partition holds nothing more before it) the
+-- step probes every partition from the floor on (the second branch, from `run_below` on when the cursor
+-- is before it: nothing before it is left to read). Near the head a page thus reads one partition's index
+-- per event, not also that of the full partition before the head's or of the empty one kept ahead
+-- (bench/log_size.py: 4 buffers an event at 100,000 events and at 10 million, where it was 6 and 9); so
+-- does a replay, but for the page that crosses from one partition into the next.
+-- Gap-free still: the page reads only events below the horizon, which no later commit can add to, so all
+-- of them are visible to the statement snapshot that found the floor and the run; an event committed
+-- later, wherever it lies, is found by the next page's.
+WITH RECURSIVE firsts AS MATERIALIZED (
+    SELECT p.from_position, p.to_position, f.transaction_id, f.position
+      FROM ledgerflow.event_partitions p
+     CROSS JOIN LATERAL (
+          SELECT e.transaction_id, e.position FROM ledgerflow.events e
+           WHERE e.position >= p.from_position AND e.position < p.to_position
+             AND (e.transaction_id, e.position) > (%(transaction_id)s::text::xid8, %(position)s::bigint)
+           ORDER BY e.transaction_id, e.position
+           LIMIT 1
+     ) f
+     WHERE p.state = 'attached'
+), horizon AS MATERIALIZED (
     SELECT h.xmin,
            h.xmin < pg_snapshot_xmax(pg_current_snapshot())
            AND pg_xact_status(h.xmin) IS DISTINCT FROM 'in progress' AS ended,
-           coalesce(
-               (SELECT min(p.from_position) FROM ledgerflow.event_partitions p
-                 WHERE p.state = 'attached'
-                   AND EXISTS (SELECT 1 FROM (
-                       SELECT e.position FROM ledgerflow.events e
-                        WHERE e.position >= p.from_position AND e.position < p.to_position
-                          AND (e.transaction_id, e.position)
-                              > (%(transaction_id)s::text::xid8, %(position)s::bigint)
-                        ORDER BY e.transaction_id, e.position
-                        LIMIT 1) AS after_cursor)),
-               (SELECT max(p.from_position) FROM ledgerflow.event_partitions p WHERE p.state = 'attached'),
-               1) AS floor
+           coalesce((SELECT min(f.from_position) FROM firsts f),
+                    (SELECT max(p.from_position) FROM ledgerflow.event_partitions p
+                      WHERE p.state = 'attached'),
+                    1) AS floor,
+           a.from_position AS run_from, a.to_position AS run_to,
+           CASE WHEN (s.transaction_id, s.position) < (h.xmin, 0) THEN s.transaction_id ELSE h.xmin END
+               AS run_below_tx,
+           CASE WHEN (s.transaction_id, s.position) < (h.xmin, 0) THEN s.position ELSE 0 END
+               AS run_below_position
       FROM (SELECT ledgerflow.log_horizon() AS xmin OFFSET 0) h  -- OFFSET 0: computed once
+      LEFT JOIN LATERAL (SELECT f.from_position, f.to_position FROM firsts f
+                          ORDER BY f.transaction_id, f.position LIMIT 1) a ON true
+      LEFT JOIN LATERAL (SELECT f.transaction_id, f.position FROM firsts f
+                          WHERE f.from_position <> a.from_position
+                          ORDER BY f.transaction_id, f.position LIMIT 1) s ON true
 ), page AS (
     SELECT 0 AS n, %(transaction_id)s::text::xid8 AS transaction_id, %(position)s::bigint AS position,
            NULL::text AS tenant, NULL::text AS stream_id, NULL::bigint AS stream_version,
@@ -118,18 +141,37 @@ WITH RECURSIVE horizon AS MATERIALIZED (
       FROM page p
      CROSS JOIN horizon h
      CROSS JOIN LATERAL (
-          SELECT e.transaction_id, e.position, e.tenant, e.stream_id, e.stream_version, e.event_id,
-                 e.event_type, e.data::text AS data, e.metadata::text AS metadata, e.correlation_id,
-                 e.causation_id, e.recorded_at
-            FROM ledgerflow.events e
-           WHERE (e.transaction_id, e.position) > (p.transaction_id, p.position)
-             AND e.transaction_id < h.xmin
-             AND e.position >= h.floor
-             AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
-             AND (%(types)s::text[] IS NULL OR e.event_type = ANY (%(types)s::text[]))
-             AND (%(categories)s::text[] IS NULL OR e.category = ANY (%(categories)s::text[]))
-           ORDER BY e.transaction_id, e.position
-           LIMIT 1
+          (SELECT e.transaction_id, e.position, e.tenant, e.stream_id, e.stream_version, e.event_id,
+                  e.event_type, e.data::text AS data, e.metadata::text AS metadata, e.correlation_id,
+                  e.causation_id, e.recorded_at
+             FROM ledgerflow.events e
+            WHERE (p.transaction_id, p.position) < (h.run_below_tx, h.run_below_position)
+              AND (e.transaction_id, e.position) > (p.transaction_id, p.position)
+              AND (e.transaction_id, e.position) < (h.run_below_tx, h.run_below_position)
+              AND e.position >= h.run_from AND e.position < h.run_to
+              AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
+              AND (%(types)s::text[] IS NULL OR e.event_type = ANY (%(types)s::text[]))
+              AND (%(categories)s::text[] IS NULL OR e.category = ANY (%(categories)s::text[]))
+            ORDER BY e.transaction_id, e.position
+            LIMIT 1)
+          UNION ALL
+          (SELECT e.transaction_id, e.position, e.tenant, e.stream_id, e.stream_version, e.event_id,
+                  e.event_type, e.data::text AS data, e.metadata::text AS metadata, e.correlation_id,
+                  e.causation_id, e.recorded_at
+             FROM ledgerflow.events e
+            WHERE (e.transaction_id, e.position)
+                  > (CASE WHEN (p.transaction_id, p.position) < (h.run_below_tx, h.run_below_position)
+                          THEN h.run_below_tx ELSE p.transaction_id END,
+                     CASE WHEN (p.transaction_id, p.position) < (h.run_below_tx, h.run_below_position)
+                          THEN h.run_below_position - 1 ELSE p.position END)
+              AND e.transaction_id < h.xmin
+              AND e.position >= h.floor
+              AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
+              AND (%(types)s::text[] IS NULL OR e.event_type = ANY (%(types)s::text[]))
+              AND (%(categories)s::text[] IS NULL OR e.category = ANY (%(categories)s::text[]))
+            ORDER BY e.transaction_id, e.position
+            LIMIT 1)
+          LIMIT 1
      ) e
      WHERE p.n < %(limit)s AND (%(max_bytes)s::bigint IS NULL OR p.bytes < %(max_bytes)s::bigint)
 )
