@@ -110,6 +110,40 @@ NETWORK_TIMEOUTS: dict[str, str] = {
 }
 
 
+#: The same on the server's side of each connection of ledgerflow's (PostgreSQL takes them per session).
+#: Without them the server keeps a vanished client's session for as long as its own TCP settings say,
+#: two hours by default, and with it whatever the session holds: a writer's transaction-level lock
+#: holds back every reader's horizon, a worker's presence lock keeps it looking alive. With them the
+#: server ends such a session within about 10 s, and rolls back its transaction. A paused or busy client
+#: is not ended: its kernel acknowledges for it. Set with SET, not the `options` startup parameter, which
+#: a pooler such as PgBouncer refuses unless told to ignore it; a URL's own `options` are left alone, and
+#: a setting they give wins.
+SERVER_NETWORK_TIMEOUTS: dict[str, str] = {
+    "tcp_keepalives_idle": "5",
+    "tcp_keepalives_interval": "2",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
+_SET_SERVER_TIMEOUTS = (
+    "SELECT set_config(s.name, s.value, false) FROM unnest(%s::text[], %s::text[]) AS s(name, value)"
+)
+
+
+def _url_options(url: str) -> str:
+    """The `options` startup parameter `url` gives ("-c name=value ..."), or ""."""
+    return str(psycopg.conninfo.conninfo_to_dict(url).get("options") or "")
+
+
+def set_server_network_timeouts(conn: psycopg.Connection[Any], url: str) -> None:
+    """Set `SERVER_NETWORK_TIMEOUTS` for `conn`'s session, except those `url`'s options set."""
+    given = _url_options(url)
+    wanted = {k: v for k, v in SERVER_NETWORK_TIMEOUTS.items() if k not in given}
+    if wanted:
+        conn.execute(_SET_SERVER_TIMEOUTS, (list(wanted), list(wanted.values())), prepare=False)
+        if not conn.autocommit:
+            conn.commit()
+
+
 def with_network_timeouts(url: str) -> str:
     """`url` with `NETWORK_TIMEOUTS` for the parameters it does not set (a URL stays a URL)."""
     missing = {k: v for k, v in NETWORK_TIMEOUTS.items() if k not in psycopg.conninfo.conninfo_to_dict(url)}
@@ -123,7 +157,13 @@ def with_network_timeouts(url: str) -> str:
 def connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
     """A connection of its own (a listener, a presence, a probe) with the network timeouts the pool's
     connections have, so that a partition ends it too instead of leaving it hanging."""
-    return psycopg.connect(with_network_timeouts(url), **kwargs)
+    conn = psycopg.connect(with_network_timeouts(url), **kwargs)
+    try:
+        set_server_network_timeouts(conn, url)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def open_pool(
@@ -138,11 +178,12 @@ def open_pool(
         kwargs={
             "autocommit": True,
             "application_name": name,
-            "options": f"-c idle_in_transaction_session_timeout={idle_ms}",
+            # The URL's own options are kept, after this one: a setting they give wins.
+            "options": f"-c idle_in_transaction_session_timeout={idle_ms} {_url_options(url)}".strip(),
         },
         name=name,
         reconnect_timeout=RECONNECT_TIMEOUT,
-        configure=_configure,
+        configure=lambda conn: _configure(conn, url),
         check=discard_if_turned_read_only,
         open=False,
     )
@@ -161,8 +202,9 @@ def open_pool(
 _read_only_at_connect: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = weakref.WeakKeyDictionary()
 
 
-def _configure(conn: psycopg.Connection[Any]) -> None:
+def _configure(conn: psycopg.Connection[Any], url: str) -> None:
     use_exact_json(conn)
+    set_server_network_timeouts(conn, url)
     _read_only_at_connect[conn] = _read_only(conn)
 
 
