@@ -4,6 +4,11 @@ Run by hand (it is not a test):
 
     python bench/log_size.py [--large 10000000] [--small 100000] [--runs 5] [--url postgresql://...]
 
+To look into one size at leisure, `--fill-only` fills both databases and keeps them (`--keep` keeps them
+after a measurement); `--small-db NAME` and `--large-db NAME` measure such databases instead of filling
+new ones (drop them with dropdb afterwards). A database measured again still holds the appends of its
+earlier runs, so its head partition is fuller than in a fresh run.
+
 Two databases are filled, one to `--small` events and one to `--large`, through the partitioned
 `ledgerflow.events` (INSERT ... SELECT generate_series, 5,000 rows per transaction, partitions created
 ahead by `ensure_partitions` as the store does), then every run measures, on each database in turn:
@@ -21,17 +26,28 @@ ratio within 10% of 1.
 from __future__ import annotations
 
 import argparse
+import secrets
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import default_admin_url, fresh_database, median, print_table, quiet_logs
+from bench._common import (
+    default_admin_url,
+    fresh_database,
+    median,
+    print_table,
+    quiet_logs,
+    with_database,
+)
 from eventstore import Cursor, EventStore, NewEvent, ensure_partitions, open_store
 from eventstore.migrate import migrate
 
@@ -109,6 +125,19 @@ def measure_catch_up(store: EventStore, url: str, n: int, margin: int) -> float:
     return read / (time.perf_counter() - began)
 
 
+@contextmanager
+def _database(admin_url: str, prefix: str, *, keep: bool) -> Iterator[str]:
+    """A new database, dropped afterwards, or kept for later runs (see --small-db, --large-db)."""
+    if not keep:
+        with fresh_database(admin_url, prefix) as url:
+            yield url
+        return
+    name = f"{prefix}_{secrets.token_hex(6)}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield with_database(admin_url, name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -121,15 +150,34 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--appends", type=int, default=2000)
     parser.add_argument("--catch-up", type=int, default=20_000)
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the databases afterwards (their names are printed)"
+    )
+    parser.add_argument(
+        "--fill-only", action="store_true", help="fill both databases and stop (implies --keep)"
+    )
+    parser.add_argument("--small-db", help="measure this filled database instead of filling a new one")
+    parser.add_argument("--large-db", help="measure this filled database instead of filling a new one")
     args = parser.parse_args()
     quiet_logs()
-    with fresh_database(args.url, "bench_small") as small, fresh_database(args.url, "bench_large") as large:
-        urls = {"small": small, "large": large}
-        for label, url in urls.items():
+    keep = args.keep or args.fill_only
+    given = {"small": args.small_db, "large": args.large_db}
+    with ExitStack() as stack:
+        urls = {}
+        for label, name in given.items():
+            if name is not None:
+                urls[label] = with_database(args.url, name)
+                continue
+            url = stack.enter_context(_database(args.url, f"bench_{label}", keep=keep))
+            urls[label] = url
             migrate(url)
             size = args.small if label == "small" else args.large
             print(f"filling the {label} log to {size:,} events", flush=True)
             print(f"  {fill(url, size):.0f} s", flush=True)
+            if keep:
+                print(f"  kept as database {psycopg.conninfo.conninfo_to_dict(url)['dbname']}", flush=True)
+        if args.fill_only:
+            return
         stores = {label: open_store(url=url, migrate=False) for label, url in urls.items()}
         try:
             for store in stores.values():  # warm-up: connections and plans ready
