@@ -84,17 +84,18 @@ RETURNING s.version - %(count)s AS base
 -- cannot tell from a writer's ending): the reader is told to read again at once rather than wait.
 -- The log is partitioned by position (migration 0020). Once per page, `firsts` finds each attached
 -- partition's first event after the cursor (one index probe per partition). `floor` is the first position
--- of the oldest partition holding one; the walk's `position >= floor` prunes the partitions before it.
--- The run: `run_from`..`run_to` is the partition holding the earliest of these events; `run_below` is the
--- earliest first event of any other partition, or (horizon, 0) if none comes before that. Every readable
--- event before `run_below` in resume order lies in the run's partition, so a step that finds its next
--- event there (the first branch; below `run_below`, so below the horizon) probes that one partition alone.
--- Otherwise (the cursor has reached `run_below`, or the run's partition holds nothing more before it) the
--- step probes every partition from the floor on (the second branch, from `run_below` on when the cursor
--- is before it: nothing before it is left to read). Near the head a page thus reads one partition's index
--- per event, not also that of the full partition before the head's or of the empty one kept ahead
--- (bench/log_size.py: 4 buffers an event at 100,000 events and at 10 million, where it was 6 and 9); so
--- does a replay, but for the page that crosses from one partition into the next.
+-- of the oldest partition holding one. The run: `run_from`..`run_to` is the partition holding the earliest
+-- of these events; `run_below` is the earliest first event of any other partition, or (horizon, 0) if
+-- none comes before that. Every readable event before `run_below` in resume order lies in the run's
+-- partition, so the walk's steps probe that one partition alone, below `run_below` (so below the horizon).
+-- When such a step finds nothing (the run's partition holds nothing more before `run_below`), the walk
+-- turns `wide` with a row without event (left out of the page): its later steps probe every partition
+-- from the floor on, below the horizon, from `run_below` on while the cursor is before it (nothing before
+-- it is left to read); a wide step that finds nothing ends the page. Either way a step is one index scan
+-- of the log, its partitions pruned at run time to the mode's bounds. Near the head a page thus reads one
+-- partition's index per event, not also that of the full partition before the head's or of the empty one
+-- kept ahead (bench/log_size.py: 4 buffers an event at 100,000 events and at 10 million, where it was 6
+-- and 9); so does a replay, but for the page that crosses from one partition into the next.
 -- Gap-free still: the page reads only events below the horizon, which no later commit can add to, so all
 -- of them are visible to the statement snapshot that found the floor and the run; an event committed
 -- later, wherever it lies, is found by the next page's.
@@ -133,53 +134,48 @@ WITH RECURSIVE firsts AS MATERIALIZED (
            NULL::text AS tenant, NULL::text AS stream_id, NULL::bigint AS stream_version,
            NULL::uuid AS event_id, NULL::text AS event_type, NULL::text AS data, NULL::text AS metadata,
            NULL::uuid AS correlation_id, NULL::uuid AS causation_id, NULL::timestamptz AS recorded_at,
-           0::bigint AS bytes
+           0::bigint AS bytes, false AS wide
     UNION ALL
-    SELECT p.n + 1, e.transaction_id, e.position, e.tenant, e.stream_id, e.stream_version, e.event_id,
+    -- A step that finds no event gives the row that turns the walk wide (same n, cursor and size).
+    SELECT p.n + (e.position IS NOT NULL)::int, coalesce(e.transaction_id, p.transaction_id),
+           coalesce(e.position, p.position), e.tenant, e.stream_id, e.stream_version, e.event_id,
            e.event_type, e.data, e.metadata, e.correlation_id, e.causation_id, e.recorded_at,
-           p.bytes + octet_length(e.data) + octet_length(e.metadata) + octet_length(e.stream_id) + 256
+           p.bytes
+           + coalesce(octet_length(e.data) + octet_length(e.metadata) + octet_length(e.stream_id) + 256, 0),
+           p.wide OR e.position IS NULL
       FROM page p
      CROSS JOIN horizon h
-     CROSS JOIN LATERAL (
-          (SELECT e.transaction_id, e.position, e.tenant, e.stream_id, e.stream_version, e.event_id,
-                  e.event_type, e.data::text AS data, e.metadata::text AS metadata, e.correlation_id,
-                  e.causation_id, e.recorded_at
-             FROM ledgerflow.events e
-            WHERE (p.transaction_id, p.position) < (h.run_below_tx, h.run_below_position)
-              AND (e.transaction_id, e.position) > (p.transaction_id, p.position)
-              AND (e.transaction_id, e.position) < (h.run_below_tx, h.run_below_position)
-              AND e.position >= h.run_from AND e.position < h.run_to
-              AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
-              AND (%(types)s::text[] IS NULL OR e.event_type = ANY (%(types)s::text[]))
-              AND (%(categories)s::text[] IS NULL OR e.category = ANY (%(categories)s::text[]))
-            ORDER BY e.transaction_id, e.position
-            LIMIT 1)
-          UNION ALL
-          (SELECT e.transaction_id, e.position, e.tenant, e.stream_id, e.stream_version, e.event_id,
-                  e.event_type, e.data::text AS data, e.metadata::text AS metadata, e.correlation_id,
-                  e.causation_id, e.recorded_at
-             FROM ledgerflow.events e
-            WHERE (e.transaction_id, e.position)
-                  > (CASE WHEN (p.transaction_id, p.position) < (h.run_below_tx, h.run_below_position)
-                          THEN h.run_below_tx ELSE p.transaction_id END,
-                     CASE WHEN (p.transaction_id, p.position) < (h.run_below_tx, h.run_below_position)
-                          THEN h.run_below_position - 1 ELSE p.position END)
-              AND e.transaction_id < h.xmin
-              AND e.position >= h.floor
-              AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
-              AND (%(types)s::text[] IS NULL OR e.event_type = ANY (%(types)s::text[]))
-              AND (%(categories)s::text[] IS NULL OR e.category = ANY (%(categories)s::text[]))
-            ORDER BY e.transaction_id, e.position
-            LIMIT 1)
-          LIMIT 1
-     ) e
+      LEFT JOIN LATERAL (
+          SELECT e.transaction_id, e.position, e.tenant, e.stream_id, e.stream_version, e.event_id,
+                 e.event_type, e.data::text AS data, e.metadata::text AS metadata, e.correlation_id,
+                 e.causation_id, e.recorded_at
+            FROM ledgerflow.events e
+           WHERE (e.transaction_id, e.position)
+                 > (CASE WHEN p.wide
+                              AND (p.transaction_id, p.position) < (h.run_below_tx, h.run_below_position)
+                         THEN h.run_below_tx ELSE p.transaction_id END,
+                    CASE WHEN p.wide
+                              AND (p.transaction_id, p.position) < (h.run_below_tx, h.run_below_position)
+                         THEN h.run_below_position - 1 ELSE p.position END)
+             AND (e.transaction_id, e.position)
+                 < (CASE WHEN p.wide THEN h.xmin ELSE h.run_below_tx END,
+                    CASE WHEN p.wide THEN 0 ELSE h.run_below_position END)
+             AND e.position >= CASE WHEN p.wide THEN h.floor ELSE h.run_from END
+             AND e.position < CASE WHEN p.wide THEN 9223372036854775807 ELSE h.run_to END
+             AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
+             AND (%(types)s::text[] IS NULL OR e.event_type = ANY (%(types)s::text[]))
+             AND (%(categories)s::text[] IS NULL OR e.category = ANY (%(categories)s::text[]))
+           ORDER BY e.transaction_id, e.position
+           LIMIT 1
+     ) e ON true
      WHERE p.n < %(limit)s AND (%(max_bytes)s::bigint IS NULL OR p.bytes < %(max_bytes)s::bigint)
+       AND (e.position IS NOT NULL OR NOT p.wide)
 )
 SELECT h.xmin::text::bigint, h.ended, p.bytes, p.position, p.transaction_id::text::bigint, p.tenant, p.stream_id,
        p.stream_version, p.event_id, p.event_type, p.data, p.metadata, p.correlation_id, p.causation_id,
        p.recorded_at
   FROM horizon h
-  LEFT JOIN page p ON p.n > 0
+  LEFT JOIN page p ON p.n > 0 AND p.event_id IS NOT NULL
  ORDER BY p.n
 
 -- name: read_stream_forward
