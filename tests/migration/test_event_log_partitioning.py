@@ -55,7 +55,9 @@ def test_an_existing_log_is_partitioned_with_every_event_kept(fresh_database: st
                 "INSERT INTO ledgerflow.events (tenant, stream_id, stream_version, event_id, event_type,"
                 " data) VALUES ('default', 'order-0', 1, gen_random_uuid(), 'T', '{}')"
             )
-    assert [m.version for m in migrate(fresh_database)] == [_PARTITIONED]
+    # 0020 converts the log; later migrations follow it.
+    applied = [m.version for m in migrate(fresh_database)]
+    assert applied[:1] == [_PARTITIONED]
 
     with psycopg.connect(fresh_database) as conn:
         assert _log(conn) == before
