@@ -7,12 +7,11 @@ import json
 import signal
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC
 from types import FrameType
 from typing import Any
 
 import click
-from croniter import croniter
 from rich.table import Table
 
 from eventstore import InvalidInputError, json_loads, open_store
@@ -28,6 +27,7 @@ from workflows import (
     WorkflowWorker,
     list_schedules,
     load_workflows,
+    next_tick,
     queue_summary,
     recent_recoveries,
     sweep,
@@ -284,11 +284,6 @@ def list_runs(
     console.print(table)
 
 
-def _next_tick(cron: str, last: datetime) -> datetime:
-    """The first tick of `cron` after `last`, in UTC as the workers count them (workflows.schedules)."""
-    return croniter(cron, last.astimezone(UTC)).get_next(datetime)
-
-
 @workflows_group.command("schedules")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array, for programs.")
 @click.pass_context
@@ -307,7 +302,7 @@ def list_schedule_rows(ctx: click.Context, as_json: bool) -> None:
                     "cron": r.cron,
                     "catch_up": r.catch_up,
                     "last_tick": r.last_tick.astimezone(UTC).isoformat(),
-                    "next_tick": _next_tick(r.cron, r.last_tick).isoformat(),
+                    "next_tick": next_tick(r.cron, r.last_tick).isoformat(),
                     "last_run_id": str(r.last_run_id) if r.last_run_id else None,
                     "ticks_started": r.ticks_started,
                     "ticks_skipped": r.ticks_skipped,
@@ -327,7 +322,7 @@ def list_schedule_rows(ctx: click.Context, as_json: bool) -> None:
             r.cron,
             r.catch_up,
             f"{r.last_tick.astimezone(UTC):%Y-%m-%d %H:%M:%S}",
-            f"{_next_tick(r.cron, r.last_tick):%Y-%m-%d %H:%M:%S}",
+            f"{next_tick(r.cron, r.last_tick):%Y-%m-%d %H:%M:%S}",
         )
     console.print(table)
 

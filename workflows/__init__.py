@@ -38,7 +38,7 @@ from workflows.queue import summary as queue_summary  # noqa: E402
 from workflows.read import list_runs, run_nodes  # noqa: E402
 from workflows.recovery import sweep  # noqa: E402
 from workflows.scheduler import NodeStatus  # noqa: E402
-from workflows.schedules import ScheduleRow, list_schedules  # noqa: E402
+from workflows.schedules import ScheduleRow, list_schedules, next_tick  # noqa: E402
 from workflows.state import NodeState, RunState  # noqa: E402
 from workflows.triggers import run_started_by  # noqa: E402
 from workflows.versions import VersionWait, versions_without_worker  # noqa: E402
@@ -84,6 +84,7 @@ __all__ = [
     "list_runs",
     "list_schedules",
     "load_workflows",
+    "next_tick",
     "queue_summary",
     "recent_recoveries",
     "run_nodes",

@@ -75,8 +75,9 @@ def latest_tick(cron: str, at: datetime) -> datetime:
 
 
 def next_tick(cron: str, after: datetime) -> datetime:
-    """The first tick of `cron` strictly after `after`."""
-    return croniter(cron, after).get_next(datetime)
+    """The first tick of `cron` strictly after `after`, counted in UTC as every tick is (a time read from
+    a session in another time zone names the same instant, not the same wall clock)."""
+    return croniter(cron, after.astimezone(UTC)).get_next(datetime)
 
 
 def due_ticks(schedule: Schedule, last_tick: datetime, now: datetime) -> tuple[list[datetime], int]:
