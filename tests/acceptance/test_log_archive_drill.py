@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from eventstore import NewEvent, archive_partition, open_store, restore_partition
+from tests.narrow_partitions import narrow_partitions
 
 pytestmark = pytest.mark.drill
 
@@ -54,12 +55,7 @@ def _state(url: str, directory: Path) -> str:
 
 
 def test_sigkill_of_archive_and_restore_leaves_the_partition_whole(database_url: str, tmp_path: Path) -> None:
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("ALTER TABLE ledgerflow.events DETACH PARTITION ledgerflow.events_p000001")
-        conn.execute("DROP TABLE ledgerflow.events_p000001")
-        conn.execute("DELETE FROM ledgerflow.event_partitions")
-        conn.execute("UPDATE ledgerflow.event_partitioning SET partition_size = %s", (_SIZE,))
-        conn.execute("SELECT ledgerflow.events_ensure_partitions()")
+    narrow_partitions(database_url, _SIZE)
     with open_store(url=database_url) as store:
         store.import_events(
             (f"doc-{i % 50}", NewEvent("Noted", {"i": i, "text": "x" * 200})) for i in range(4000)

@@ -29,6 +29,7 @@ from eventstore import (
     restore_partition,
 )
 from eventstore.errors import DuplicateEventIdError
+from tests.narrow_partitions import narrow_partitions
 from tests.waiting import wait_until
 
 _SIZE = 10
@@ -37,12 +38,7 @@ _SIZE = 10
 @pytest.fixture
 def small_store(database_url: str) -> Iterator[EventStore]:
     """A store on an empty log whose partitions are 10 positions wide."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("ALTER TABLE ledgerflow.events DETACH PARTITION ledgerflow.events_p000001")
-        conn.execute("DROP TABLE ledgerflow.events_p000001")
-        conn.execute("DELETE FROM ledgerflow.event_partitions")
-        conn.execute("UPDATE ledgerflow.event_partitioning SET partition_size = %s", (_SIZE,))
-        conn.execute("SELECT ledgerflow.events_ensure_partitions()")
+    narrow_partitions(database_url, _SIZE)
     with open_store(url=database_url) as store:
         yield store
 

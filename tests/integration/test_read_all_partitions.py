@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from eventstore import START, Cursor, EventStore, NewEvent, open_store
+from tests.narrow_partitions import narrow_partitions
 from tests.waiting import wait_until
 
 _SIZE = 10
@@ -28,12 +29,7 @@ _ROUNDS = 5
 @pytest.fixture
 def small_store(database_url: str) -> Iterator[EventStore]:
     """A store on an empty log of 10-position partitions, made ahead for every event written here."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("ALTER TABLE ledgerflow.events DETACH PARTITION ledgerflow.events_p000001")
-        conn.execute("DROP TABLE ledgerflow.events_p000001")
-        conn.execute("DELETE FROM ledgerflow.event_partitions")
-        conn.execute("UPDATE ledgerflow.event_partitioning SET partition_size = %s", (_SIZE,))
-        conn.execute("SELECT ledgerflow.events_ensure_partitions(400)")
+    narrow_partitions(database_url, _SIZE, headroom=400)
     with open_store(url=database_url, migrate=False) as store:
         yield store
 
