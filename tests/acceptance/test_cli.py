@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
+
+from tests.acceptance.cli_runs import run_cli
 
 
 def run(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"LEDGERFLOW_DATABASE_URL": database_url, "LEDGERFLOW_LOG_FORMAT": "json"}
-    return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_cli(database_url, *args)
 
 
 def test_append_read_and_idempotent_retry(database_url: str) -> None:

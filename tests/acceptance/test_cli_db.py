@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
+
+from tests.acceptance.cli_runs import run_cli
 
 
 def run(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
-        env=os.environ | {"LEDGERFLOW_DATABASE_URL": database_url, "LEDGERFLOW_LOG_FORMAT": "json"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_cli(database_url, *args)
 
 
 def test_db_url_prints_the_url_alone_on_stdout(database_url: str) -> None:

@@ -4,12 +4,11 @@ a worker has seen (started here with the clock given, as a worker's schedule kee
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 
 from eventstore import EventStore
+from tests.acceptance.cli_runs import run_cli
 from workflows import Engine, Schedule, Workflow, WorkflowRegistry
 from workflows.schedules import run_due_ticks
 
@@ -24,21 +23,8 @@ for wf in (nightly, every_five):
 
 
 def lf(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {
-        "LEDGERFLOW_DATABASE_URL": database_url,
-        "LEDGERFLOW_LOG_FORMAT": "json",
-        "COLUMNS": "200",
-        # The session's time zone is not UTC: cron ticks are UTC all the same.
-        "PGTZ": "America/New_York",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    # The session's time zone is not UTC: cron ticks are UTC all the same.
+    return run_cli(database_url, *args, PGTZ="America/New_York")
 
 
 def test_schedules_are_listed_with_their_last_and_next_tick(database_url: str, store: EventStore) -> None:

@@ -4,7 +4,6 @@ subprocess against a fresh database and a workflow worker beside it."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -17,29 +16,18 @@ import pytest
 
 from eventstore import EventStore
 from ops.cli_workflows import waiting_note
+from tests.acceptance.cli_runs import cli_env, run_cli
 from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, NodeState, NodeStatus, WorkerSettings, WorkflowWorker
 
 
 def _env(database_url: str) -> dict[str, str]:
-    return os.environ | {
-        "LEDGERFLOW_DATABASE_URL": database_url,
-        "LEDGERFLOW_LOG_FORMAT": "json",
-        "LEDGERFLOW_WORKFLOWS": "tests.flows:registry",
-        "COLUMNS": "200",
-    }
+    return cli_env(database_url, LEDGERFLOW_WORKFLOWS="tests.flows:registry")
 
 
 def lf(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
-        env=_env(database_url),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_cli(database_url, *args, LEDGERFLOW_WORKFLOWS="tests.flows:registry")
 
 
 @pytest.fixture
