@@ -585,6 +585,8 @@ class WorkflowWorker:
         Under the claim lock: the claim loop and the recovery threads never both fill the same room."""
         with self._claiming:
             budgets = [] if self.stopping.is_set() else self._budgets()
+            # One kind of room: the threads' (or the event loop's, when every workflow is `async def`).
+            # Nodes of the other kind taken back are ready, and the claim loop takes them at once.
             workflows, slots = budgets[0] if budgets else ([], 0)
             take_back(
                 self.engine,
