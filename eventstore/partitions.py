@@ -174,7 +174,13 @@ def archive_partition(url: str, name: str, directory: Path) -> Manifest:
         # lock proves the file holds every row the partition had.
         with conn.transaction():
             conn.execute(Q["lock_timeout"], {"timeout": _LOCK_TIMEOUT})
-            conn.execute(Q["partition_for_update"], {"name": name})
+            locked = conn.execute(Q["partition_for_update"], {"name": name}).fetchone()
+            if locked is None or locked[3] == "archived":
+                # Another archive of it committed while this one copied: one archive stands.
+                raise ArchiveRefusedError(
+                    f"partition {name} was archived by another archive while this one copied it; "
+                    f"{data_path} and {manifest_path} are a second copy of the same rows"
+                )
             conn.execute(sql.SQL("ALTER TABLE ledgerflow.events DETACH PARTITION {}").format(_table(name)))
             row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_table(name))).fetchone()
             if row is None or row[0] != events:

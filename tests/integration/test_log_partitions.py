@@ -28,7 +28,7 @@ from eventstore import (
     open_store,
     restore_partition,
 )
-from eventstore.errors import DuplicateEventIdError
+from eventstore.errors import DuplicateEventIdError, LedgerflowError
 from tests.narrow_partitions import narrow_partitions
 from tests.waiting import wait_until
 
@@ -228,3 +228,34 @@ def test_an_append_in_the_callers_transaction_never_waits_for_a_second_connectio
             assert not [e for e in logs if e["event"] == "log_partition_not_created"]
         wait_until(lambda: store._log_end > 0, what="the partition ahead to be seen")
         assert not [e for e in logs if e["event"] == "log_partition_not_created"]
+
+
+def test_two_archives_of_one_partition_at_once_archive_it_once(
+    small_store: EventStore, tmp_path: Path
+) -> None:
+    """Operators archiving the same partition at the same moment: one archives it, the other gets a typed
+    refusal (or finds it archived), and the log keeps every event once, in the log or in the archive."""
+    store = small_store
+    _fill(store, 25)
+    before = _all(store)
+    _cursor_at_end(store, "caught_up")
+    barrier = threading.Barrier(2)
+    outcomes: list[object] = []
+
+    def archive(k: int) -> None:
+        barrier.wait()
+        try:
+            outcomes.append(archive_partition(store.url, "events_p000001", tmp_path / f"a{k}"))
+        except LedgerflowError as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=archive, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    archived = [o for o in outcomes if not isinstance(o, Exception)]
+    assert len(archived) == 1, outcomes
+    assert [type(o) for o in outcomes if isinstance(o, Exception)] == [ArchiveRefusedError], outcomes
+    assert _partitions(store)["events_p000001"][2] == "archived"
+    assert _all(store) == [e for e in before if e.position >= 11]
