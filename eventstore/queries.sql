@@ -319,8 +319,9 @@ SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint
 -- idle_in_transaction_session_timeout ends most of them, but not one left mid-pipeline ("active", waiting
 -- for the client) or whose idle timer a protocol Flush disarmed; their row locks would keep a peer from
 -- taking over for as long as the process stays frozen. Ended here, their transactions roll back, which
--- is what the timeout would have done.
-SELECT pid, application_name, pg_terminate_backend(pid)
+-- is what the timeout would have done. Each is waited for (up to a second) until its backend has exited,
+-- so that when this returns its locks are free for the caller to take over.
+SELECT pid, application_name, pg_terminate_backend(pid, 1000)
   FROM pg_stat_activity
  WHERE datname = current_database() AND pid <> pg_backend_pid()
    AND application_name = current_setting('application_name')
