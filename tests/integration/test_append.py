@@ -78,6 +78,32 @@ def test_multi_stream_append_is_atomic(store: EventStore) -> None:
     assert done.versions == {"a": 2, "b": 2}
 
 
+def test_an_append_to_many_streams_puts_each_event_in_its_stream_in_order(store: EventStore) -> None:
+    """Streams of one, two and three events, new and existing, in one append: each event lands in its own
+    stream at the next versions, with positions in the streams' order (the order they are locked in) and
+    each stream's events in their own order."""
+    store.append("s-00", [ev(-1)])
+    counts = {f"s-{i:02d}": 1 + i % 3 for i in range(30)}
+    appends = [
+        StreamAppend(s, [ev(i * 10 + n) for n in range(c)], ANY)
+        for i, (s, c) in enumerate(counts.items())
+    ]
+    result = store.append_many(list(reversed(appends)))
+    assert result.versions == {s: c + (s == "s-00") for s, c in counts.items()}
+    positions = [e.position for e in result.events]
+    assert positions == sorted(positions)
+    assert [e.stream_id for e in result.events] == [s for s, c in sorted(counts.items()) for _ in range(c)]
+    found = store.read_streams(list(counts))
+    for i, (s, c) in enumerate(counts.items()):
+        written = [e.data["n"] for e in found[s] if e.data["n"] >= 0]
+        assert written == [i * 10 + n for n in range(c)]
+        assert [e.stream_version for e in found[s]] == list(range(1, len(found[s]) + 1))
+    with pytest.raises(WrongExpectedVersionError) as caught:
+        store.append_many([StreamAppend("s-00", [ev()], 2), StreamAppend("s-29", [ev()], 99)])
+    assert caught.value.stream_id == "s-29"
+    assert count_events(store) == 1 + sum(counts.values())
+
+
 def test_tenants_have_separate_streams(store: EventStore) -> None:
     store.append("s", [ev()], tenant="acme")
     store.append("s", [ev(), ev()], tenant="globex", expected_version=NO_STREAM)
