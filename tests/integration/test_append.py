@@ -85,8 +85,7 @@ def test_an_append_to_many_streams_puts_each_event_in_its_stream_in_order(store:
     store.append("s-00", [ev(-1)])
     counts = {f"s-{i:02d}": 1 + i % 3 for i in range(30)}
     appends = [
-        StreamAppend(s, [ev(i * 10 + n) for n in range(c)], ANY)
-        for i, (s, c) in enumerate(counts.items())
+        StreamAppend(s, [ev(i * 10 + n) for n in range(c)], ANY) for i, (s, c) in enumerate(counts.items())
     ]
     result = store.append_many(list(reversed(appends)))
     assert result.versions == {s: c + (s == "s-00") for s, c in counts.items()}
