@@ -5,8 +5,11 @@
 -- late path of ledgerflow.log_writer: a subtransaction whose xid serves as the stamp (0.11-0.19 ms of
 -- server time per node end, measured with track_functions and auto_explain). Taking the lock first gives
 -- the append the stamp at once. The transaction holds the lock a statement longer than before, which
--- holds readers of the log back no longer than the append it always makes. The functions are otherwise
--- those of migrations 0015 and 0012.
+-- holds readers of the log back no longer than the append it always makes.
+--
+-- The successors a node's end queues also take its row's version, the run's, instead of leaving the
+-- queue's version trigger (migration 0016) to read it from the run's first event. The functions are
+-- otherwise those of migrations 0015 and 0012.
 
 CREATE OR REPLACE FUNCTION ledgerflow.wf_end_node(
     p_run_id              uuid,
@@ -34,6 +37,7 @@ DECLARE
     v_limits  text[];
     v_claim   boolean := p_claim_token IS NOT NULL;
     v_due     timestamptz := clock_timestamp();
+    v_version text;
 BEGIN
     -- The log writer lock first (see ledgerflow.log_writer): the run-stream append that follows in this
     -- transaction then finds the stamp ready, where it would otherwise need a subtransaction for one.
@@ -42,14 +46,14 @@ BEGIN
         DELETE FROM ledgerflow.workflow_queue q
          WHERE q.run_id = p_run_id AND q.node = p_node AND q.token = p_token AND q.status = 'claimed'
            AND q.lease_expires_at > clock_timestamp()
-        RETURNING q.cancel_requested INTO v_cancel;
+        RETURNING q.cancel_requested, q.version INTO v_cancel, v_version;
     ELSE
         UPDATE ledgerflow.workflow_queue q
            SET status = 'ready', ready_at = clock_timestamp() + make_interval(secs => p_retry_in),
                token = NULL, worker_name = NULL, worker_instance = NULL, lease_expires_at = NULL
          WHERE q.run_id = p_run_id AND q.node = p_node AND q.token = p_token AND q.status = 'claimed'
            AND q.lease_expires_at > clock_timestamp()
-        RETURNING q.cancel_requested INTO v_cancel;
+        RETURNING q.cancel_requested, q.version INTO v_cancel, v_version;
     END IF;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'lease lost' USING ERRCODE = 'LF004',
@@ -72,10 +76,11 @@ BEGIN
         END IF;
         WITH queued AS (
             INSERT INTO ledgerflow.workflow_queue AS q
-                   (run_id, node, tenant, workflow, attempt, max_crashes, progress_deadline, on_stuck, status,
-                    ready_at, token, worker_name, worker_instance, claimed_at, heartbeat_at, progress_at,
-                    lease_expires_at)
-            SELECT p_run_id, u.node, p_tenant, p_workflow,
+                   (run_id, node, tenant, workflow, version, attempt, max_crashes, progress_deadline, on_stuck,
+                    status, ready_at, token, worker_name, worker_instance, claimed_at, heartbeat_at,
+                    progress_at, lease_expires_at)
+            -- The ending node's version is its run's: the queue's version trigger need not read the log.
+            SELECT p_run_id, u.node, p_tenant, p_workflow, v_version,
                    -- A successor refused a slot keeps the attempts so far: its claim counts the next one.
                    CASE WHEN u.n = 1 AND p_claim_token IS NOT NULL AND NOT u.claimed THEN u.attempt - 1
                         ELSE u.attempt END,
