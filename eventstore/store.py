@@ -367,6 +367,13 @@ class EventStore:
         except ConflictError as exc:
             telemetry.append_conflicts.add(1, {"reason": exc.code})
             raise
+        return self.appended(rows, tenant, began)
+
+    def appended(self, rows: list[Any], tenant: str, began: float) -> AppendResult:
+        """The result of an append statement from its rows (stream, version, position, transaction id
+        and, for `append_events`, duplicate), with what every append does after it: room made ahead in
+        the log, the append counted. `began`: its `time.perf_counter()` before it was sent. For callers
+        that send the append in a statement of their own (see `one_stream_params`)."""
         if len(rows) > 1:
             rows.sort(key=lambda r: r[2])  # by position
         if rows:
@@ -379,6 +386,17 @@ class EventStore:
         if not result.duplicate:
             telemetry.events_appended.add(len(result.events), {"tenant": tenant})
         return result
+
+    def one_stream_params(
+        self, stream_id: str, events: Sequence[NewEvent], expected_version: int, tenant: str
+    ) -> dict[str, Any]:
+        """The parameters of an append of `events` to one stream at exactly `expected_version`, checked
+        as `append` checks them, for a statement that appends as `append_one_stream` does (in queries.sql)
+        together with writes of its own, in one round trip (see ledgerflow.wf_record_node_end). Its rows
+        go through `appended`; it does not wake subscribers: call `notify_appended` once it committed."""
+        params = self._append_params([StreamAppend(stream_id, events, expected_version)], None, tenant)
+        del params["idempotency_key"], params["request_hash"], params["stream_ids"], params["counts"]
+        return {**params, "stream_id": stream_id, "expected": expected_version}
 
     def _make_room(self, position: int) -> None:
         """Once appends reach the log's last partition, have the next one created: by a thread of its own,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from eventstore import ANY, NewEvent, StreamAppend, WrongExpectedVersionError
+from eventstore import ANY, AppendResult, NewEvent, StreamAppend, WrongExpectedVersionError
 from eventstore.errors import ConflictError, LedgerflowError
 from workflows import events as ev
 from workflows import queue
@@ -101,6 +102,39 @@ class _Suspension:
     signal: str | None
 
 
+def _hand_off(
+    conn: Any,
+    claim: Claim,
+    wf: Workflow,
+    run: RunState,
+    decision: _Decision,
+    events: list[NewEvent],
+    claim_next: Claimant | None,
+) -> tuple[list[str], Claim | None, queue.Successor | None]:
+    """The nodes a decision makes ready, unlimited ones first, and, with `claim_next`, the first of them
+    claimed for the caller: its claim, and the hand-off for the queue's change. The claim's NodeClaimed
+    goes into `events`. The worker hands itself a node without limits only: one that needs a slot is
+    admitted by the claim, which may defer it (a hand-over refused there would record a claim that nobody
+    runs). Stable sort: unlimited nodes first, in their order."""
+    ready = sorted(decision.ready, key=lambda n: bool(wf.nodes[n].limits))
+    if claim_next is None or not ready or wf.nodes[ready[0]].limits:
+        return ready, None, None
+    node = ready[0]
+    successor = Claim(
+        claim.run_id,
+        node,
+        claim.tenant,
+        wf.name,
+        run.node(node).attempt + 1,
+        claim_next.tokens.take(conn),
+        cancel_requested=False,
+        crashes=0,
+        version=claim.version,
+    )
+    events.append(claimed_event(successor, claim_next.worker_id))
+    return ready, successor, queue.Successor(claim_next, successor.token)
+
+
 class Lifecycle:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -125,70 +159,11 @@ class Lifecycle:
         for _ in range(_ATTEMPTS):
             decision = decide(run)
             events = list(decision.events)
-            successor: Claim | None = None
             try:
-                with fenced_writes(), self.engine.pipelined_transaction() as conn:
-                    handoff = None
-                    # The worker hands itself a node without limits only: one that needs a slot is
-                    # admitted by the claim, which may defer it (a hand-over refused there would record
-                    # a claim that nobody runs). Stable sort: unlimited nodes first, in their order.
-                    ready = sorted(decision.ready, key=lambda n: bool(wf.nodes[n].limits))
-                    if claim_next is not None and ready and not wf.nodes[ready[0]].limits:
-                        node = ready[0]
-                        successor = Claim(
-                            claim.run_id,
-                            node,
-                            claim.tenant,
-                            wf.name,
-                            run.node(node).attempt + 1,
-                            claim_next.tokens.take(conn),
-                            cancel_requested=False,
-                            crashes=0,
-                            version=claim.version,
-                        )
-                        handoff = queue.Successor(claim_next, successor.token)
-                        events.append(claimed_event(successor, claim_next.worker_id))
-                    if (wait := decision.suspension) is not None:
-                        ended = _suspended(
-                            queue.suspend_node(
-                                conn, claim, until=wait.until, now=wait.now, signal=wait.signal
-                            )
-                        )
-                    else:
-                        ended = queue.end_node(
-                            conn,
-                            claim,
-                            retry_in=decision.retry_in,
-                            ready=[wf.nodes[n] for n in ready],
-                            attempts={n: run.node(n).attempt for n in ready},
-                            successor=handoff,
-                        )
-                    terminal = any(e.type in _TERMINAL for e in events)
-                    next_run: Callable[[], list[Claim]] | None = None
-                    if terminal and claim_next is not None and claim_next.workflows:
-                        next_run = queue.claim_later(
-                            conn,
-                            worker_name=claim_next.worker_name,
-                            instance=claim_next.instance,
-                            workflows=claim_next.workflows,
-                            limit=1,
-                            ttl=claim_next.ttl,
-                        )
-                    appends = [StreamAppend(ev.run_stream(claim.run_id), events, run.version)]
-                    if terminal:
-                        appends += release_key_appends(run)
-                    result = self.store.append_many(appends, tenant=claim.tenant, conn=conn)
-                    outcome = ended()
-                    if next_run is not None and claim_next is not None:
-                        for taken in next_run():
-                            self.store.append(
-                                ev.run_stream(taken.run_id),
-                                [claimed_event(taken, claim_next.worker_id)],
-                                expected_version=ANY,
-                                tenant=taken.tenant,
-                                conn=conn,
-                            )
-                            successor = taken
+                if decision.suspension is None and not any(e.type in _TERMINAL for e in events):
+                    successor, outcome, result = self._record(claim, wf, run, decision, events, claim_next)
+                else:
+                    successor, outcome, result = self._transact(claim, wf, run, decision, events, claim_next)
             except WrongExpectedVersionError:
                 self.engine.catch_up(run)
                 continue
@@ -199,6 +174,89 @@ class Lifecycle:
         raise ConflictError(
             f"run {claim.run_id}: too many concurrent changes while ending node {claim.node!r}"
         )
+
+    def _record(
+        self,
+        claim: Claim,
+        wf: Workflow,
+        run: RunState,
+        decision: _Decision,
+        events: list[NewEvent],
+        claim_next: Claimant | None,
+    ) -> tuple[Claim | None, queue.NodeEnded, AppendResult]:
+        """The commonest end, one that leaves its run going: the queue's change and the events in one
+        statement, so one transaction and one round trip (see ledgerflow.wf_record_node_end)."""
+        with fenced_writes(), self.store.pool.connection() as conn:
+            ready, successor, handoff = _hand_off(conn, claim, wf, run, decision, events, claim_next)
+            began = time.perf_counter()
+            append = self.store.one_stream_params(
+                ev.run_stream(claim.run_id), events, run.version, claim.tenant
+            )
+            outcome, rows = queue.record_node_end(
+                conn,
+                claim,
+                append,
+                retry_in=decision.retry_in,
+                ready=[wf.nodes[n] for n in ready],
+                attempts={n: run.node(n).attempt for n in ready},
+                successor=handoff,
+            )
+        self.store.notify_appended()
+        return successor, outcome, self.store.appended(rows, claim.tenant, began)
+
+    def _transact(
+        self,
+        claim: Claim,
+        wf: Workflow,
+        run: RunState,
+        decision: _Decision,
+        events: list[NewEvent],
+        claim_next: Claimant | None,
+    ) -> tuple[Claim | None, queue.NodeEnded, AppendResult]:
+        """Any other end (a suspension, or an end that finishes the run: it also releases the run's key
+        and may claim a node of another run) in a pipelined transaction."""
+        with fenced_writes(), self.engine.pipelined_transaction() as conn:
+            ready, successor, handoff = _hand_off(conn, claim, wf, run, decision, events, claim_next)
+            if (wait := decision.suspension) is not None:
+                ended = _suspended(
+                    queue.suspend_node(conn, claim, until=wait.until, now=wait.now, signal=wait.signal)
+                )
+            else:
+                ended = queue.end_node(
+                    conn,
+                    claim,
+                    retry_in=decision.retry_in,
+                    ready=[wf.nodes[n] for n in ready],
+                    attempts={n: run.node(n).attempt for n in ready},
+                    successor=handoff,
+                )
+            terminal = any(e.type in _TERMINAL for e in events)
+            next_run: Callable[[], list[Claim]] | None = None
+            if terminal and claim_next is not None and claim_next.workflows:
+                next_run = queue.claim_later(
+                    conn,
+                    worker_name=claim_next.worker_name,
+                    instance=claim_next.instance,
+                    workflows=claim_next.workflows,
+                    limit=1,
+                    ttl=claim_next.ttl,
+                )
+            appends = [StreamAppend(ev.run_stream(claim.run_id), events, run.version)]
+            if terminal:
+                appends += release_key_appends(run)
+            result = self.store.append_many(appends, tenant=claim.tenant, conn=conn)
+            outcome = ended()
+            if next_run is not None and claim_next is not None:
+                for taken in next_run():
+                    self.store.append(
+                        ev.run_stream(taken.run_id),
+                        [claimed_event(taken, claim_next.worker_id)],
+                        expected_version=ANY,
+                        tenant=taken.tenant,
+                        conn=conn,
+                    )
+                    successor = taken
+        return successor, outcome, result
 
     def succeeded(
         self,

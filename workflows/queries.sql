@@ -1,14 +1,15 @@
 -- The workflow package's SQL. Every statement it runs is here, named.
 
 -- name: enqueue
+-- (Arrays travel in binary, here and below: in text each element is escaped by a regular expression.)
 -- Makes nodes runnable (again). Runs in the transaction that appends the event making them runnable.
 -- Attempts continue from the run's history: a node run again after a retry gets a new attempt number.
 INSERT INTO ledgerflow.workflow_queue AS q
        (run_id, node, tenant, workflow, attempt, max_crashes, progress_deadline, on_stuck, ready_at)
 SELECT %(run_id)s, u.node, %(tenant)s, %(workflow)s, u.attempt, u.max_crashes, u.progress_deadline,
        u.on_stuck, clock_timestamp() + make_interval(secs => u.delay)
-  FROM unnest(%(nodes)s::text[], %(attempts)s::int[], %(max_crashes)s::int[],
-              %(progress_deadlines)s::float8[], %(on_stuck)s::text[], %(delays)s::float8[])
+  FROM unnest(%(nodes)b::text[], %(attempts)b::int[], %(max_crashes)b::int[],
+              %(progress_deadlines)b::float8[], %(on_stuck)b::text[], %(delays)b::float8[])
        AS u(node, attempt, max_crashes, progress_deadline, on_stuck, delay)
 ON CONFLICT (run_id, node) DO UPDATE
    SET status = 'ready', ready_at = excluded.ready_at, token = NULL, worker_name = NULL, attempt = excluded.attempt,
@@ -26,7 +27,7 @@ ON CONFLICT (run_id, node) DO UPDATE
 -- of the ready index (workflow, version, ready_at) (migration 0016).
 WITH picked AS (
     SELECT r.run_id, r.node, w.name AS workflow, row_number() OVER (ORDER BY r.ready_at)::int AS n
-      FROM unnest(%(workflows)s::text[], %(versions)s::text[]) AS w(name, version)
+      FROM unnest(%(workflows)b::text[], %(versions)b::text[]) AS w(name, version)
      CROSS JOIN LATERAL (
           SELECT q.run_id, q.node, q.ready_at FROM ledgerflow.workflow_queue q
            WHERE q.status = 'ready' AND q.workflow = w.name AND q.version = w.version
@@ -80,9 +81,21 @@ SELECT now() FROM ledgerflow.wf_fence(%(run_id)s, %(node)s, %(token)s, %(check_c
 -- A node's end for the queue, in one statement; see ledgerflow.wf_end_node for the guarantees.
 SELECT crashes, recorded_at
   FROM ledgerflow.wf_end_node(%(run_id)s, %(node)s, %(token)s, %(check_cancel)s, %(retry_in)s, %(tenant)s,
-                              %(workflow)s, %(ready)s::text[], %(attempts)s::int[], %(max_crashes)s::int[],
-                              %(progress_deadlines)s::float8[], %(on_stuck)s::text[], %(claim_token)s,
+                              %(workflow)s, %(ready)b::text[], %(attempts)b::int[], %(max_crashes)b::int[],
+                              %(progress_deadlines)b::float8[], %(on_stuck)b::text[], %(claim_token)s,
                               %(worker_name)s, %(instance)s, %(ttl)s)
+
+-- name: record_node_end
+-- A node's end for the queue and the run-stream events that record it, in one statement (one round trip,
+-- one transaction); see ledgerflow.wf_record_node_end. The event parameters are the one-stream append's.
+-- Arrays travel in binary: in text, each element would be escaped by a regular expression.
+SELECT crashes, recorded_at, stream_id, stream_version, position, transaction_id
+  FROM ledgerflow.wf_record_node_end(
+           %(run_id)s, %(node)s, %(token)s, %(check_cancel)s, %(retry_in)s, %(tenant)s, %(workflow)s,
+           %(ready)b::text[], %(attempts)b::int[], %(max_crashes)b::int[], %(progress_deadlines)b::float8[],
+           %(on_stuck)b::text[], %(claim_token)s, %(worker_name)s, %(instance)s, %(ttl)s,
+           %(stream_id)s, %(expected)s, %(event_ids)b::uuid[], %(types)b::text[], %(data)b::text[],
+           %(metadata)b::text[], %(correlation_ids)b::uuid[], %(causation_ids)b::uuid[])
 
 -- name: suspend_node
 -- A node suspends itself (a timer or a signal wait); see ledgerflow.wf_suspend_node.
@@ -94,7 +107,7 @@ SELECT ledgerflow.wf_suspend_node(%(run_id)s, %(node)s, %(token)s, %(until)s, %(
 -- Rows already due are not looked at: those the claim left (locked by a peer, held back by a limit) must
 -- not turn the idle wait into a busy loop.
 SELECT extract(epoch FROM min(r.ready_at) - clock_timestamp())::float8
-  FROM unnest(%(workflows)s::text[]) AS w(name)
+  FROM unnest(%(workflows)b::text[]) AS w(name)
  CROSS JOIN LATERAL (
       SELECT q.ready_at FROM ledgerflow.workflow_queue q
        WHERE q.status = 'ready' AND q.workflow = w.name AND q.ready_at > statement_timestamp()

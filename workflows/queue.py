@@ -220,31 +220,8 @@ def end_node(
     node's row gone (or ready again after `retry_in` seconds), the `ready` nodes queued, the first of them
     claimed by `successor`. Sent without waiting for its answer, so that the run-stream append follows it
     in the same round trip; the returned call gives the outcome once the answer is in."""
-    attempts = attempts or {}
-    claimed_first = successor is not None and bool(ready)
     cursor = conn.execute(
-        Q["end_node"],
-        {
-            "run_id": claim.run_id,
-            "node": claim.node,
-            "token": claim.token,
-            "check_cancel": check_cancel,
-            "retry_in": retry_in,
-            "tenant": claim.tenant,
-            "workflow": claim.workflow,
-            "ready": [s.name for s in ready],
-            # A claimed successor's row holds its claim's attempt; a ready one's, the attempts so far.
-            "attempts": [
-                attempts.get(s.name, 0) + (1 if claimed_first and i == 0 else 0) for i, s in enumerate(ready)
-            ],
-            "max_crashes": [s.max_crashes for s in ready],
-            "progress_deadlines": [s.progress_deadline for s in ready],
-            "on_stuck": [s.on_stuck for s in ready],
-            "claim_token": successor.token if claimed_first and successor else None,
-            "worker_name": successor.claimant.worker_name if successor else None,
-            "instance": successor.claimant.instance if successor else None,
-            "ttl": successor.claimant.ttl if successor else None,
-        },
+        Q["end_node"], _end_params(claim, retry_in, ready, attempts, successor, check_cancel)
     )
 
     def outcome() -> NodeEnded:
@@ -253,6 +230,58 @@ def end_node(
         return NodeEnded(int(row[0]), row[1])
 
     return outcome
+
+
+def record_node_end(
+    conn: Conn,
+    claim: Claim,
+    append: Mapping[str, Any],
+    *,
+    retry_in: float | None = None,
+    ready: Sequence[NodeSpec] = (),
+    attempts: Mapping[str, int] | None = None,
+    successor: Successor | None = None,
+    check_cancel: bool = False,
+) -> tuple[NodeEnded, list[tuple[Any, ...]]]:
+    """`end_node` and the run-stream append that records it (`append`: see
+    `EventStore.one_stream_params`), as one statement on an autocommit connection, so in one transaction
+    and one round trip (see ledgerflow.wf_record_node_end). Returns the outcome and the append's rows."""
+    params = {**_end_params(claim, retry_in, ready, attempts, successor, check_cancel), **append}
+    rows = conn.execute(Q["record_node_end"], params).fetchall()
+    return NodeEnded(int(rows[0][0]), rows[0][1]), [r[2:] for r in rows]
+
+
+def _end_params(
+    claim: Claim,
+    retry_in: float | None,
+    ready: Sequence[NodeSpec],
+    attempts: Mapping[str, int] | None,
+    successor: Successor | None,
+    check_cancel: bool,
+) -> dict[str, Any]:
+    attempts = attempts or {}
+    claimed_first = successor is not None and bool(ready)
+    return {
+        "run_id": claim.run_id,
+        "node": claim.node,
+        "token": claim.token,
+        "check_cancel": check_cancel,
+        "retry_in": retry_in,
+        "tenant": claim.tenant,
+        "workflow": claim.workflow,
+        "ready": [s.name for s in ready],
+        # A claimed successor's row holds its claim's attempt; a ready one's, the attempts so far.
+        "attempts": [
+            attempts.get(s.name, 0) + (1 if claimed_first and i == 0 else 0) for i, s in enumerate(ready)
+        ],
+        "max_crashes": [s.max_crashes for s in ready],
+        "progress_deadlines": [s.progress_deadline for s in ready],
+        "on_stuck": [s.on_stuck for s in ready],
+        "claim_token": successor.token if claimed_first and successor else None,
+        "worker_name": successor.claimant.worker_name if successor else None,
+        "instance": successor.claimant.instance if successor else None,
+        "ttl": successor.claimant.ttl if successor else None,
+    }
 
 
 def suspend_node(

@@ -85,7 +85,7 @@ def claimed(engine: Engine, worker: WorkflowWorker, run_id: uuid.UUID) -> tuple[
     return claim, engine.load(run_id, tenant=claim.tenant)
 
 
-def test_a_node_success_with_its_hand_off_is_one_transaction_of_two_round_trips(
+def test_a_node_success_is_one_statement_and_the_end_of_a_run_one_transaction_of_two_round_trips(
     one_connection: EventStore, tmp_path: Path
 ) -> None:
     engine = Engine(one_connection, registry)
@@ -107,15 +107,22 @@ def test_a_node_success_with_its_hand_off_is_one_transaction_of_two_round_trips(
                 successor, wf, output, 0.001, claim_next=worker._claimant, run=run
             )
         wire = tracer.wire()
-        # BEGIN, the queue's change (fence, row, successor claimed), the append, COMMIT: one transaction,
-        # two round trips, and no read of the run's stream. The run's last node also asks the queue for
-        # another run's node (there is none here), in the same round trip.
-        assert len(wire.statements) == (4 if follows else 5), wire
-        assert (wire.statements[0], wire.statements[-1]) == ("BEGIN", "COMMIT")
-        assert "ledgerflow.wf_end_node(" in wire.statements[1]
         assert not any("FROM ledgerflow.events" in s for s in wire.statements), wire
-        assert wire.commits == 1
-        assert wire.round_trips <= 2, wire
+        if follows:
+            # The queue's change (fence, row, successor claimed) and the events that record it: one
+            # statement in autocommit, so one transaction and one round trip, and no read of the stream.
+            assert len(wire.statements) == 1, wire
+            assert "ledgerflow.wf_record_node_end(" in wire.statements[0]
+            assert wire.round_trips == 1, wire
+        else:
+            # The run's last end: BEGIN, the queue's change, a claim of another run's node (there is none
+            # here), the appends (the run's events, its key released), COMMIT: one transaction, two round
+            # trips.
+            assert len(wire.statements) == 5, wire
+            assert (wire.statements[0], wire.statements[-1]) == ("BEGIN", "COMMIT")
+            assert "ledgerflow.wf_end_node(" in wire.statements[1]
+            assert wire.commits == 1
+            assert wire.round_trips <= 2, wire
         assert (successor.node if successor else None) == follows
 
     # What the worker kept in memory is what the log folds to.
