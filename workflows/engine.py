@@ -223,7 +223,7 @@ class Engine:
                 appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn
             )
             if not result.duplicate:
-                queue.enqueue(conn, run_id, tenant, wf.name, [wf.nodes[r] for r in roots])
+                queue.enqueue(conn, run_id, tenant, wf.name, wf.version, [wf.nodes[r] for r in roots])
         if not result.duplicate:
             log.info("workflow_started", run_id=str(run_id), workflow=wf.name, key=key, tenant=tenant)
         if result.duplicate:
@@ -417,6 +417,7 @@ class Engine:
                 run.run_id,
                 tenant,
                 wf.name,
+                run.workflow_version,
                 [wf.nodes[n] for n in ready],
                 attempts={n: run.node(n).attempt for n in ready},
                 reset_crashes=True,

@@ -4,9 +4,10 @@
 -- (Arrays travel in binary, here and below: in text each element is escaped by a regular expression.)
 -- Makes nodes runnable (again). Runs in the transaction that appends the event making them runnable.
 -- Attempts continue from the run's history: a node run again after a retry gets a new attempt number.
+-- The version is given: the queue's version trigger (migration 0016) need not read it from the log.
 INSERT INTO ledgerflow.workflow_queue AS q
-       (run_id, node, tenant, workflow, attempt, max_crashes, progress_deadline, on_stuck, ready_at)
-SELECT %(run_id)s, u.node, %(tenant)s, %(workflow)s, u.attempt, u.max_crashes, u.progress_deadline,
+       (run_id, node, tenant, workflow, version, attempt, max_crashes, progress_deadline, on_stuck, ready_at)
+SELECT %(run_id)s, u.node, %(tenant)s, %(workflow)s, %(version)s, u.attempt, u.max_crashes, u.progress_deadline,
        u.on_stuck, clock_timestamp() + make_interval(secs => u.delay)
   FROM unnest(%(nodes)b::text[], %(attempts)b::int[], %(max_crashes)b::int[],
               %(progress_deadlines)b::float8[], %(on_stuck)b::text[], %(delays)b::float8[])

@@ -45,13 +45,15 @@ def enqueue(
     run_id: uuid.UUID,
     tenant: str,
     workflow: str,
+    version: str,
     specs: Sequence[NodeSpec],
     *,
     attempts: Mapping[str, int] | None = None,
     delay: float = 0.0,
     reset_crashes: bool = False,
 ) -> None:
-    """Queue `specs` as ready; `attempts` gives the attempts each node already had in this run."""
+    """Queue `specs` as ready; `attempts` gives the attempts each node already had in this run, `version`
+    the version of the definition the run started with."""
     if not specs:
         return
     attempts = attempts or {}
@@ -61,6 +63,7 @@ def enqueue(
             "run_id": run_id,
             "tenant": tenant,
             "workflow": workflow,
+            "version": version,
             "nodes": [s.name for s in specs],
             "attempts": [attempts.get(s.name, 0) for s in specs],
             "max_crashes": [s.max_crashes for s in specs],
