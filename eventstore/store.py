@@ -388,15 +388,16 @@ class EventStore:
         return result
 
     def one_stream_params(
-        self, stream_id: str, events: Sequence[NewEvent], expected_version: int, tenant: str
+        self, stream_id: str, events: Sequence[NewEvent], expected_version: ExpectedVersion, tenant: str
     ) -> dict[str, Any]:
-        """The parameters of an append of `events` to one stream at exactly `expected_version`, checked
+        """The parameters of an append of `events` to one stream expected at `expected_version`, checked
         as `append` checks them, for a statement that appends as `append_one_stream` does (in queries.sql)
         together with writes of its own, in one round trip (see ledgerflow.wf_record_node_end). Its rows
         go through `appended`; it does not wake subscribers: call `notify_appended` once it committed."""
         params = self._append_params([StreamAppend(stream_id, events, expected_version)], None, tenant)
         del params["idempotency_key"], params["request_hash"], params["stream_ids"], params["counts"]
-        return {**params, "stream_id": stream_id, "expected": expected_version}
+        exact = isinstance(expected_version, int) and not isinstance(expected_version, bool)
+        return {**params, "stream_id": stream_id, "expected": expected_version if exact else None}
 
     def _make_room(self, position: int) -> None:
         """Once appends reach the log's last partition, have the next one created: by a thread of its own,

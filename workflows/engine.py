@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -38,7 +39,7 @@ from eventstore.errors import ConflictError, NotFoundError
 from workflows import events as ev
 from workflows import queue
 from workflows.definition import Workflow, WorkflowRegistry
-from workflows.errors import RunStateError
+from workflows.errors import RunStateError, wrap_exceptions
 from workflows.scheduler import NodeStatus, nodes_to_rerun, retry_from_failed, runnable_nodes
 from workflows.state import RunState, apply, fold
 
@@ -216,6 +217,42 @@ class Engine:
                     key_version if key_version is not None else NO_STREAM,
                 )
             )
+        if len(appends) == 1 and idempotency_key is None and caller_conn is None:
+            result = self._start_alone(wf, run_id, appends[0], roots, tenant)
+        else:
+            result = self._start_with(wf, run_id, appends, roots, idempotency_key, tenant, caller_conn)
+        if not result.duplicate:
+            log.info("workflow_started", run_id=str(run_id), workflow=wf.name, key=key, tenant=tenant)
+        if result.duplicate:
+            return Started(run_id, created=False)
+        return Started(
+            run_id, created=True, cursor=max(Cursor(e.transaction_id, e.position) for e in result.events)
+        )
+
+    def _start_alone(
+        self, wf: Workflow, run_id: uuid.UUID, append: StreamAppend, roots: list[str], tenant: str
+    ) -> AppendResult:
+        """The commonest start, without a run key or an idempotency key: its events and its first nodes
+        queued in one statement, so one transaction and one round trip (see ledgerflow.wf_start_run)."""
+        params = self.store.one_stream_params(append.stream_id, append.events, NO_STREAM, tenant)
+        began = time.perf_counter()
+        with wrap_exceptions(), self.store.pool.connection() as conn:
+            rows = queue.start_run(conn, run_id, wf.name, wf.version, [wf.nodes[r] for r in roots], params)
+        self.store.notify_appended()
+        return self.store.appended(rows, tenant, began)
+
+    def _start_with(
+        self,
+        wf: Workflow,
+        run_id: uuid.UUID,
+        appends: list[StreamAppend],
+        roots: list[str],
+        idempotency_key: str | None,
+        tenant: str,
+        caller_conn: psycopg.Connection[Any] | None,
+    ) -> AppendResult:
+        """Any other start: with a key (its stream is appended to as well), an idempotency key, or in the
+        caller's transaction."""
         # In the caller's transaction, a savepoint: a lost race (WrongExpectedVersionError) undoes this
         # start alone and leaves the caller's transaction usable.
         with self.pipelined_transaction() if caller_conn is None else _savepoint(caller_conn) as conn:
@@ -224,13 +261,7 @@ class Engine:
             )
             if not result.duplicate:
                 queue.enqueue(conn, run_id, tenant, wf.name, wf.version, [wf.nodes[r] for r in roots])
-        if not result.duplicate:
-            log.info("workflow_started", run_id=str(run_id), workflow=wf.name, key=key, tenant=tenant)
-        if result.duplicate:
-            return Started(run_id, created=False)
-        return Started(
-            run_id, created=True, cursor=max(Cursor(e.transaction_id, e.position) for e in result.events)
-        )
+        return result
 
     def _same_request(
         self,

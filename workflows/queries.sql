@@ -17,6 +17,16 @@ ON CONFLICT (run_id, node) DO UPDATE
        worker_instance = NULL, lease_expires_at = NULL, cancel_requested = false,
        crashes = CASE WHEN %(reset_crashes)s THEN 0 ELSE q.crashes END
 
+-- name: start_run
+-- A run's first events and its first nodes queued, in one statement (one round trip, one transaction); see
+-- ledgerflow.wf_start_run. The event parameters are the one-stream append's.
+SELECT stream_id, stream_version, position, transaction_id
+  FROM ledgerflow.wf_start_run(
+           %(tenant)s, %(stream_id)s, %(event_ids)b::uuid[], %(types)b::text[], %(data)b::text[],
+           %(metadata)b::text[], %(correlation_ids)b::uuid[], %(causation_ids)b::uuid[], %(run_id)s,
+           %(workflow)s, %(version)s, %(nodes)b::text[], %(max_crashes)b::int[],
+           %(progress_deadlines)b::float8[], %(on_stuck)b::text[])
+
 -- name: claim
 -- Exactly one winner per node: SKIP LOCKED hands each ready row to one claimer, and the token, fresh
 -- from a sequence, fences every later write of this claim. Bounded whatever the backlog: for each of the

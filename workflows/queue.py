@@ -75,6 +75,29 @@ def enqueue(
     )
 
 
+def start_run(
+    conn: Conn,
+    run_id: uuid.UUID,
+    workflow: str,
+    version: str,
+    specs: Sequence[NodeSpec],
+    append: Mapping[str, Any],
+) -> list[tuple[Any, ...]]:
+    """A new run's events (`append`: see `EventStore.one_stream_params`) and `specs` queued as ready, as
+    one statement on an autocommit connection (see ledgerflow.wf_start_run); returns the append's rows."""
+    params = {
+        **append,
+        "run_id": run_id,
+        "workflow": workflow,
+        "version": version,
+        "nodes": [s.name for s in specs],
+        "max_crashes": [s.max_crashes for s in specs],
+        "progress_deadlines": [s.progress_deadline for s in specs],
+        "on_stuck": [s.on_stuck for s in specs],
+    }
+    return conn.execute(Q["start_run"], params).fetchall()
+
+
 #: A workflow's name and one of its versions, as a worker has them (`WorkflowRegistry.definitions`).
 WorkflowVersion = tuple[str, str]
 
