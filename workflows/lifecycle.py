@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 import structlog
@@ -31,7 +31,7 @@ from eventstore import ANY, AppendResult, NewEvent, StreamAppend, WrongExpectedV
 from eventstore.errors import ConflictError, LedgerflowError
 from workflows import events as ev
 from workflows import queue
-from workflows.definition import Workflow
+from workflows.definition import NodeSpec, Workflow
 from workflows.engine import Engine, advance, release_key_appends
 from workflows.errors import SQLSTATES, NodeSuspended, wrap_exceptions
 from workflows.queue import Claim, Claimant
@@ -104,6 +104,15 @@ class _Suspension:
     signal: str | None
 
 
+class _QueueChange(TypedDict):
+    """The queue's side of a node's end, as `queue.end_node` and `queue.record_node_end` take it."""
+
+    retry_in: float | None
+    ready: list[NodeSpec]
+    attempts: dict[str, int]
+    successor: queue.Successor | None
+
+
 def _hand_off(
     conn: Any,
     claim: Claim,
@@ -112,15 +121,21 @@ def _hand_off(
     decision: _Decision,
     events: list[NewEvent],
     claim_next: Claimant | None,
-) -> tuple[list[str], Claim | None, queue.Successor | None]:
-    """The nodes a decision makes ready, unlimited ones first, and, with `claim_next`, the first of them
-    claimed for the caller: its claim, and the hand-off for the queue's change. The claim's NodeClaimed
-    goes into `events`. The worker hands itself a node without limits only: one that needs a slot is
-    admitted by the claim, which may defer it (a hand-over refused there would record a claim that nobody
-    runs). Stable sort: unlimited nodes first, in their order."""
+) -> tuple[Claim | None, _QueueChange]:
+    """The queue's change of a decision: the nodes it makes ready, unlimited ones first, and, with
+    `claim_next`, the first of them claimed for the caller (its claim is returned; its NodeClaimed goes into
+    `events`). The worker hands itself a node without limits only: one that needs a slot is admitted by the
+    claim, which may defer it (a hand-over refused there would record a claim that nobody runs). Stable
+    sort: unlimited nodes first, in their order."""
     ready = sorted(decision.ready, key=lambda n: bool(wf.nodes[n].limits))
+    change = _QueueChange(
+        retry_in=decision.retry_in,
+        ready=[wf.nodes[n] for n in ready],
+        attempts={n: run.node(n).attempt for n in ready},
+        successor=None,
+    )
     if claim_next is None or not ready or wf.nodes[ready[0]].limits:
-        return ready, None, None
+        return None, change
     node = ready[0]
     successor = Claim(
         claim.run_id,
@@ -134,7 +149,7 @@ def _hand_off(
         version=claim.version,
     )
     events.append(claimed_event(successor, claim_next.worker_id))
-    return ready, successor, queue.Successor(claim_next, successor.token)
+    return successor, {**change, "successor": queue.Successor(claim_next, successor.token)}
 
 
 class Lifecycle:
@@ -189,20 +204,12 @@ class Lifecycle:
         """The commonest end, one that leaves its run going: the queue's change and the events in one
         statement, so one transaction and one round trip (see ledgerflow.wf_record_node_end)."""
         with fenced_writes(), self.store.pool.connection() as conn:
-            ready, successor, handoff = _hand_off(conn, claim, wf, run, decision, events, claim_next)
+            successor, change = _hand_off(conn, claim, wf, run, decision, events, claim_next)
             began = time.perf_counter()
             append = self.store.one_stream_params(
                 ev.run_stream(claim.run_id), events, run.version, claim.tenant
             )
-            outcome, rows = queue.record_node_end(
-                conn,
-                claim,
-                append,
-                retry_in=decision.retry_in,
-                ready=[wf.nodes[n] for n in ready],
-                attempts={n: run.node(n).attempt for n in ready},
-                successor=handoff,
-            )
+            outcome, rows = queue.record_node_end(conn, claim, append, **change)
         self.store.notify_appended()
         return successor, outcome, self.store.appended(rows, claim.tenant, began)
 
@@ -218,20 +225,13 @@ class Lifecycle:
         """Any other end (a suspension, or an end that finishes the run: it also releases the run's key
         and may claim a node of another run) in a pipelined transaction."""
         with fenced_writes(), self.engine.pipelined_transaction() as conn:
-            ready, successor, handoff = _hand_off(conn, claim, wf, run, decision, events, claim_next)
+            successor, change = _hand_off(conn, claim, wf, run, decision, events, claim_next)
             if (wait := decision.suspension) is not None:
                 ended = _suspended(
                     queue.suspend_node(conn, claim, until=wait.until, now=wait.now, signal=wait.signal)
                 )
             else:
-                ended = queue.end_node(
-                    conn,
-                    claim,
-                    retry_in=decision.retry_in,
-                    ready=[wf.nodes[n] for n in ready],
-                    attempts={n: run.node(n).attempt for n in ready},
-                    successor=handoff,
-                )
+                ended = queue.end_node(conn, claim, **change)
             terminal = any(e.type in _TERMINAL for e in events)
             next_run: Callable[[], list[Claim]] | None = None
             if terminal and claim_next is not None and claim_next.workflows:
