@@ -18,6 +18,7 @@ from opentelemetry import metrics, trace
 
 from eventstore import Cursor, EventStore, RecordedEvent
 from eventstore.db import wrap_exceptions
+from eventstore.telemetry import span_if_traced
 from projector import state
 from projector.projection import ApplyContext, Projection
 
@@ -181,9 +182,10 @@ class LiveRunner:
         extra: Callable[[psycopg.Connection[Any]], None] | None = None,
     ) -> None:
         name = self.projection.name
-        span = _tracer.start_as_current_span(
+        span = span_if_traced(
+            _tracer,
             "ledgerflow.projection.batch",
-            attributes={"ledgerflow.projection": name, "ledgerflow.events": len(events)},
+            lambda: {"ledgerflow.projection": name, "ledgerflow.events": len(events)},
         )
         with span, self.store.pool.connection() as conn, conn.transaction():
             if not state.hold_lease(conn, name, self.owner, self.epoch, self.lease_ttl):

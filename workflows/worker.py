@@ -33,6 +33,7 @@ from eventstore._validation import dump_json_object
 from eventstore.frozen import end_frozen_sessions
 from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
+from eventstore.telemetry import span_if_traced
 from workflows import events as ev
 from workflows import limits, metrics, queue, versions
 from workflows.aio import Body, Kinds, NodeLoop, is_async, run_in_thread
@@ -412,9 +413,10 @@ class WorkflowWorker:
         )
         started = time.monotonic()
         outcome = "succeeded"
-        span = _tracer.start_as_current_span(
+        span = span_if_traced(
+            _tracer,
             "ledgerflow.node",
-            attributes={
+            lambda: {
                 "ledgerflow.run_id": str(claim.run_id),
                 "ledgerflow.node": claim.node,
                 "ledgerflow.workflow": claim.workflow,

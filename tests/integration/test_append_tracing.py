@@ -51,3 +51,26 @@ def test_a_provider_with_a_span_processor_gets_the_append_span(
     assert span.attributes is not None
     assert span.attributes["ledgerflow.tenant"] == "acme"
     assert span.attributes["ledgerflow.events"] == 1
+
+
+def test_hot_path_spans_of_nodes_and_batches_are_built_only_when_received(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The node and projection-batch spans (`span_if_traced`) build neither span nor attributes while
+    nobody receives spans, and are real spans once someone does."""
+
+    def attributes() -> dict[str, Any]:
+        raise AssertionError("attributes were built although nobody receives spans")
+
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: TracerProvider())
+    with telemetry.span_if_traced(RefusingTracer(), "ledgerflow.node", attributes) as span:  # type: ignore[arg-type]
+        assert span is trace.INVALID_SPAN
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    with telemetry.span_if_traced(provider.get_tracer("t"), "ledgerflow.node", lambda: {"a": 1}) as span:
+        assert span.is_recording()
+    assert [(s.name, dict(s.attributes or {})) for s in exporter.get_finished_spans()] == [
+        ("ledgerflow.node", {"a": 1})
+    ]
