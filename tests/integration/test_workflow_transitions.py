@@ -16,11 +16,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eventstore import DatabaseSettings, EventStore, open_store
+from eventstore import DatabaseSettings, EventStore, WrongExpectedVersionError, open_store
 from tests.flows import registry
-from workflows import Engine, WorkerSettings, WorkflowWorker
+from workflows import Engine, WorkerSettings, WorkflowWorker, queue
 from workflows import events as ev
-from workflows.queue import Claim
+from workflows.errors import wrap_exceptions
+from workflows.queue import Claim, Successor
 from workflows.state import RunState
 
 SETTINGS = WorkerSettings(concurrency=2, lease_ttl=30)
@@ -178,6 +179,36 @@ def test_the_worker_keeps_the_run_it_holds_in_memory(one_connection: EventStore)
     worker.lifecycle.succeeded(successor, wf, 1, 0.001, run=run)
     assert run == engine.load(run_id)
     assert run.node(sibling.node).status == "running"
+
+
+def test_a_node_end_at_a_version_that_no_longer_holds_changes_nothing(one_connection: EventStore) -> None:
+    """The one-statement end fails whole on the log's version check: the queue's change (the node's row
+    gone, its successor queued and claimed) goes with the events."""
+    engine = Engine(one_connection, registry)
+    worker = WorkflowWorker(engine, registry, SETTINGS, name="stale")
+    wf = registry.get("linear")
+    run_id = engine.start("linear", input={"n": 2}).run_id
+    claim, run = claimed(engine, worker, run_id)
+    succeeded = ev.event(
+        ev.NODE_SUCCEEDED,
+        run_id,
+        node="first",
+        attempt=claim.attempt,
+        generation=claim.attempt,
+        output={"n": 2},
+        duration_ms=1.0,
+    )
+    queue_rows = "SELECT node, status, token FROM ledgerflow.workflow_queue WHERE run_id = %s ORDER BY node"
+    with one_connection.pool.connection() as conn:
+        before = conn.execute(queue_rows, [run_id]).fetchall()
+        append = one_connection.one_stream_params(
+            ev.run_stream(run_id), [succeeded], run.version - 1, claim.tenant
+        )
+        successor = Successor(worker._claimant, worker._claimant.tokens.take(conn))
+        with pytest.raises(WrongExpectedVersionError), wrap_exceptions():
+            queue.record_node_end(conn, claim, append, ready=[wf.nodes["second"]], successor=successor)
+        assert conn.execute(queue_rows, [run_id]).fetchall() == before == [("first", "claimed", claim.token)]
+    assert engine.load(run_id) == run
 
 
 def _finish_together(
