@@ -27,7 +27,7 @@ from typing import Any, TypedDict
 import psycopg
 import structlog
 
-from eventstore import ANY, AppendResult, NewEvent, StreamAppend, WrongExpectedVersionError
+from eventstore import ANY, AppendResult, EventStore, NewEvent, StreamAppend, WrongExpectedVersionError
 from eventstore.errors import ConflictError, LedgerflowError
 from workflows import events as ev
 from workflows import queue
@@ -102,6 +102,18 @@ class _Suspension:
     #: Wake at once: what the node waits for came while it was deciding to wait.
     now: bool
     signal: str | None
+
+
+def record_appended(
+    store: EventStore, claims: list[Claim], appended: queue.AppendedRows, began: float
+) -> None:
+    """What every append does after it (see `EventStore.appended`), for the NodeClaimed events a claim
+    appended itself, per tenant."""
+    by_tenant: dict[str, queue.AppendedRows] = {}
+    for claim, row in zip(claims, appended, strict=True):
+        by_tenant.setdefault(claim.tenant, []).append(row)
+    for tenant, rows in by_tenant.items():
+        store.appended(rows, tenant, began)
 
 
 class _QueueChange(TypedDict):
@@ -233,12 +245,13 @@ class Lifecycle:
             else:
                 ended = queue.end_node(conn, claim, **change)
             terminal = any(e.type in _TERMINAL for e in events)
-            next_run: Callable[[], list[Claim]] | None = None
+            next_run: Callable[[], tuple[list[Claim], queue.AppendedRows]] | None = None
             if terminal and claim_next is not None and claim_next.workflows:
                 next_run = queue.claim_later(
                     conn,
                     worker_name=claim_next.worker_name,
                     instance=claim_next.instance,
+                    worker_id=claim_next.worker_id,
                     workflows=claim_next.workflows,
                     limit=1,
                     ttl=claim_next.ttl,
@@ -248,16 +261,12 @@ class Lifecycle:
                 appends += release_key_appends(run)
             result = self.store.append_many(appends, tenant=claim.tenant, conn=conn)
             outcome = ended()
-            if next_run is not None and claim_next is not None:
-                for taken in next_run():
-                    self.store.append(
-                        ev.run_stream(taken.run_id),
-                        [claimed_event(taken, claim_next.worker_id)],
-                        expected_version=ANY,
-                        tenant=taken.tenant,
-                        conn=conn,
-                    )
-                    successor = taken
+            if next_run is not None:
+                # Its NodeClaimed was appended by the claim itself (see `claim` in queries.sql).
+                taken, appended = next_run()
+                record_appended(self.store, taken, appended, time.perf_counter())
+                if taken:
+                    successor = taken[0]
         return successor, outcome, result
 
     def succeeded(

@@ -36,6 +36,8 @@ SELECT stream_id, stream_version, position, transaction_id
 -- Nodes with limits (workflows/limits.py) are claimed only with a slot of each: see `refused`.
 -- Only nodes of runs started with a version the worker has: one walk per (workflow, version) it has,
 -- of the ready index (workflow, version, ready_at) (migration 0016).
+-- Each claim's NodeClaimed is appended to its run's stream by the same statement: a claim is one round
+-- trip, and in autocommit one transaction.
 WITH picked AS (
     SELECT r.run_id, r.node, w.name AS workflow, row_number() OVER (ORDER BY r.ready_at)::int AS n
       FROM unnest(%(workflows)b::text[], %(versions)b::text[]) AS w(name, version)
@@ -67,15 +69,30 @@ WITH picked AS (
     UPDATE ledgerflow.workflow_queue q SET ready_at = refused.wake_at
       FROM picked JOIN refused ON refused.candidate = picked.n
      WHERE q.run_id = picked.run_id AND q.node = picked.node
+), claimed AS (
+    UPDATE ledgerflow.workflow_queue q
+       SET status = 'claimed', attempt = q.attempt + 1, token = nextval('ledgerflow.workflow_fencing_tokens'),
+           worker_name = %(worker_name)s, worker_instance = %(instance)s, claimed_at = clock_timestamp(),
+           heartbeat_at = clock_timestamp(), progress_at = clock_timestamp(),
+           lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s), waiting_for = NULL
+      FROM picked
+     WHERE q.run_id = picked.run_id AND q.node = picked.node AND picked.n NOT IN (SELECT candidate FROM refused)
+    RETURNING q.run_id, q.node, q.tenant, q.workflow, q.attempt, q.token, q.cancel_requested, q.crashes,
+              q.version
+), ordered AS (
+    -- In the order the run streams are locked in (see ledgerflow.wf_record_claims).
+    SELECT c.*, row_number() OVER (ORDER BY c.tenant, c.run_id, c.node) AS k FROM claimed c
 )
-UPDATE ledgerflow.workflow_queue q
-   SET status = 'claimed', attempt = q.attempt + 1, token = nextval('ledgerflow.workflow_fencing_tokens'),
-       worker_name = %(worker_name)s, worker_instance = %(instance)s, claimed_at = clock_timestamp(),
-       heartbeat_at = clock_timestamp(), progress_at = clock_timestamp(),
-       lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s), waiting_for = NULL
-  FROM picked
- WHERE q.run_id = picked.run_id AND q.node = picked.node AND picked.n NOT IN (SELECT candidate FROM refused)
-RETURNING q.run_id, q.node, q.tenant, q.workflow, q.attempt, q.token, q.cancel_requested, q.crashes, q.version
+-- Each claim with its NodeClaimed event, appended in this statement (migration 0026).
+SELECT o.run_id, o.node, o.tenant, o.workflow, o.attempt, o.token, o.cancel_requested, o.crashes, o.version,
+       r.stream_id, r.stream_version, r.position, r.transaction_id
+  FROM ordered o
+  JOIN ledgerflow.wf_record_claims(ARRAY(SELECT tenant FROM ordered ORDER BY k),
+                                   ARRAY(SELECT run_id FROM ordered ORDER BY k),
+                                   ARRAY(SELECT node FROM ordered ORDER BY k),
+                                   ARRAY(SELECT attempt FROM ordered ORDER BY k),
+                                   ARRAY(SELECT token FROM ordered ORDER BY k), %(worker_id)s) r ON r.k = o.k
+ ORDER BY o.k
 
 -- name: fencing_tokens
 -- A block of fencing tokens for the claims a worker makes itself at a node's end (see FencingTokens).

@@ -110,10 +110,25 @@ def claim(
     workflows: Sequence[WorkflowVersion],
     limit: int,
     ttl: float,
+    worker_id: str | None = None,
 ) -> list[Claim]:
-    return claim_later(
-        conn, worker_name=worker_name, instance=instance, workflows=workflows, limit=limit, ttl=ttl
+    """Claim up to `limit` ready nodes (see `claim_later`); their NodeClaimed events are appended by the
+    same statement."""
+    claims, _ = claim_later(
+        conn,
+        worker_name=worker_name,
+        instance=instance,
+        workflows=workflows,
+        limit=limit,
+        ttl=ttl,
+        worker_id=worker_id,
     )()
+    return claims
+
+
+#: What a claim wrote to the log: (stream id, version, position, transaction id) of each NodeClaimed, the
+#: rows `EventStore.appended` takes.
+AppendedRows = list[tuple[Any, ...]]
 
 
 def claim_later(
@@ -124,21 +139,30 @@ def claim_later(
     workflows: Sequence[WorkflowVersion],
     limit: int,
     ttl: float,
-) -> Callable[[], list[Claim]]:
-    """`claim`, sent without waiting for its answer (in a pipeline); the returned call gives the claims.
+    worker_id: str | None = None,
+) -> Callable[[], tuple[list[Claim], AppendedRows]]:
+    """`claim`, sent without waiting for its answer (in a pipeline); the returned call gives the claims
+    and the rows of their NodeClaimed events, which the statement appends to the runs' streams (recorded
+    as claimed by `worker_id`, by default `<worker_name>/<instance>`: see ledgerflow.wf_record_claims).
     Only nodes of runs started with one of `workflows`' (name, version) pairs are claimed."""
     cursor = conn.execute(
         Q["claim"],
         {
             "worker_name": worker_name,
             "instance": instance,
+            "worker_id": worker_id or f"{worker_name}/{instance}",
             "workflows": [name for name, _ in workflows],
             "versions": [version for _, version in workflows],
             "limit": limit,
             "ttl": ttl,
         },
     )
-    return lambda: [Claim(*r) for r in synced(cursor).fetchall()]
+
+    def claimed() -> tuple[list[Claim], AppendedRows]:
+        rows = synced(cursor).fetchall()
+        return [Claim(*r[:9]) for r in rows], [r[9:] for r in rows]
+
+    return claimed
 
 
 class FencingTokens:

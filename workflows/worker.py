@@ -28,20 +28,19 @@ from typing import TypeVar
 import structlog
 from opentelemetry import trace
 
-from eventstore import ANY, ConflictError, NewEvent, NotFoundError, StreamAppend
+from eventstore import ConflictError, NotFoundError
 from eventstore._validation import dump_json_object
 from eventstore.frozen import end_frozen_sessions
 from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
 from eventstore.telemetry import span_if_traced
-from workflows import events as ev
 from workflows import limits, metrics, queue, versions
 from workflows.aio import Body, Kinds, NodeLoop, is_async, run_in_thread
 from workflows.context import NodeContext
 from workflows.definition import NodeSpec, WorkflowRegistry
 from workflows.engine import Engine
-from workflows.errors import NodeLeaseLost, NodeSuspended, RunCancelled, WorkerStopping
-from workflows.lifecycle import Lifecycle, claimed_event
+from workflows.errors import NodeLeaseLost, NodeSuspended, RunCancelled, WorkerStopping, wrap_exceptions
+from workflows.lifecycle import Lifecycle, record_appended
 from workflows.presence import Presence
 from workflows.queue import Claim, Claimant
 from workflows.recovery import take_back
@@ -293,36 +292,32 @@ class WorkflowWorker:
 
     def _claim(self, limit: int = 0, *, budgets: list[tuple[list[str], int]] | None = None) -> list[Claim]:
         """Claim up to `limit` ready nodes of any of the worker's workflows, or, with `budgets`, up to so
-        many of each group of workflows; in one transaction."""
+        many of each group of workflows; one statement per group."""
         if budgets is None:
             budgets = [(self.registry.names(), limit)]
-        # No wake-up when nothing was claimed: this worker's own listener would take it and claim
-        # again at once, spinning on empty claims. Pipelined: an empty claim costs two round trips.
-        with self.engine.pipelined_transaction(notify=lambda: bool(claims)) as conn:
-            claims = [
-                claim
-                for workflows, limit in budgets
-                for claim in queue.claim(
+        store = self.engine.store
+        claims: list[Claim] = []
+        # One statement per group, in autocommit: the claim and its NodeClaimed events (see `claim` in
+        # queries.sql), one round trip, one transaction.
+        with wrap_exceptions(), store.pool.connection() as conn:
+            for workflows, group_limit in budgets:
+                began = time.perf_counter()
+                got, appended = queue.claim_later(
                     conn,
                     worker_name=self.name,
                     instance=self.instance,
+                    worker_id=self.id,
                     # Every version it has of each: a run goes on with the version it started with.
                     workflows=[(n, v) for n in workflows for v in self.registry.versions(n)],
-                    limit=limit,
+                    limit=group_limit,
                     ttl=self.settings.lease_ttl,
-                )
-            ]
-            # Several nodes of one run may be claimed together: one append per run stream.
-            by_tenant: dict[str, dict[str, list[NewEvent]]] = {}
-            for c in claims:
-                by_tenant.setdefault(c.tenant, {}).setdefault(ev.run_stream(c.run_id), []).append(
-                    claimed_event(c, self.id)
-                )
-            for tenant, streams in by_tenant.items():
-                self.engine.store.append_many(
-                    [StreamAppend(s, es, ANY) for s, es in streams.items()], tenant=tenant, conn=conn
-                )
+                )()
+                record_appended(store, got, appended, began)
+                claims += got
+        # No wake-up when nothing was claimed: this worker's own listener would take it and claim
+        # again at once, spinning on empty claims.
         if claims:
+            store.notify_appended()
             metrics.nodes_claimed.add(len(claims))
         return claims
 

@@ -21,6 +21,7 @@ from tests.flows import registry
 from workflows import Engine, WorkerSettings, WorkflowWorker, queue
 from workflows import events as ev
 from workflows.errors import wrap_exceptions
+from workflows.lifecycle import claimed_event
 from workflows.queue import Claim, Successor
 from workflows.state import RunState
 
@@ -131,6 +132,33 @@ def test_a_node_success_is_one_statement_and_the_end_of_a_run_one_transaction_of
     assert run.status == "succeeded"
 
 
+def test_a_claim_is_one_statement_that_records_what_claimed_event_builds(
+    one_connection: EventStore, tmp_path: Path
+) -> None:
+    """The claim appends its NodeClaimed itself (ledgerflow.wf_record_claims): one statement, one round
+    trip, and the event is the one the worker builds for the claims it makes in Python (hand-offs,
+    recovery)."""
+    engine = Engine(one_connection, registry)
+    worker = WorkflowWorker(engine, registry, SETTINGS, name="claimer")
+    run_id = engine.start("linear", input={"n": 2}).run_id
+    tracer = Tracer(one_connection, tmp_path / "claim.trace")
+    with tracer:
+        (claim,) = worker._claim(1)
+    wire = tracer.wire()
+    assert len(wire.statements) == 1, wire
+    assert wire.round_trips == 1, wire
+    recorded = engine.store.read_stream(ev.run_stream(run_id))[-1]
+    built = claimed_event(claim, worker.id)
+    assert (recorded.type, recorded.data, recorded.metadata, recorded.correlation_id) == (
+        built.type,
+        built.data,
+        built.metadata,
+        built.correlation_id,
+    )
+    assert isinstance(ev.parse(recorded), ev.NodeClaimed)  # it fits its model
+    assert engine.load(run_id).node("first").token == claim.token
+
+
 def test_the_end_of_a_run_hands_the_worker_a_node_of_another_run(
     one_connection: EventStore, tmp_path: Path
 ) -> None:
@@ -149,10 +177,10 @@ def test_the_end_of_a_run_hands_the_worker_a_node_of_another_run(
         assert held is not None
         handed = worker.lifecycle.succeeded(held, wf, {"n": 3}, 0.001, claim_next=worker._claimant, run=run)
     wire = tracer.wire()
-    # The last node's end and the claim of the waiting run's first node: one transaction, three round
-    # trips (the claimed node's event follows the claim), instead of a second transaction of its own.
+    # The last node's end and the claim of the waiting run's first node, whose NodeClaimed the claim
+    # appends itself: one transaction, two round trips, instead of a second transaction of its own.
     assert wire.commits == 1
-    assert wire.round_trips <= 3, wire
+    assert wire.round_trips <= 2, wire
     assert run.status == "succeeded"
     assert handed is not None
     assert (handed.run_id, handed.node, handed.attempt) == (waiting, "first", 1)
@@ -278,10 +306,15 @@ def test_two_siblings_ending_at_once_start_their_dependent_exactly_once(
 
 def _claim_plan(conn: psycopg.Connection[Any], ready: int) -> dict[str, int]:
     """EXPLAIN (ANALYZE, BUFFERS) of a worker's claim of 8 nodes with `ready` rows waiting, rolled back."""
+    # Queue rows and their runs' streams (a claim appends its NodeClaimed to them).
     conn.execute(
-        "INSERT INTO ledgerflow.workflow_queue (run_id, node, tenant, workflow, max_crashes, ready_at) "
-        "SELECT gen_random_uuid(), 'first', 'default', w, 3, clock_timestamp() - make_interval(secs => i) "
-        "  FROM generate_series(1, %s) AS i, unnest(ARRAY['linear', 'diamond']) AS w",
+        "WITH queued AS ("
+        " INSERT INTO ledgerflow.workflow_queue (run_id, node, tenant, workflow, max_crashes, ready_at) "
+        " SELECT gen_random_uuid(), 'first', 'default', w, 3, clock_timestamp() - make_interval(secs => i) "
+        "   FROM generate_series(1, %s) AS i, unnest(ARRAY['linear', 'diamond']) AS w"
+        " RETURNING run_id, tenant) "
+        "INSERT INTO ledgerflow.streams (tenant, stream_id, version) "
+        "SELECT tenant, 'wf-' || run_id, 1 FROM queued",
         (ready,),
     )
     conn.execute("ANALYZE ledgerflow.workflow_queue")
@@ -291,6 +324,7 @@ def _claim_plan(conn: psycopg.Connection[Any], ready: int) -> dict[str, int]:
     params = {
         "worker_name": "w",
         "instance": "i",
+        "worker_id": "w/i",
         "workflows": ["linear"],
         "versions": ["1"],
         "limit": 8,
