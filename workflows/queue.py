@@ -64,15 +64,22 @@ def enqueue(
             "tenant": tenant,
             "workflow": workflow,
             "version": version,
-            "nodes": [s.name for s in specs],
+            **_node_params(specs),
             "attempts": [attempts.get(s.name, 0) for s in specs],
-            "max_crashes": [s.max_crashes for s in specs],
-            "progress_deadlines": [s.progress_deadline for s in specs],
-            "on_stuck": [s.on_stuck for s in specs],
             "delays": [delay for _ in specs],
             "reset_crashes": reset_crashes,
         },
     )
+
+
+def _node_params(specs: Sequence[NodeSpec], *, names: str = "nodes") -> dict[str, list[Any]]:
+    """The queue row settings of `specs`, as the queue's statements take them (the names under `names`)."""
+    return {
+        names: [s.name for s in specs],
+        "max_crashes": [s.max_crashes for s in specs],
+        "progress_deadlines": [s.progress_deadline for s in specs],
+        "on_stuck": [s.on_stuck for s in specs],
+    }
 
 
 def start_run(
@@ -90,10 +97,7 @@ def start_run(
         "run_id": run_id,
         "workflow": workflow,
         "version": version,
-        "nodes": [s.name for s in specs],
-        "max_crashes": [s.max_crashes for s in specs],
-        "progress_deadlines": [s.progress_deadline for s in specs],
-        "on_stuck": [s.on_stuck for s in specs],
+        **_node_params(specs),
     }
     return conn.execute(Q["start_run"], params).fetchall()
 
@@ -319,14 +323,11 @@ def _end_params(
         "retry_in": retry_in,
         "tenant": claim.tenant,
         "workflow": claim.workflow,
-        "ready": [s.name for s in ready],
+        **_node_params(ready, names="ready"),
         # A claimed successor's row holds its claim's attempt; a ready one's, the attempts so far.
         "attempts": [
             attempts.get(s.name, 0) + (1 if claimed_first and i == 0 else 0) for i, s in enumerate(ready)
         ],
-        "max_crashes": [s.max_crashes for s in ready],
-        "progress_deadlines": [s.progress_deadline for s in ready],
-        "on_stuck": [s.on_stuck for s in ready],
         "claim_token": successor.token if claimed_first and successor else None,
         "worker_name": successor.claimant.worker_name if successor else None,
         "instance": successor.claimant.instance if successor else None,
