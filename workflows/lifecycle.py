@@ -182,15 +182,19 @@ class Lifecycle:
         claim's fence, deciding again after reading what changed on a version conflict. `run` is advanced,
         in place, with the events committed. With `claim_next`, the first node made ready is claimed for
         the caller in the same transaction, or, when this end finishes the run, a ready node of another
-        run (one more round trip, one transaction less than a claim of its own): its claim is returned."""
+        run (in the same statement for a run without a key: one transaction less than a claim of its own):
+        its claim is returned."""
         if run is None:
             run = self.engine.load(claim.run_id, tenant=claim.tenant)
         for _ in range(_ATTEMPTS):
             decision = decide(run)
             events = list(decision.events)
             try:
-                if decision.suspension is None and not any(e.type in _TERMINAL for e in events):
-                    successor, outcome, result = self._record(claim, wf, run, decision, events, claim_next)
+                terminal = any(e.type in _TERMINAL for e in events)
+                if decision.suspension is None and not (terminal and run.key is not None):
+                    successor, outcome, result = self._record(
+                        claim, wf, run, decision, events, claim_next, terminal
+                    )
                 else:
                     successor, outcome, result = self._transact(claim, wf, run, decision, events, claim_next)
             except WrongExpectedVersionError:
@@ -212,16 +216,26 @@ class Lifecycle:
         decision: _Decision,
         events: list[NewEvent],
         claim_next: Claimant | None,
+        terminal: bool,
     ) -> tuple[Claim | None, queue.NodeEnded, AppendResult]:
-        """The commonest end, one that leaves its run going: the queue's change and the events in one
-        statement, so one transaction and one round trip (see ledgerflow.wf_record_node_end)."""
+        """The commonest ends, one that leaves its run going and one that finishes a run without a key: the
+        queue's change and the events in one statement, so one transaction and one round trip (see
+        ledgerflow.wf_record_node_end). The end of a run also claims, in that statement, a ready node of
+        another run for `claim_next` (ledgerflow.wf_record_run_end)."""
+        next_run = claim_next if terminal and claim_next is not None and claim_next.workflows else None
         with fenced_writes(), self.store.pool.connection() as conn:
             successor, change = _hand_off(conn, claim, wf, run, decision, events, claim_next)
             began = time.perf_counter()
             append = self.store.one_stream_params(
                 ev.run_stream(claim.run_id), events, run.version, claim.tenant
             )
-            outcome, rows = queue.record_node_end(conn, claim, append, **change)
+            if next_run is None:
+                outcome, rows = queue.record_node_end(conn, claim, append, **change)
+            else:
+                outcome, rows, taken, appended = queue.record_run_end(conn, claim, append, next_run, **change)
+                # Its NodeClaimed was appended by the claim itself (see ledgerflow.wf_claim).
+                record_appended(self.store, taken, appended, began)
+                successor = taken[0] if taken else successor
         self.store.notify_appended()
         return successor, outcome, self.store.appended(rows, claim.tenant, began)
 
@@ -234,8 +248,8 @@ class Lifecycle:
         events: list[NewEvent],
         claim_next: Claimant | None,
     ) -> tuple[Claim | None, queue.NodeEnded, AppendResult]:
-        """Any other end (a suspension, or an end that finishes the run: it also releases the run's key
-        and may claim a node of another run) in a pipelined transaction."""
+        """Any other end (a suspension, or an end that finishes a run with a key: it also releases the key,
+        in a stream of its own, and may claim a node of another run) in a pipelined transaction."""
         with fenced_writes(), self.engine.pipelined_transaction() as conn:
             successor, change = _hand_off(conn, claim, wf, run, decision, events, claim_next)
             if (wait := decision.suspension) is not None:

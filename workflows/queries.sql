@@ -28,71 +28,14 @@ SELECT stream_id, stream_version, position, transaction_id
            %(progress_deadlines)b::float8[], %(on_stuck)b::text[])
 
 -- name: claim
--- Exactly one winner per node: SKIP LOCKED hands each ready row to one claimer, and the token, fresh
--- from a sequence, fences every later write of this claim. Bounded whatever the backlog: for each of the
--- worker's workflows, the walk of the ready index (workflow, ready_at) stops after %(limit)s unlocked rows
--- (statement_timestamp(), unlike clock_timestamp(), can bound the index scan). Rows a workflow's walk
--- locked beyond the overall limit stay unclaimed and are unlocked at commit.
--- Nodes with limits (workflows/limits.py) are claimed only with a slot of each: see `refused`.
--- Only nodes of runs started with a version the worker has: one walk per (workflow, version) it has,
--- of the ready index (workflow, version, ready_at) (migration 0016).
--- Each claim's NodeClaimed is appended to its run's stream by the same statement: a claim is one round
--- trip, and in autocommit one transaction.
-WITH picked AS (
-    SELECT r.run_id, r.node, w.name AS workflow, row_number() OVER (ORDER BY r.ready_at)::int AS n
-      FROM unnest(%(workflows)b::text[], %(versions)b::text[]) AS w(name, version)
-     CROSS JOIN LATERAL (
-          SELECT q.run_id, q.node, q.ready_at FROM ledgerflow.workflow_queue q
-           WHERE q.status = 'ready' AND q.workflow = w.name AND q.version = w.version
-             AND q.ready_at <= statement_timestamp()
-           ORDER BY q.ready_at
-           LIMIT %(limit)s
-             FOR UPDATE SKIP LOCKED
-     ) r
-     ORDER BY r.ready_at
-     LIMIT %(limit)s
-), needs AS (
-    -- The limits each picked node needs: one index probe per node, nothing found when nothing has limits.
-    SELECT p.n, unnest(nl.limits) AS key
-      FROM picked p JOIN ledgerflow.workflow_node_limits nl ON nl.workflow = p.workflow AND nl.node = p.node
-), refused AS (
-    -- Admission, only when a picked node needs a slot: exact under concurrent claimers (an advisory lock
-    -- per limit key until commit; see ledgerflow.wf_limits_admit).
-    SELECT g.candidate, g.wake_at
-      FROM (SELECT WHERE EXISTS (SELECT FROM needs)) AS some_needs
-     CROSS JOIN LATERAL ledgerflow.wf_limits_admit(ARRAY(SELECT n FROM needs ORDER BY n, key),
-                                                   ARRAY(SELECT key FROM needs ORDER BY n, key)) g
-     WHERE NOT g.admitted
-), deferred AS (
-    -- A node refused a slot stays ready, due again when a slot may be free: until then the walk passes
-    -- it by, so the nodes queued behind it are not starved.
-    UPDATE ledgerflow.workflow_queue q SET ready_at = refused.wake_at
-      FROM picked JOIN refused ON refused.candidate = picked.n
-     WHERE q.run_id = picked.run_id AND q.node = picked.node
-), claimed AS (
-    UPDATE ledgerflow.workflow_queue q
-       SET status = 'claimed', attempt = q.attempt + 1, token = nextval('ledgerflow.workflow_fencing_tokens'),
-           worker_name = %(worker_name)s, worker_instance = %(instance)s, claimed_at = clock_timestamp(),
-           heartbeat_at = clock_timestamp(), progress_at = clock_timestamp(),
-           lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s), waiting_for = NULL
-      FROM picked
-     WHERE q.run_id = picked.run_id AND q.node = picked.node AND picked.n NOT IN (SELECT candidate FROM refused)
-    RETURNING q.run_id, q.node, q.tenant, q.workflow, q.attempt, q.token, q.cancel_requested, q.crashes,
-              q.version
-), ordered AS (
-    -- In the order the run streams are locked in (see ledgerflow.wf_record_claims).
-    SELECT c.*, row_number() OVER (ORDER BY c.tenant, c.run_id, c.node) AS k FROM claimed c
-)
--- Each claim with its NodeClaimed event, appended in this statement (migration 0026).
-SELECT o.run_id, o.node, o.tenant, o.workflow, o.attempt, o.token, o.cancel_requested, o.crashes, o.version,
-       r.stream_id, r.stream_version, r.position, r.transaction_id
-  FROM ordered o
-  JOIN ledgerflow.wf_record_claims(ARRAY(SELECT tenant FROM ordered ORDER BY k),
-                                   ARRAY(SELECT run_id FROM ordered ORDER BY k),
-                                   ARRAY(SELECT node FROM ordered ORDER BY k),
-                                   ARRAY(SELECT attempt FROM ordered ORDER BY k),
-                                   ARRAY(SELECT token FROM ordered ORDER BY k), %(worker_id)s) r ON r.k = o.k
- ORDER BY o.k
+-- Exactly one winner per node (SKIP LOCKED), a fresh fencing token per claim, a walk of the ready index
+-- bounded whatever the backlog, admission of nodes with limits, and each claim's NodeClaimed appended to its
+-- run's stream, all in one statement: see ledgerflow.wf_claim (migration 0027). In autocommit a claim is
+-- one round trip and one transaction.
+SELECT run_id, node, tenant, workflow, attempt, token, cancel_requested, crashes, version,
+       stream_id, stream_version, position, transaction_id
+  FROM ledgerflow.wf_claim(%(worker_name)s, %(instance)s, %(worker_id)s, %(workflows)b::text[],
+                           %(versions)b::text[], %(limit)s, %(ttl)s)
 
 -- name: fencing_tokens
 -- A block of fencing tokens for the claims a worker makes itself at a node's end (see FencingTokens).
@@ -124,6 +67,21 @@ SELECT crashes, recorded_at, stream_id, stream_version, position, transaction_id
            %(on_stuck)b::text[], %(claim_token)s, %(worker_name)s, %(instance)s, %(ttl)s,
            %(stream_id)s, %(expected)s, %(event_ids)b::uuid[], %(types)b::text[], %(data)b::text[],
            %(metadata)b::text[], %(correlation_ids)b::uuid[], %(causation_ids)b::uuid[])
+
+-- name: record_run_end
+-- `record_node_end` for an end that finishes a run without a key, followed by the claim of a ready node of
+-- another run for the same worker, in one statement (one round trip, one transaction); see
+-- ledgerflow.wf_record_run_end. Rows with a NULL run_id are the end's appended events; the others, claims.
+SELECT crashes, recorded_at, stream_id, stream_version, position, transaction_id, run_id, node, tenant,
+       workflow, attempt, token, cancel_requested, claim_crashes, version
+  FROM ledgerflow.wf_record_run_end(
+           %(run_id)s, %(node)s, %(token)s, %(check_cancel)s, %(retry_in)s, %(tenant)s, %(workflow)s,
+           %(ready)b::text[], %(attempts)b::int[], %(max_crashes)b::int[], %(progress_deadlines)b::float8[],
+           %(on_stuck)b::text[], %(claim_token)s, %(worker_name)s, %(instance)s, %(ttl)s,
+           %(stream_id)s, %(expected)s, %(event_ids)b::uuid[], %(types)b::text[], %(data)b::text[],
+           %(metadata)b::text[], %(correlation_ids)b::uuid[], %(causation_ids)b::uuid[],
+           %(claim_worker_name)s, %(claim_instance)s, %(claim_worker_id)s, %(claim_workflows)b::text[],
+           %(claim_versions)b::text[], %(claim_ttl)s)
 
 -- name: suspend_node
 -- A node suspends itself (a timer or a signal wait); see ledgerflow.wf_suspend_node.

@@ -305,6 +305,43 @@ def record_node_end(
     return NodeEnded(int(rows[0][0]), rows[0][1]), [r[2:] for r in rows]
 
 
+def record_run_end(
+    conn: Conn,
+    claim: Claim,
+    append: Mapping[str, Any],
+    next_run: Claimant,
+    *,
+    retry_in: float | None = None,
+    ready: Sequence[NodeSpec] = (),
+    attempts: Mapping[str, int] | None = None,
+    successor: Successor | None = None,
+    check_cancel: bool = False,
+) -> tuple[NodeEnded, list[tuple[Any, ...]], list[Claim], AppendedRows]:
+    """`record_node_end` for an end that finishes a run without a key, and the claim of a ready node of
+    another run for `next_run` (one of its workflows), as one statement on an autocommit connection, so in
+    one transaction and one round trip (see ledgerflow.wf_record_run_end). Returns the outcome, the
+    append's rows, and the claims with the rows of their NodeClaimed events."""
+    params = {
+        **_end_params(claim, retry_in, ready, attempts, successor, check_cancel),
+        **append,
+        "claim_worker_name": next_run.worker_name,
+        "claim_instance": next_run.instance,
+        "claim_worker_id": next_run.worker_id,
+        "claim_workflows": [name for name, _ in next_run.workflows],
+        "claim_versions": [version for _, version in next_run.workflows],
+        "claim_ttl": next_run.ttl,
+    }
+    rows = conn.execute(Q["record_run_end"], params).fetchall()
+    ended = [r for r in rows if r[6] is None]
+    taken = [r for r in rows if r[6] is not None]
+    return (
+        NodeEnded(int(ended[0][0]), ended[0][1]),
+        [r[2:6] for r in ended],
+        [Claim(*r[6:]) for r in taken],
+        [r[2:6] for r in taken],
+    )
+
+
 def _end_params(
     claim: Claim,
     retry_in: float | None,
