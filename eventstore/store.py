@@ -18,6 +18,7 @@ from psycopg import sql
 
 from eventstore import _validation as check
 from eventstore import direct, jsonvalue, telemetry
+from eventstore.arrays import BigintArray, IntArray, TextArray, UuidArray
 from eventstore.db import synced, wrap_exceptions
 from eventstore.errors import (
     ConflictError,
@@ -482,15 +483,15 @@ class EventStore:
             "tenant": tenant,
             "idempotency_key": idempotency_key,
             "request_hash": request_hash,
-            "stream_ids": [a.stream_id for a in ordered],
-            "expected": expected,
-            "counts": [len(group) for group in prepared],
-            "event_ids": [p.event.event_id for p in flat],
-            "types": [p.event.type for p in flat],
-            "data": [p.data for p in flat],
-            "metadata": [p.metadata for p in flat],
-            "correlation_ids": [p.event.correlation_id for p in flat],
-            "causation_ids": [p.event.causation_id for p in flat],
+            "stream_ids": TextArray(a.stream_id for a in ordered),
+            "expected": BigintArray(expected),
+            "counts": IntArray(len(group) for group in prepared),
+            "event_ids": UuidArray(p.event.event_id for p in flat),
+            "types": TextArray(p.event.type for p in flat),
+            "data": TextArray(p.data for p in flat),
+            "metadata": TextArray(p.metadata for p in flat),
+            "correlation_ids": UuidArray(p.event.correlation_id for p in flat),
+            "causation_ids": UuidArray(p.event.causation_id for p in flat),
         }
 
     def import_events(
@@ -673,7 +674,9 @@ class EventStore:
         A reader that always resumes from the returned cursor sees every committed event exactly once,
         however many writers commit out of order. `tenant=None` reads every tenant (internal use). A page
         holds at most `limit` events and stops once their size passes `max_bytes` (default: the store's
-        `max_page_bytes`), always with at least one event; such a page is not `caught_up`.
+        `max_page_bytes`), always with at least one event; such a page is not `caught_up`. A page may
+        also be empty and not `caught_up`: the transaction at the horizon ended while it was read, so more
+        may be readable at once.
         """
         rows, cursor, caught_up = self._read_all(after, limit, tenant, types, categories, max_bytes, conn)
         return ReadPage(tuple(_recorded(r[2:]) for r in rows), cursor, caught_up)

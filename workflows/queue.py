@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from eventstore.arrays import FloatArray, IntArray, TextArray
 from eventstore.db import pipelined, synced
 from eventstore.sqlfile import load_queries
 from workflows.definition import NodeSpec
@@ -65,8 +66,8 @@ def enqueue(
             "workflow": workflow,
             "version": version,
             **_node_params(specs),
-            "attempts": [attempts.get(s.name, 0) for s in specs],
-            "delays": [delay for _ in specs],
+            "attempts": IntArray(attempts.get(s.name, 0) for s in specs),
+            "delays": FloatArray(delay for _ in specs),
             "reset_crashes": reset_crashes,
         },
     )
@@ -75,10 +76,10 @@ def enqueue(
 def _node_params(specs: Sequence[NodeSpec], *, names: str = "nodes") -> dict[str, list[Any]]:
     """The queue row settings of `specs`, as the queue's statements take them (the names under `names`)."""
     return {
-        names: [s.name for s in specs],
-        "max_crashes": [s.max_crashes for s in specs],
-        "progress_deadlines": [s.progress_deadline for s in specs],
-        "on_stuck": [s.on_stuck for s in specs],
+        names: TextArray(s.name for s in specs),
+        "max_crashes": IntArray(s.max_crashes for s in specs),
+        "progress_deadlines": FloatArray(s.progress_deadline for s in specs),
+        "on_stuck": TextArray(s.on_stuck for s in specs),
     }
 
 
@@ -155,8 +156,8 @@ def claim_later(
             "worker_name": worker_name,
             "instance": instance,
             "worker_id": worker_id or f"{worker_name}/{instance}",
-            "workflows": [name for name, _ in workflows],
-            "versions": [version for _, version in workflows],
+            "workflows": TextArray(name for name, _ in workflows),
+            "versions": TextArray(version for _, version in workflows),
             "limit": limit,
             "ttl": ttl,
         },
@@ -327,8 +328,8 @@ def record_run_end(
         "claim_worker_name": next_run.worker_name,
         "claim_instance": next_run.instance,
         "claim_worker_id": next_run.worker_id,
-        "claim_workflows": [name for name, _ in next_run.workflows],
-        "claim_versions": [version for _, version in next_run.workflows],
+        "claim_workflows": TextArray(name for name, _ in next_run.workflows),
+        "claim_versions": TextArray(version for _, version in next_run.workflows),
         "claim_ttl": next_run.ttl,
     }
     rows = conn.execute(Q["record_run_end"], params).fetchall()
@@ -362,9 +363,9 @@ def _end_params(
         "workflow": claim.workflow,
         **_node_params(ready, names="ready"),
         # A claimed successor's row holds its claim's attempt; a ready one's, the attempts so far.
-        "attempts": [
+        "attempts": IntArray(
             attempts.get(s.name, 0) + (1 if claimed_first and i == 0 else 0) for i, s in enumerate(ready)
-        ],
+        ),
         "claim_token": successor.token if claimed_first and successor else None,
         "worker_name": successor.claimant.worker_name if successor else None,
         "instance": successor.claimant.instance if successor else None,
