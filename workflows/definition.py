@@ -320,6 +320,8 @@ class Workflow:
         self.schedule = schedule
         self._nodes: dict[str, NodeSpec] = {}
         self._sealed = False  # set on registration: the registry holds only validated graphs
+        #: The topological order, kept once sealed (every node's end asks for it, twice).
+        self._order: tuple[str, ...] | None = None
 
     def __repr__(self) -> str:
         return f"Workflow({self.name!r}, version={self.version!r}, nodes={list(self._nodes)})"
@@ -383,6 +385,14 @@ class Workflow:
 
     def topological_order(self) -> list[str]:
         """Every node after all of its dependencies; ties go to the node declared first."""
+        if self._order is not None:
+            return list(self._order)
+        order = self._sort()
+        if self._sealed:
+            self._order = tuple(order)
+        return order
+
+    def _sort(self) -> list[str]:
         if not self._nodes:
             raise DefinitionError(f"workflow {self.name!r} has no nodes")
         index = {name: i for i, name in enumerate(self._nodes)}
