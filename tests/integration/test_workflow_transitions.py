@@ -370,7 +370,7 @@ def test_two_siblings_ending_at_once_start_their_dependent_exactly_once(
         assert engine.catch_up(run) == latest
 
 
-def _claim_plan(conn: psycopg.Connection[Any], ready: int) -> dict[str, int]:
+def _claim_plan(conn: psycopg.Connection[Any], ready: int, plan_cache_mode: str) -> dict[str, int]:
     """The plan (ANALYZE, BUFFERS) of a worker's claim of 8 nodes with `ready` rows waiting, rolled back."""
     # Queue rows and their runs' streams (a claim appends its NodeClaimed to them).
     conn.execute(
@@ -396,6 +396,9 @@ def _claim_plan(conn: psycopg.Connection[Any], ready: int) -> dict[str, int]:
         "SET auto_explain.log_format = json",
         "SET auto_explain.log_nested_statements = on",
         "SET auto_explain.log_level = notice",
+        # The function's statement is planned for its parameters, or once for any (PL/pgSQL's plan cache
+        # switches to a generic plan after a few calls): both must stay bounded.
+        f"SET plan_cache_mode = {plan_cache_mode}",
     ):
         conn.execute(setting)
     notices: list[str] = []
@@ -428,10 +431,13 @@ def _index_rows(node: dict[str, object]) -> int:
     return own + sum(_index_rows(child) for child in children)
 
 
-def test_the_claim_reads_a_bounded_number_of_entries_whatever_the_backlog(database_url: str) -> None:
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+def test_the_claim_reads_a_bounded_number_of_entries_whatever_the_backlog(
+    database_url: str, plan_cache_mode: str
+) -> None:
     with psycopg.connect(database_url) as conn:
-        small = _claim_plan(conn, 1_000)
-        large = _claim_plan(conn, 10_000)
+        small = _claim_plan(conn, 1_000, plan_cache_mode)
+        large = _claim_plan(conn, 10_000, plan_cache_mode)
     assert small["claimed"] == large["claimed"] == 8
     # Only the claimed rows are read from the index, whether 1,000 or 10,000 wait (and those of the
     # other workflow are never stepped over).
