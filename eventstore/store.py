@@ -388,6 +388,12 @@ class EventStore:
             telemetry.events_appended.add(len(result.events), {"tenant": tenant})
         return result
 
+    @staticmethod
+    def recorded(rows: Iterable[Sequence[Any]]) -> list[RecordedEvent]:
+        """Events from rows in a stream read's columns (see read_stream_forward in queries.sql), for a
+        statement of its own that also reads a stream (see ledgerflow.wf_record_run_end)."""
+        return [_recorded(r) for r in rows]
+
     def one_stream_params(
         self, stream_id: str, events: Sequence[NewEvent], expected_version: ExpectedVersion, tenant: str
     ) -> dict[str, Any]:

@@ -5,7 +5,9 @@
 -- COMMIT: five executions for the client to prepare and two round trips. For a run without a key (one
 -- with a key also releases it, in a stream of its own) it is now one statement: ledgerflow.wf_record_node_end
 -- (the queue's change and the run-stream append, LF001 if the version does not hold) followed by the claim,
--- in one function, so in one transaction and one round trip, as before all or nothing.
+-- in one function, so in one transaction and one round trip, as before all or nothing. The statement also
+-- reads the claimed run's stream, which the worker read with a statement of its own before it started the
+-- run's node.
 --
 -- The claim statement moves here from the workflow package's queries, unchanged, as ledgerflow.wf_claim,
 -- so that the claim loop and the run's end claim by one statement.
@@ -93,8 +95,10 @@ BEGIN
 END
 $$;
 
--- The rows: first the end's, one per event appended to the run's stream (run_id NULL), then one per node
--- claimed (none when p_claim_workflows is empty), with its NodeClaimed's append.
+-- The rows: first the end's, one per event appended to the run's stream (run_id NULL); then, when a node of
+-- another run was claimed (p_claim_workflows not empty), the claim with its NodeClaimed's append (event_id
+-- NULL), and the first p_read_limit events of the claimed run's stream, in version order, the columns of
+-- a stream read (event_id set): the worker starts the node it claimed without reading its run again.
 CREATE FUNCTION ledgerflow.wf_record_run_end(
     p_run_id              uuid,
     p_node                text,
@@ -125,28 +129,51 @@ CREATE FUNCTION ledgerflow.wf_record_run_end(
     p_claim_worker_id     text,
     p_claim_workflows     text[],
     p_claim_versions      text[],
-    p_claim_ttl           float8
+    p_claim_ttl           float8,
+    p_read_limit          int
 ) RETURNS TABLE (crashes int, recorded_at timestamptz, stream_id text, stream_version bigint,
                  "position" bigint, transaction_id bigint, run_id uuid, node text, tenant text, workflow text,
-                 attempt int, token bigint, cancel_requested boolean, claim_crashes int, version text)
+                 attempt int, token bigint, cancel_requested boolean, claim_crashes int, version text,
+                 event_id uuid, event_type text, data text, metadata text, correlation_id uuid,
+                 causation_id uuid, event_recorded_at timestamptz)
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_claim record;
 BEGIN
     RETURN QUERY
         SELECT e.crashes, e.recorded_at, e.stream_id, e.stream_version, e.position, e.transaction_id,
                NULL::uuid, NULL::text, NULL::text, NULL::text, NULL::int, NULL::bigint, NULL::boolean,
-               NULL::int, NULL::text
+               NULL::int, NULL::text, NULL::uuid, NULL::text, NULL::text, NULL::text, NULL::uuid, NULL::uuid,
+               NULL::timestamptz
           FROM ledgerflow.wf_record_node_end(p_run_id, p_node, p_token, p_check_cancel, p_retry_in, p_tenant,
                                              p_workflow, p_ready, p_attempts, p_max_crashes,
                                              p_progress_deadlines, p_on_stuck, p_claim_token, p_worker_name,
                                              p_instance, p_ttl, p_stream_id, p_expected, p_event_ids, p_types,
                                              p_data, p_metadata, p_correlation_ids, p_causation_ids) e;
-    IF cardinality(p_claim_workflows) > 0 THEN
-        RETURN QUERY
-            SELECT NULL::int, NULL::timestamptz, c.stream_id, c.stream_version, c.position, c.transaction_id,
-                   c.run_id, c.node, c.tenant, c.workflow, c.attempt, c.token, c.cancel_requested, c.crashes,
-                   c.version
-              FROM ledgerflow.wf_claim(p_claim_worker_name, p_claim_instance, p_claim_worker_id,
-                                       p_claim_workflows, p_claim_versions, 1, p_claim_ttl) c;
+    IF cardinality(p_claim_workflows) = 0 THEN
+        RETURN;
     END IF;
+    SELECT * INTO v_claim
+      FROM ledgerflow.wf_claim(p_claim_worker_name, p_claim_instance, p_claim_worker_id, p_claim_workflows,
+                               p_claim_versions, 1, p_claim_ttl);
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+        SELECT NULL::int, NULL::timestamptz, v_claim.stream_id, v_claim.stream_version, v_claim.position,
+               v_claim.transaction_id, v_claim.run_id, v_claim.node, v_claim.tenant, v_claim.workflow,
+               v_claim.attempt, v_claim.token, v_claim.cancel_requested, v_claim.crashes, v_claim.version,
+               NULL::uuid, NULL::text, NULL::text, NULL::text, NULL::uuid, NULL::uuid, NULL::timestamptz;
+    -- The claimed run's stream, as a stream read gives it (its NodeClaimed, just appended, included): this
+    -- transaction holds the stream's row, so nothing else is appended to it meanwhile.
+    RETURN QUERY
+        SELECT NULL::int, NULL::timestamptz, e.stream_id, e.stream_version, e.position,
+               e.transaction_id::text::bigint, v_claim.run_id, NULL::text, e.tenant, NULL::text, NULL::int,
+               NULL::bigint, NULL::boolean, NULL::int, NULL::text, e.event_id, e.event_type, e.data::text,
+               e.metadata::text, e.correlation_id, e.causation_id, e.recorded_at
+          FROM ledgerflow.events e
+         WHERE e.tenant = v_claim.tenant AND e.stream_id = 'wf-' || v_claim.run_id::text
+         ORDER BY e.stream_version
+         LIMIT p_read_limit;
 END
 $$;

@@ -49,7 +49,8 @@ T = TypeVar("T")
 _RUN_IDS = uuid.UUID("5b1f0c1e-8d4e-4d59-9a57-6c2f3b1d7e10")  # namespace of idempotent run ids
 _MAX_KEY = 200
 _OCC_ATTEMPTS = 50
-_PAGE = 5000
+#: Events read from a run stream at a time.
+RUN_PAGE = 5000
 
 
 def fingerprint(value: Any) -> str:
@@ -93,10 +94,10 @@ class Engine:
         events: list[RecordedEvent] = []
         while True:  # page through long runs
             page = self.store.read_stream(
-                ev.run_stream(run_id), tenant=tenant, from_version=len(events) + 1, limit=_PAGE
+                ev.run_stream(run_id), tenant=tenant, from_version=len(events) + 1, limit=RUN_PAGE
             )
             events.extend(page)
-            if len(page) < _PAGE:
+            if len(page) < RUN_PAGE:
                 break
         if not events:
             raise NotFoundError(
@@ -109,11 +110,11 @@ class Engine:
         a worker that holds a run reads only what it has not seen."""
         while True:
             page = self.store.read_stream(
-                ev.run_stream(run.run_id), tenant=run.tenant, from_version=run.version + 1, limit=_PAGE
+                ev.run_stream(run.run_id), tenant=run.tenant, from_version=run.version + 1, limit=RUN_PAGE
             )
             for e in page:
                 apply(run, e)
-            if len(page) < _PAGE:
+            if len(page) < RUN_PAGE:
                 return run
 
     def load_many(

@@ -32,11 +32,11 @@ from eventstore.errors import ConflictError, LedgerflowError
 from workflows import events as ev
 from workflows import queue
 from workflows.definition import NodeSpec, Workflow
-from workflows.engine import Engine, advance, release_key_appends
+from workflows.engine import RUN_PAGE, Engine, advance, release_key_appends
 from workflows.errors import SQLSTATES, NodeSuspended, wrap_exceptions
 from workflows.queue import Claim, Claimant
 from workflows.scheduler import NodeStatus, run_outcome, runnable_nodes
-from workflows.state import RunState
+from workflows.state import RunState, fold
 
 log = structlog.get_logger(__name__)
 _ATTEMPTS = 50
@@ -223,6 +223,7 @@ class Lifecycle:
         ledgerflow.wf_record_node_end). The end of a run also claims, in that statement, a ready node of
         another run for `claim_next` (ledgerflow.wf_record_run_end)."""
         next_run = claim_next if terminal and claim_next is not None and claim_next.workflows else None
+        ended: queue.RunEnded | None = None
         with fenced_writes(), self.store.pool.connection() as conn:
             successor, change = _hand_off(conn, claim, wf, run, decision, events, claim_next)
             began = time.perf_counter()
@@ -232,12 +233,23 @@ class Lifecycle:
             if next_run is None:
                 outcome, rows = queue.record_node_end(conn, claim, append, **change)
             else:
-                outcome, rows, taken, appended = queue.record_run_end(conn, claim, append, next_run, **change)
-                # Its NodeClaimed was appended by the claim itself (see ledgerflow.wf_claim).
-                record_appended(self.store, taken, appended, began)
-                successor = taken[0] if taken else successor
+                ended = queue.record_run_end(conn, claim, append, next_run, read_limit=RUN_PAGE, **change)
+                outcome, rows = ended.outcome, ended.appended
         self.store.notify_appended()
+        if ended is not None:
+            # Its NodeClaimed was appended by the claim itself (see ledgerflow.wf_claim).
+            record_appended(self.store, ended.claims, ended.claims_appended, began)
+            if ended.claims:
+                successor = self._with_run(ended.claims[0], ended.next_run_events)
         return successor, outcome, self.store.appended(rows, claim.tenant, began)
+
+    def _with_run(self, claim: Claim, rows: list[tuple[Any, ...]]) -> Claim:
+        """`claim` with its run's state, folded from the events the claiming statement read; without it if
+        the run is longer than that read (the worker reads it when the node starts: nothing here may fail
+        once the end has committed)."""
+        if len(rows) >= RUN_PAGE:
+            return claim
+        return dataclasses.replace(claim, loaded=fold(claim.run_id, claim.tenant, self.store.recorded(rows)))
 
     def _transact(
         self,

@@ -70,10 +70,12 @@ SELECT crashes, recorded_at, stream_id, stream_version, position, transaction_id
 
 -- name: record_run_end
 -- `record_node_end` for an end that finishes a run without a key, followed by the claim of a ready node of
--- another run for the same worker, in one statement (one round trip, one transaction); see
--- ledgerflow.wf_record_run_end. Rows with a NULL run_id are the end's appended events; the others, claims.
+-- another run for the same worker and the read of that run's stream, in one statement (one round trip, one
+-- transaction); see ledgerflow.wf_record_run_end. Rows with a NULL run_id are the end's appended events;
+-- with a run_id and no event_id, claims; with an event_id, the claimed run's events.
 SELECT crashes, recorded_at, stream_id, stream_version, position, transaction_id, run_id, node, tenant,
-       workflow, attempt, token, cancel_requested, claim_crashes, version
+       workflow, attempt, token, cancel_requested, claim_crashes, version, event_id, event_type, data,
+       metadata, correlation_id, causation_id, event_recorded_at
   FROM ledgerflow.wf_record_run_end(
            %(run_id)s, %(node)s, %(token)s, %(check_cancel)s, %(retry_in)s, %(tenant)s, %(workflow)s,
            %(ready)b::text[], %(attempts)b::int[], %(max_crashes)b::int[], %(progress_deadlines)b::float8[],
@@ -81,7 +83,7 @@ SELECT crashes, recorded_at, stream_id, stream_version, position, transaction_id
            %(stream_id)s, %(expected)s, %(event_ids)b::uuid[], %(types)b::text[], %(data)b::text[],
            %(metadata)b::text[], %(correlation_ids)b::uuid[], %(causation_ids)b::uuid[],
            %(claim_worker_name)s, %(claim_instance)s, %(claim_worker_id)s, %(claim_workflows)b::text[],
-           %(claim_versions)b::text[], %(claim_ttl)s)
+           %(claim_versions)b::text[], %(claim_ttl)s, %(read_limit)s)
 
 -- name: suspend_node
 -- A node suspends itself (a timer or a signal wait); see ledgerflow.wf_suspend_node.

@@ -22,6 +22,7 @@ from eventstore.arrays import FloatArray, IntArray, TextArray
 from eventstore.db import pipelined, synced
 from eventstore.sqlfile import load_queries
 from workflows.definition import NodeSpec
+from workflows.state import RunState
 
 Q = load_queries("workflows")
 Conn = psycopg.Connection[Any]
@@ -39,6 +40,9 @@ class Claim:
     crashes: int
     #: The definition's version the run started with: the node runs with that version only.
     version: str = "1"
+    #: The run's state, when the statement that claimed the node also read the run (the end of a run
+    #: that claims a node of another run): the worker starts the node without reading the run again.
+    loaded: RunState | None = field(default=None, compare=False, repr=False)
 
 
 def enqueue(
@@ -306,22 +310,36 @@ def record_node_end(
     return NodeEnded(int(rows[0][0]), rows[0][1]), [r[2:] for r in rows]
 
 
+@dataclass(frozen=True)
+class RunEnded:
+    """What `record_run_end` did: the end's outcome and the rows of its appended events, the claim of a
+    node of another run (if one was ready) with the row of its NodeClaimed, and that run's events as a
+    stream read gives them (`EventStore.recorded` turns them into events)."""
+
+    outcome: NodeEnded
+    appended: list[tuple[Any, ...]]
+    claims: list[Claim]
+    claims_appended: AppendedRows
+    next_run_events: list[tuple[Any, ...]]
+
+
 def record_run_end(
     conn: Conn,
     claim: Claim,
     append: Mapping[str, Any],
     next_run: Claimant,
     *,
+    read_limit: int,
     retry_in: float | None = None,
     ready: Sequence[NodeSpec] = (),
     attempts: Mapping[str, int] | None = None,
     successor: Successor | None = None,
     check_cancel: bool = False,
-) -> tuple[NodeEnded, list[tuple[Any, ...]], list[Claim], AppendedRows]:
-    """`record_node_end` for an end that finishes a run without a key, and the claim of a ready node of
-    another run for `next_run` (one of its workflows), as one statement on an autocommit connection, so in
-    one transaction and one round trip (see ledgerflow.wf_record_run_end). Returns the outcome, the
-    append's rows, and the claims with the rows of their NodeClaimed events."""
+) -> RunEnded:
+    """`record_node_end` for an end that finishes a run without a key, the claim of a ready node of another
+    run for `next_run` (one of its workflows) and the read of the first `read_limit` events of that run, as
+    one statement on an autocommit connection, so in one transaction and one round trip (see
+    ledgerflow.wf_record_run_end)."""
     params = {
         **_end_params(claim, retry_in, ready, attempts, successor, check_cancel),
         **append,
@@ -331,15 +349,19 @@ def record_run_end(
         "claim_workflows": TextArray(name for name, _ in next_run.workflows),
         "claim_versions": TextArray(version for _, version in next_run.workflows),
         "claim_ttl": next_run.ttl,
+        "read_limit": read_limit,
     }
     rows = conn.execute(Q["record_run_end"], params).fetchall()
     ended = [r for r in rows if r[6] is None]
-    taken = [r for r in rows if r[6] is not None]
-    return (
+    taken = [r for r in rows if r[6] is not None and r[15] is None]
+    # In a stream read's columns (see read_stream_forward in eventstore's queries).
+    events = [(0, r[4], r[5], r[8], r[2], r[3], *r[15:]) for r in rows if r[15] is not None]
+    return RunEnded(
         NodeEnded(int(ended[0][0]), ended[0][1]),
         [r[2:6] for r in ended],
-        [Claim(*r[6:]) for r in taken],
+        [Claim(*r[6:15]) for r in taken],
         [r[2:6] for r in taken],
+        events,
     )
 
 

@@ -517,7 +517,8 @@ class WorkflowWorker:
                 if successor is None:
                     self._wake.set()  # a slot is free, and other nodes may be ready now
         if successor is not None and run is not None and successor.run_id != run.run_id:
-            return successor, None  # another run: its state is read when its node starts
+            # Another run: read by the statement that claimed it, else when its node starts.
+            return successor, successor.loaded
         return successor, run
 
     def _may_take_successor(self, spec: NodeSpec) -> bool:

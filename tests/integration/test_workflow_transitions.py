@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from eventstore import DatabaseSettings, EventStore, WrongExpectedVersionError, open_store
 from tests.flows import registry
-from workflows import Engine, WorkerSettings, WorkflowWorker, queue
+from workflows import Engine, WorkerSettings, WorkflowWorker, lifecycle, queue
 from workflows import events as ev
 from workflows.errors import wrap_exceptions
 from workflows.lifecycle import claimed_event
@@ -188,7 +188,32 @@ def test_the_end_of_a_run_hands_the_worker_a_node_of_another_run(
     assert other.node("first").token == handed.token
     (recorded,) = [e for e in one_connection.read_stream(ev.run_stream(waiting)) if e.type == ev.NODE_CLAIMED]
     assert recorded.data == claimed_event(handed, worker.id).data
+    # The same statement read the waiting run: the worker starts its node with what the log folds to.
+    assert handed.loaded == other
     assert worker._claim(1) == []  # it was the only ready node
+
+
+def test_a_run_longer_than_the_end_of_a_run_reads_is_read_when_its_node_starts(
+    one_connection: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end of a run reads a page of the next run; a longer run is handed over without its state, which
+    the worker then reads whole."""
+    engine = Engine(one_connection, registry)
+    worker = WorkflowWorker(engine, registry, SETTINGS, name="long-next")
+    wf = registry.get("linear")
+    handed: list[Claim] = []
+    for page in (3, 4):  # RunStarted, NodesReady, NodeClaimed: more than a page of 3, less than 4
+        monkeypatch.setattr(lifecycle, "RUN_PAGE", page)
+        held, run = claimed(engine, worker, engine.start("linear").run_id)
+        waiting = engine.start("linear").run_id
+        for output in ({"n": 1}, {"n": 2}, {"n": 3}):
+            assert held is not None
+            held = worker.lifecycle.succeeded(held, wf, output, 0.001, claim_next=worker._claimant, run=run)
+        assert held is not None
+        assert held.run_id == waiting
+        handed.append(held)
+    assert handed[0].loaded is None
+    assert handed[1].loaded == engine.load(handed[1].run_id)
 
 
 def test_the_worker_keeps_the_run_it_holds_in_memory(one_connection: EventStore) -> None:
@@ -295,7 +320,7 @@ def test_the_end_of_a_run_at_a_version_that_no_longer_holds_claims_nothing(
             ev.run_stream(run_id), completed, run.version - 1, claim.tenant
         )
         with pytest.raises(WrongExpectedVersionError), wrap_exceptions():
-            queue.record_run_end(conn, claim, append, worker._claimant)
+            queue.record_run_end(conn, claim, append, worker._claimant, read_limit=10)
         assert conn.execute(queue_rows).fetchall() == before
     assert engine.load(run_id) == run
     assert engine.load(waiting).node("first").status == "ready"
