@@ -3,9 +3,10 @@
 An end records two things: the queue's side (the fence on the claim, the node's row, the newly runnable
 nodes, and the successor the worker hands to itself, already claimed) and the run-stream events, at the
 exact version the worker knows. An end that leaves its run going does both in one statement, so one
-transaction and one round trip (`_record`). The end of a run, which also releases the run's key and claims
-a ready node of another run for the worker (the claim appends that node's NodeClaimed itself), and a
-suspension are one pipelined transaction of two round trips (`_transact`).
+transaction and one round trip (`_record`); so does the end of a run without a key, which also claims a
+ready node of another run for the worker (the claim appends that node's NodeClaimed itself) and reads that
+run. The end of a run with a key, which also releases the key in a stream of its own, and a suspension are
+one pipelined transaction of two round trips (`_transact`).
 
 The decision of what runs next (and whether the run ended) is made from the worker's own copy of the
 run's state, kept up to date with the events it appends; if the run changed meanwhile the append fails,
