@@ -35,7 +35,7 @@ from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
 from eventstore.telemetry import span_if_traced
 from workflows import limits, metrics, queue, versions
-from workflows.aio import Body, Kinds, NodeLoop, is_async, run_in_thread
+from workflows.aio import Body, Kinds, NodeLoop, StartedTogether, is_async, run_in_thread
 from workflows.context import NodeContext
 from workflows.definition import NodeSpec, WorkflowRegistry
 from workflows.engine import Engine
@@ -278,8 +278,10 @@ class WorkflowWorker:
             else:
                 log.warning("workflow_claimed_runs_not_loaded", error=str(exc))
             states = {}  # each node loads its own
+        # Their bodies all start before any of their ends is recorded (see StartedTogether).
+        together = StartedTogether(len(claims)) if len(claims) > 1 else None
         for claim, state in zip(claims, self._own_copies(claims, states), strict=True):
-            self._start(claim, state)
+            self._start(claim, state, together)
 
     def _budgets(self) -> list[tuple[list[str], int]]:
         """What to claim now, for the free threads and the free places on the event loop."""
@@ -361,20 +363,27 @@ class WorkflowWorker:
                 self._on_loop.add(claim.token)
         return on_loop
 
-    def _start(self, claim: Claim, run: RunState | None) -> None:
-        """Run a claimed node: an `async def` one on the event loop, any other in a thread of the pool."""
+    def _start(self, claim: Claim, run: RunState | None, together: StartedTogether | None = None) -> None:
+        """Run a claimed node: an `async def` one on the event loop, any other in a thread of the pool.
+        `together`: the nodes started with it, whose ends wait until all their bodies were entered (an
+        `async def` body never waits: it counts as entered at once)."""
         if self._track(claim):
+            if together is not None:
+                together.entered()
             self._loop.submit(lambda: self._execute_async(claim, run))
         else:
-            self._pool.submit(self._execute, claim, run)
+            self._pool.submit(self._execute, claim, run, together)
 
-    def _execute(self, claim: Claim, run: RunState | None = None) -> None:
+    def _execute(
+        self, claim: Claim, run: RunState | None = None, together: StartedTogether | None = None
+    ) -> None:
         """Run the claimed node, then, as long as finishing one hands this worker another (its successor,
         or, when it finished the run, a ready node of another run), that one. A run's state is read once,
         when the worker starts on it: each end advances it with the events it recorded."""
         next_claim: Claim | None = claim
         while next_claim is not None:
-            next_claim, run = self._execute_one(next_claim, run)
+            next_claim, run = run_in_thread(self._node_steps(next_claim, run), together=together)
+            together = None  # the nodes it goes on with were not started with the others
             if next_claim is not None and self._track(next_claim):
                 self._start(next_claim, run)  # to the event loop; this thread is free
                 return
@@ -387,13 +396,6 @@ class WorkflowWorker:
             if next_claim is not None and not self._track(next_claim):
                 self._start(next_claim, run)  # to a thread of the pool
                 return
-
-    def _execute_one(
-        self, claim: Claim, loaded: RunState | None = None
-    ) -> tuple[Claim | None, RunState | None]:
-        """Run one node in this thread; returns the successor this worker claimed at its end, with the
-        run's state."""
-        return run_in_thread(self._node_steps(claim, loaded))
 
     def _node_steps(
         self, claim: Claim, loaded: RunState | None = None
