@@ -25,6 +25,12 @@ Three workloads, each measured for every system in every run, each system on its
       takes its nodes over. Measured from the kill. DBOS: a running executor is told at the kill to
       recover the dead one's workflows (`DBOS._recover_pending_workflows`, what its Conductor calls).
       ledgerflow runs with its default lease TTL, heartbeat and recovery interval unless told otherwise.
+  (d) scaling where the machine is not the limit: the workflow of (a), but each body waits `--wait-ms`
+      (as a call to a model provider does, without CPU), 500 runs at once, on exactly 1 and then exactly
+      `--procs` worker processes of `--threads` node threads each. One process is then bound by its node
+      threads, not by CPU, so the ratio says whether anything shared (the claim, the queue's rows, the
+      log's writer lock) serialises the workers. ledgerflow only: DBOS runs its workflows in the process
+      that starts them.
 
 "Running again" and node timings come from the node (step) bodies themselves (bench/wf_marks.py): the
 same instrument for both systems, no polling delay. Completion is waited for without loading the database
@@ -148,6 +154,35 @@ def after_hold(ctx: NodeContext) -> int:
 
 registry.register(hold_flow)
 
+WAITING = "bench_waiting"
+waiting_flow = Workflow(WAITING)
+
+
+def _waiting_body(ctx: NodeContext, node: str, value: int) -> int:
+    mark(str(ctx.run_id), node, ENTER)
+    time.sleep(float(os.environ.get("BENCH_WAIT_MS", "0")) / 1000)
+    mark(str(ctx.run_id), node, RETURN)
+    return value
+
+
+# The same node names as the linear workflow's, so that the same notes time both.
+@waiting_flow.node(name="first")
+def waiting_first(ctx: NodeContext) -> int:
+    return _waiting_body(ctx, "first", 1)
+
+
+@waiting_flow.node(name="second", depends_on=["first"])
+def waiting_second(ctx: NodeContext) -> int:
+    return _waiting_body(ctx, "second", 2)
+
+
+@waiting_flow.node(name="third", depends_on=["second"])
+def waiting_third(ctx: NodeContext) -> int:
+    return _waiting_body(ctx, "third", 3)
+
+
+registry.register(waiting_flow)
+
 
 # -- settings ------------------------------------------------------------------------------------------
 
@@ -157,8 +192,9 @@ class Settings:
     url: str
     workflows: int  # (a) runs started at once
     latency_runs: int  # (a) runs one after another, for the per-node overhead
-    procs: int  # (a) worker processes of the scaled-out measurement
-    threads: int  # (a) node threads of each worker process
+    procs: int  # (a), (d) worker processes of the scaled-out measurement
+    threads: int  # (a), (d) node threads of each worker process
+    wait_ms: float  # (d) how long each body waits
     in_flight: int  # (b), (c) runs blocked in their first node when the worker dies
     lease_ttl: float | None  # None: the product's default
     heartbeat: float | None
@@ -382,6 +418,7 @@ def lf_worker(
         "LEDGERFLOW_LOG_FORMAT": "json",
         "BENCH_BLOCK": "1" if block else "0",
         "BENCH_MARK_DIR": str(mark_dir),
+        "BENCH_WAIT_MS": str(s.wait_ms),
     }
     for var, value in (
         ("LEDGERFLOW_WORKFLOW_LEASE_TTL", s.lease_ttl),
@@ -511,9 +548,10 @@ def lf_wait_one(
 
 
 def lf_throughput(
-    url: str, s: Settings, log_dir: Path, nprocs: int, sequential: bool
+    url: str, s: Settings, log_dir: Path, nprocs: int, sequential: bool, workflow: str = LINEAR
 ) -> tuple[Throughput, LogFindings]:
-    """(a) with exactly `nprocs` `ledgerflow worker` processes of `s.threads` node threads each."""
+    """(a), (d): `workflow` on exactly `nprocs` `ledgerflow worker` processes of `s.threads` node threads
+    each."""
     mark_dir = Path(tempfile.mkdtemp(dir=log_dir, prefix=f"lf-a{nprocs}-"))
     marks = MarkLog(mark_dir)
     procs = Processes(log_dir)
@@ -530,7 +568,7 @@ def lf_throughput(
             lf_wait_ready(store, f"bench-w{i + 1}", p)
         # Warm-up: every connection of every pool runs every statement a few times (psycopg prepares
         # statements after 5 executions; PostgreSQL caches the plpgsql functions' plans per connection).
-        lf_wait_done(store, marks, lf_start(engine, LINEAR, WARM_UP_RUNS), "third", workers)
+        lf_wait_done(store, marks, lf_start(engine, workflow, WARM_UP_RUNS), "third", workers)
 
         backends = BackendCpu(url)
         stack.callback(backends.close)
@@ -540,7 +578,7 @@ def lf_throughput(
         starter_before = time.process_time()
         machine_before = machine_cpu_seconds()
         started = time.time()
-        run_ids = lf_start(engine, LINEAR, s.workflows)
+        run_ids = lf_start(engine, workflow, s.workflows)
         last = lf_wait_done(store, marks, run_ids, "third", workers)
         starter = time.process_time() - starter_before
         machine = machine_cpu_seconds() - machine_before
@@ -570,6 +608,14 @@ def lf_one(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFinding
 
 def lf_many(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFindings]:
     return lf_throughput(url, s, log_dir, s.procs, sequential=False)
+
+
+def lf_one_waiting(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFindings]:
+    return lf_throughput(url, s, log_dir, 1, sequential=False, workflow=WAITING)
+
+
+def lf_many_waiting(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFindings]:
+    return lf_throughput(url, s, log_dir, s.procs, sequential=False, workflow=WAITING)
 
 
 @dataclass
@@ -833,6 +879,7 @@ def dbos_takeover(url: str, s: Settings, log_dir: Path) -> tuple[Recovery, LogFi
 class Results:
     throughput: dict[str, list[Throughput]] = field(default_factory=lambda: defaultdict(list))
     recovery: dict[str, list[Recovery]] = field(default_factory=lambda: defaultdict(list))
+    waiting: dict[str, list[Throughput]] = field(default_factory=lambda: defaultdict(list))
     logs: dict[str, LogFindings] = field(default_factory=lambda: defaultdict(LogFindings))
     failures: dict[str, list[str]] = field(default_factory=dict)
 
@@ -858,11 +905,15 @@ def scenarios(s: Settings) -> dict[str, list[Scenario]]:
     ]
     b: list[Scenario] = [("lf", "ledgerflow: new worker process, same name", True, lf_restart)]
     c: list[Scenario] = [("lf", "ledgerflow: other worker, already running", True, lf_takeover)]
+    d: list[Scenario] = [
+        ("lf1", f"ledgerflow, 1 worker process x {s.threads} threads", True, lf_one_waiting),
+        ("lf2", f"ledgerflow, {s.procs} worker processes x {s.threads} threads", True, lf_many_waiting),
+    ]
     if s.with_dbos:
         a.append(("dbos", "DBOS, 1 process, start_workflow (default executor)", False, dbos_throughput))
         b.append(("dbos", "DBOS: relaunch, same executor id", False, dbos_restart))
         c.append(("dbos", "DBOS: other executor, recover called at kill", False, dbos_takeover))
-    return {"a": a, "b": b, "c": c}
+    return {"a": a, "b": b, "c": c, "d": d}
 
 
 #: Connections a scenario may open at its peak: two worker processes (pool, listener, notifier) or two
@@ -913,6 +964,8 @@ def one_run(admin_url: str, run: int, s: Settings, only: str, results: Results, 
             got.run = run
             if workload == "a":
                 results.throughput[key].append(got)
+            elif workload == "d":
+                results.waiting[key].append(got)
             else:
                 results.recovery[name].append(got)
     return ", ".join(took)
@@ -1090,6 +1143,61 @@ def report_throughput(results: Results, s: Settings, labels: dict[str, str]) -> 
     print_table(["system", "hand-off p50", "hand-off p99", "node overhead p50"], rows)
 
 
+def report_waiting(results: Results, s: Settings, labels: dict[str, str]) -> None:
+    got = results.waiting
+    lf1, lf2 = got.get("lf1", []), got.get("lf2", [])
+    print(
+        f"\n(d) scaling where the machine is not the limit: {s.workflows} runs of 3 nodes that each wait "
+        f"{s.wait_ms:g} ms, started at once, to the last completion"
+    )
+    rows = []
+    for key, label in labels.items():
+        measured = got.get(key, [])
+        failed = f"d.{key}" in results.failures and not measured
+        rows.append(
+            [
+                label,
+                "FAILED" if failed else secs([t.wfps for t in measured]),
+                f"{s.threads * (1 if key == 'lf1' else s.procs) / (3 * s.wait_ms / 1000):.0f}",
+                ms([t.ours / t.count for t in measured]),
+                "-" if not measured else f"{median([t.busy for t in measured]) * 100:.0f}%",
+                "-" if not measured else f"{median([t.others for t in measured]) * 100:.0f}%",
+                "",
+                "",
+            ]
+        )
+    scaling = same_run_ratios(lf2, lf1, lambda t: t.wfps)
+    rows.append(
+        [
+            f"ledgerflow, {s.procs} processes / 1 process",
+            fmt_ratio(scaling) if scaling else "-",
+            "",
+            "",
+            "",
+            "",
+            ">= 1.80",
+            verdict(None if not scaling else median(scaling) >= 1.8),
+        ]
+    )
+    print_table(
+        [
+            "system",
+            "workflows/s median (min-max)",
+            "bound by node threads",
+            "CPU/wf ms",
+            "CPUs: ours",
+            "others'",
+            "target",
+            "verdict",
+        ],
+        rows,
+    )
+    print(
+        "  bound by node threads: workflows/s if the node threads did nothing but wait in the bodies;\n"
+        "  CPU/wf: the worker processes, this process and the database's backends, per workflow."
+    )
+
+
 RECOVERY_TITLES = {
     "b": "(b) restart: {n} runs blocked in their first node, worker SIGKILLed, a new process spawned at "
     "once; seconds from the new process's spawn",
@@ -1158,7 +1266,7 @@ def report_logs(results: Results) -> None:
         if name.endswith("dbos"):
             continue
         counts = ", ".join(f"{event} x{n}" for event, n in findings.counts.most_common()) or "none"
-        clean = name.startswith("a.")
+        clean = name.startswith(("a.", "d."))
         flag = "  <- a warning in a clean run is a bug" if clean and findings.counts else ""
         print(f"  {name}: {counts}{flag}")
         for line in findings.lease_lost[:5]:
@@ -1174,6 +1282,8 @@ def report(results: Results, s: Settings, only: str) -> None:
     for workload in "bc":
         if workload in only:
             report_recovery(results, s, workload, labels[workload])
+    if "d" in only:
+        report_waiting(results, s, labels["d"])
     report_logs(results)
 
     print("\nPer-run values:")
@@ -1186,6 +1296,8 @@ def report(results: Results, s: Settings, only: str) -> None:
             + ("   hand-off p50 ms " if any(t.handoffs for t in measured) else "")
             + " ".join(f"{pct(t.handoffs, 50) * 1000:.2f}" for t in measured if t.handoffs)
         )
+    for key, measured in results.waiting.items():
+        print(f"  (d) {key:5} workflows/s " + " ".join(f"{t.wfps:.0f}" for t in measured))
     for name, recs in results.recovery.items():
         print(
             f"  ({name[0]}) {name[2:]:5} first s "
@@ -1219,13 +1331,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="server to use; databases are created and dropped per run (default: "
         "$LEDGERFLOW_BENCH_URL or the local server)",
     )
-    parser.add_argument("--only", default="abc", help="workloads to run, e.g. 'a' or 'bc' (default abc)")
+    parser.add_argument("--only", default="abcd", help="workloads to run, e.g. 'a' or 'bd' (default abcd)")
     parser.add_argument("--workflows", type=int, default=500, help="(a) runs started at once")
     parser.add_argument("--latency-runs", type=int, default=30, help="(a) runs one after another")
     parser.add_argument(
-        "--procs", type=int, default=2, help="(a) worker processes of the scaled-out measurement"
+        "--procs", type=int, default=2, help="(a), (d) worker processes of the scaled-out measurement"
     )
-    parser.add_argument("--threads", type=int, default=8, help="(a) node threads of every worker process")
+    parser.add_argument(
+        "--threads", type=int, default=8, help="(a), (d) node threads of every worker process"
+    )
+    parser.add_argument("--wait-ms", type=float, default=50.0, help="(d) how long each body waits, ms")
     parser.add_argument("--in-flight", type=int, default=1000, help="(b), (c) runs in flight at the kill")
     parser.add_argument(
         "--lease-ttl", type=float, default=None, help="(b), (c) lease TTL, s (default: the product's)"
@@ -1248,6 +1363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         latency_runs=args.latency_runs,
         procs=args.procs,
         threads=args.threads,
+        wait_ms=args.wait_ms,
         in_flight=args.in_flight,
         lease_ttl=args.lease_ttl,
         heartbeat=args.heartbeat,
