@@ -4,7 +4,7 @@ Run by hand (it is not a test):
 
     python bench/workflows.py [--runs 3] [--url postgresql://postgres@127.0.0.1:5432/postgres]
 
-Three workloads, each measured for every system in every run, each system on its own fresh database:
+Four workloads, each measured for every system in every run, each system on its own fresh database:
 
   (a) a linear workflow of three trivial nodes (DBOS: a workflow of three trivial steps), 500 runs started
       at once from one thread: workflows/s from the first start to the last completion. ledgerflow runs
