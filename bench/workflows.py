@@ -456,6 +456,8 @@ class Throughput:
     success_to_next: list[float] = field(default_factory=list)
     #: (threads, child processes) of each executing process at the end of the window
     shapes: list[tuple[int, int]] = field(default_factory=list)
+    #: ledgerflow: seconds from the first start to the last start's return (this process starts them all)
+    starting: float | None = None
     overheads: list[float] = field(default_factory=list)  # runs one after another
     handoffs: list[float] = field(default_factory=list)
     run: int = -1  # ratios are taken between systems measured in the same run
@@ -579,6 +581,7 @@ def lf_throughput(
         machine_before = machine_cpu_seconds()
         started = time.time()
         run_ids = lf_start(engine, workflow, s.workflows)
+        starting = time.time() - started
         last = lf_wait_done(store, marks, run_ids, "third", workers)
         starter = time.process_time() - starter_before
         machine = machine_cpu_seconds() - machine_before
@@ -595,6 +598,7 @@ def lf_throughput(
         )
         result.transactions = transactions
         result.shapes = shapes
+        result.starting = starting
         if sequential:
             seq_ids = lf_sequential(engine, marks, s, workers)
             result.overheads, result.handoffs = node_gaps(marks, [str(r) for r in seq_ids], LINEAR_NODES)
@@ -1083,6 +1087,13 @@ def report_throughput(results: Results, s: Settings, labels: dict[str, str]) -> 
                 f"{min(t for t, _ in shapes)}-{max(t for t, _ in shapes)} OS threads each "
                 f"({s.threads} node threads, the rest listener, beats and pool), "
                 f"{max(c for _, c in shapes)} child processes"
+            )
+        starting = [t.starting / t.seconds for t in tp.get(key, []) if t.starting is not None]
+        if starting:
+            print(
+                f"  {labels[key]}: the {s.workflows} starts, one after another from this process, took "
+                f"{median(starting) * 100:.0f}% of the window ({min(starting) * 100:.0f}-"
+                f"{max(starting) * 100:.0f}%; near 100%: the starts, not the workers, set the pace)"
             )
 
     print(f"\n(a) per-node cost: {s.latency_runs} runs one after another, nothing else queued (ms)")

@@ -6,7 +6,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, LiteralString
@@ -369,6 +369,13 @@ class EventStore:
             telemetry.append_conflicts.add(1, {"reason": exc.code})
             raise
         return self.appended(rows, tenant, began)
+
+    def statement_connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """A connection for one autocommit statement that appends, such as a workflow's start or a node's
+        end: this thread's pinned connection, as the one-event append uses (see `eventstore.pinning`), or
+        one checked out of the pool for the call. Nothing may be left open on it: no transaction, no
+        session setting."""
+        return self._pins.connection()
 
     def appended(self, rows: list[Any], tenant: str, began: float) -> AppendResult:
         """The result of an append statement from its rows (stream, version, position, transaction id

@@ -235,12 +235,13 @@ class NodeSpec:
         object.__setattr__(self, "config", json.loads(_canonical_json(dict(self.config))))
         object.__setattr__(self, "depends_on", deps)
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """Identifies what this node computes, stable across processes and Python versions.
 
         Built from declared facts only (never `id()`, `hash()` or bytecode, which vary between processes or
         interpreters). Dependencies are sorted: listing them in another order computes the same thing.
+        Computed once: the spec is frozen and its config a private copy, and every start records it.
         """
         facts = {
             "name": self.name,

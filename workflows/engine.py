@@ -237,7 +237,7 @@ class Engine:
         queued in one statement, so one transaction and one round trip (see ledgerflow.wf_start_run)."""
         params = self.store.one_stream_params(append.stream_id, append.events, NO_STREAM, tenant)
         began = time.perf_counter()
-        with wrap_exceptions(), self.store.pool.connection() as conn:
+        with wrap_exceptions(), self.store.statement_connection() as conn:
             rows = queue.start_run(conn, run_id, wf.name, wf.version, [wf.nodes[r] for r in roots], params)
         self.store.notify_appended()
         return self.store.appended(rows, tenant, began)

@@ -225,7 +225,7 @@ class Lifecycle:
         another run for `claim_next` (ledgerflow.wf_record_run_end)."""
         next_run = claim_next if terminal and claim_next is not None and claim_next.workflows else None
         ended: queue.RunEnded | None = None
-        with fenced_writes(), self.store.pool.connection() as conn:
+        with fenced_writes(), self.store.statement_connection() as conn:
             successor, change = _hand_off(conn, claim, wf, run, decision, events, claim_next)
             began = time.perf_counter()
             append = self.store.one_stream_params(
