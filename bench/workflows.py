@@ -4,7 +4,7 @@ Run by hand (it is not a test):
 
     python bench/workflows.py [--runs 3] [--url postgresql://postgres@127.0.0.1:5432/postgres]
 
-Four workloads, each measured for every system in every run, each system on its own fresh database:
+Five workloads, each measured for every system in every run, each system on its own fresh database:
 
   (a) a linear workflow of three trivial nodes (DBOS: a workflow of three trivial steps), 500 runs started
       at once from one thread: workflows/s from the first start to the last completion. ledgerflow runs
@@ -31,6 +31,11 @@ Four workloads, each measured for every system in every run, each system on its 
       threads, not by CPU, so the ratio says whether anything shared (the claim, the queue's rows, the
       log's writer lock) serialises the workers. ledgerflow only: DBOS runs its workflows in the process
       that starts them.
+  (e) the workers alone: the workflow of (a), 500 runs started in one transaction before the window, so
+      that they become ready at once when it commits; from that commit to the last completion, on exactly
+      1 and then exactly `--procs` worker processes. In (a) this process starts the runs one after another
+      while the workers run them, and the share of the window those starts took is printed: near 100%,
+      they set the pace. ledgerflow only.
 
 "Running again" and node timings come from the node (step) bodies themselves (bench/wf_marks.py): the
 same instrument for both systems, no polling delay. Completion is waited for without loading the database
@@ -192,8 +197,8 @@ class Settings:
     url: str
     workflows: int  # (a) runs started at once
     latency_runs: int  # (a) runs one after another, for the per-node overhead
-    procs: int  # (a), (d) worker processes of the scaled-out measurement
-    threads: int  # (a), (d) node threads of each worker process
+    procs: int  # (a), (d), (e) worker processes of the scaled-out measurement
+    threads: int  # (a), (d), (e) node threads of each worker process
     wait_ms: float  # (d) how long each body waits
     in_flight: int  # (b), (c) runs blocked in their first node when the worker dies
     lease_ttl: float | None  # None: the product's default
@@ -550,10 +555,17 @@ def lf_wait_one(
 
 
 def lf_throughput(
-    url: str, s: Settings, log_dir: Path, nprocs: int, sequential: bool, workflow: str = LINEAR
+    url: str,
+    s: Settings,
+    log_dir: Path,
+    nprocs: int,
+    sequential: bool,
+    workflow: str = LINEAR,
+    ready_at_once: bool = False,
 ) -> tuple[Throughput, LogFindings]:
-    """(a), (d): `workflow` on exactly `nprocs` `ledgerflow worker` processes of `s.threads` node threads
-    each."""
+    """(a), (d), (e): `workflow` on exactly `nprocs` `ledgerflow worker` processes of `s.threads` node
+    threads each. `ready_at_once` (e): the runs are started in one transaction before the window, which
+    opens as it commits."""
     mark_dir = Path(tempfile.mkdtemp(dir=log_dir, prefix=f"lf-a{nprocs}-"))
     marks = MarkLog(mark_dir)
     procs = Processes(log_dir)
@@ -572,6 +584,14 @@ def lf_throughput(
         # statements after 5 executions; PostgreSQL caches the plpgsql functions' plans per connection).
         lf_wait_done(store, marks, lf_start(engine, workflow, WARM_UP_RUNS), "third", workers)
 
+        pending: psycopg.Connection[Any] | None = None
+        if ready_at_once:
+            pending = stack.enter_context(psycopg.connect(url))
+            # A statement first, so that the transaction is open: each start is then a savepoint in it
+            # (psycopg commits a `transaction()` block that opened the transaction itself).
+            pending.execute("SELECT pg_current_xact_id()")
+            run_ids = [engine.start(workflow, conn=pending).run_id for _ in range(s.workflows)]
+
         backends = BackendCpu(url)
         stack.callback(backends.close)
         transactions_before = backends.transactions()
@@ -580,7 +600,11 @@ def lf_throughput(
         starter_before = time.process_time()
         machine_before = machine_cpu_seconds()
         started = time.time()
-        run_ids = lf_start(engine, workflow, s.workflows)
+        if pending is not None:
+            pending.commit()
+            store.notify_appended()
+        else:
+            run_ids = lf_start(engine, workflow, s.workflows)
         starting = time.time() - started
         last = lf_wait_done(store, marks, run_ids, "third", workers)
         starter = time.process_time() - starter_before
@@ -612,6 +636,14 @@ def lf_one(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFinding
 
 def lf_many(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFindings]:
     return lf_throughput(url, s, log_dir, s.procs, sequential=False)
+
+
+def lf_one_ready(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFindings]:
+    return lf_throughput(url, s, log_dir, 1, sequential=False, ready_at_once=True)
+
+
+def lf_many_ready(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFindings]:
+    return lf_throughput(url, s, log_dir, s.procs, sequential=False, ready_at_once=True)
 
 
 def lf_one_waiting(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFindings]:
@@ -883,7 +915,10 @@ def dbos_takeover(url: str, s: Settings, log_dir: Path) -> tuple[Recovery, LogFi
 class Results:
     throughput: dict[str, list[Throughput]] = field(default_factory=lambda: defaultdict(list))
     recovery: dict[str, list[Recovery]] = field(default_factory=lambda: defaultdict(list))
-    waiting: dict[str, list[Throughput]] = field(default_factory=lambda: defaultdict(list))
+    #: (d), (e): by workload, then by system
+    scaling: dict[str, dict[str, list[Throughput]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(list))
+    )
     logs: dict[str, LogFindings] = field(default_factory=lambda: defaultdict(LogFindings))
     failures: dict[str, list[str]] = field(default_factory=dict)
 
@@ -913,11 +948,15 @@ def scenarios(s: Settings) -> dict[str, list[Scenario]]:
         ("lf1", f"ledgerflow, 1 worker process x {s.threads} threads", True, lf_one_waiting),
         ("lf2", f"ledgerflow, {s.procs} worker processes x {s.threads} threads", True, lf_many_waiting),
     ]
+    e: list[Scenario] = [
+        ("lf1", f"ledgerflow, 1 worker process x {s.threads} threads", True, lf_one_ready),
+        ("lf2", f"ledgerflow, {s.procs} worker processes x {s.threads} threads", True, lf_many_ready),
+    ]
     if s.with_dbos:
         a.append(("dbos", "DBOS, 1 process, start_workflow (default executor)", False, dbos_throughput))
         b.append(("dbos", "DBOS: relaunch, same executor id", False, dbos_restart))
         c.append(("dbos", "DBOS: other executor, recover called at kill", False, dbos_takeover))
-    return {"a": a, "b": b, "c": c, "d": d}
+    return {"a": a, "b": b, "c": c, "d": d, "e": e}
 
 
 #: Connections a scenario may open at its peak: two worker processes (pool, listener, notifier) or two
@@ -968,8 +1007,8 @@ def one_run(admin_url: str, run: int, s: Settings, only: str, results: Results, 
             got.run = run
             if workload == "a":
                 results.throughput[key].append(got)
-            elif workload == "d":
-                results.waiting[key].append(got)
+            elif workload in "de":
+                results.scaling[workload][key].append(got)
             else:
                 results.recovery[name].append(got)
     return ", ".join(took)
@@ -1154,22 +1193,31 @@ def report_throughput(results: Results, s: Settings, labels: dict[str, str]) -> 
     print_table(["system", "hand-off p50", "hand-off p99", "node overhead p50"], rows)
 
 
-def report_waiting(results: Results, s: Settings, labels: dict[str, str]) -> None:
-    got = results.waiting
+def report_scaling(results: Results, s: Settings, workload: str, labels: dict[str, str]) -> None:
+    """(d) and (e): 1 worker process against `--procs`, with what bounds each."""
+    got = results.scaling[workload]
     lf1, lf2 = got.get("lf1", []), got.get("lf2", [])
-    print(
-        f"\n(d) scaling where the machine is not the limit: {s.workflows} runs of 3 nodes that each wait "
-        f"{s.wait_ms:g} ms, started at once, to the last completion"
-    )
+    if workload == "d":
+        print(
+            f"\n(d) scaling where the machine is not the limit: {s.workflows} runs of 3 nodes that each "
+            f"wait {s.wait_ms:g} ms, started at once, to the last completion"
+        )
+    else:
+        print(
+            f"\n(e) the workers alone: {s.workflows} runs of 3 trivial nodes made ready at once (started in "
+            "one transaction), from its commit to the last completion"
+        )
     rows = []
     for key, label in labels.items():
         measured = got.get(key, [])
-        failed = f"d.{key}" in results.failures and not measured
+        failed = f"{workload}.{key}" in results.failures and not measured
+        bound = s.threads * (1 if key == "lf1" else s.procs) / (3 * s.wait_ms / 1000)
         rows.append(
             [
                 label,
                 "FAILED" if failed else secs([t.wfps for t in measured]),
-                f"{s.threads * (1 if key == 'lf1' else s.procs) / (3 * s.wait_ms / 1000):.0f}",
+                f"{bound:.0f}" if workload == "d" else "-",
+                ms([t.worker_cpu / t.count for t in measured]),
                 ms([t.ours / t.count for t in measured]),
                 "-" if not measured else f"{median([t.busy for t in measured]) * 100:.0f}%",
                 "-" if not measured else f"{median([t.others for t in measured]) * 100:.0f}%",
@@ -1186,8 +1234,9 @@ def report_waiting(results: Results, s: Settings, labels: dict[str, str]) -> Non
             "",
             "",
             "",
-            ">= 1.80",
-            verdict(None if not scaling else median(scaling) >= 1.8),
+            "",
+            ">= 1.80" if workload == "d" else "",
+            verdict(None if not scaling else median(scaling) >= 1.8) if workload == "d" else "",
         ]
     )
     print_table(
@@ -1195,7 +1244,8 @@ def report_waiting(results: Results, s: Settings, labels: dict[str, str]) -> Non
             "system",
             "workflows/s median (min-max)",
             "bound by node threads",
-            "CPU/wf ms",
+            "workers' CPU/wf ms",
+            "all CPU/wf ms",
             "CPUs: ours",
             "others'",
             "target",
@@ -1203,9 +1253,11 @@ def report_waiting(results: Results, s: Settings, labels: dict[str, str]) -> Non
         ],
         rows,
     )
+    if workload == "d":
+        print("  bound by node threads: workflows/s if the node threads did nothing but wait in the bodies;")
     print(
-        "  bound by node threads: workflows/s if the node threads did nothing but wait in the bodies;\n"
-        "  CPU/wf: the worker processes, this process and the database's backends, per workflow."
+        "  all CPU/wf: the worker processes, this process and the database's backends, per workflow;\n"
+        "  CPUs: ours + others' near 100%: the machine is the limit."
     )
 
 
@@ -1277,7 +1329,7 @@ def report_logs(results: Results) -> None:
         if name.endswith("dbos"):
             continue
         counts = ", ".join(f"{event} x{n}" for event, n in findings.counts.most_common()) or "none"
-        clean = name.startswith(("a.", "d."))
+        clean = name.startswith(("a.", "d.", "e."))
         flag = "  <- a warning in a clean run is a bug" if clean and findings.counts else ""
         print(f"  {name}: {counts}{flag}")
         for line in findings.lease_lost[:5]:
@@ -1293,8 +1345,9 @@ def report(results: Results, s: Settings, only: str) -> None:
     for workload in "bc":
         if workload in only:
             report_recovery(results, s, workload, labels[workload])
-    if "d" in only:
-        report_waiting(results, s, labels["d"])
+    for workload in "de":
+        if workload in only:
+            report_scaling(results, s, workload, labels[workload])
     report_logs(results)
 
     print("\nPer-run values:")
@@ -1307,8 +1360,9 @@ def report(results: Results, s: Settings, only: str) -> None:
             + ("   hand-off p50 ms " if any(t.handoffs for t in measured) else "")
             + " ".join(f"{pct(t.handoffs, 50) * 1000:.2f}" for t in measured if t.handoffs)
         )
-    for key, measured in results.waiting.items():
-        print(f"  (d) {key:5} workflows/s " + " ".join(f"{t.wfps:.0f}" for t in measured))
+    for workload, systems in results.scaling.items():
+        for key, measured in systems.items():
+            print(f"  ({workload}) {key:5} workflows/s " + " ".join(f"{t.wfps:.0f}" for t in measured))
     for name, recs in results.recovery.items():
         print(
             f"  ({name[0]}) {name[2:]:5} first s "
@@ -1342,14 +1396,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="server to use; databases are created and dropped per run (default: "
         "$LEDGERFLOW_BENCH_URL or the local server)",
     )
-    parser.add_argument("--only", default="abcd", help="workloads to run, e.g. 'a' or 'bd' (default abcd)")
+    parser.add_argument("--only", default="abcde", help="workloads to run, e.g. 'a' or 'bd' (default abcde)")
     parser.add_argument("--workflows", type=int, default=500, help="(a) runs started at once")
     parser.add_argument("--latency-runs", type=int, default=30, help="(a) runs one after another")
     parser.add_argument(
-        "--procs", type=int, default=2, help="(a), (d) worker processes of the scaled-out measurement"
+        "--procs", type=int, default=2, help="(a), (d), (e) worker processes of the scaled-out measurement"
     )
     parser.add_argument(
-        "--threads", type=int, default=8, help="(a), (d) node threads of every worker process"
+        "--threads", type=int, default=8, help="(a), (d), (e) node threads of every worker process"
     )
     parser.add_argument("--wait-ms", type=float, default=50.0, help="(d) how long each body waits, ms")
     parser.add_argument("--in-flight", type=int, default=1000, help="(b), (c) runs in flight at the kill")
