@@ -488,16 +488,37 @@ class Engine:
         raise ConflictError("the run changed too often to apply the request; retry")
 
 
-def advance(run: RunState, events: Sequence[NewEvent], result: AppendResult, recorded_at: datetime) -> bool:
+@dataclass(frozen=True)
+class WrittenJson:
+    """The JSON texts an append sent for its events' data and metadata, in the events' order."""
+
+    data: Sequence[str]
+    metadata: Sequence[str]
+
+
+def advance(
+    run: RunState,
+    events: Sequence[NewEvent],
+    result: AppendResult,
+    recorded_at: datetime,
+    written: WrittenJson | None = None,
+) -> bool:
     """Apply to `run`, in place, the `events` its holder just appended to the run's stream, as the log
     now holds them (`result`: where they landed; `recorded_at`: their transaction's timestamp), so that the
     holder never reads back what it wrote. Only when they directly follow the version `run` knows: True
-    then; otherwise `run` is left as it was, and `Engine.catch_up` brings it up to date when needed."""
+    then; otherwise `run` is left as it was, and `Engine.catch_up` brings it up to date when needed.
+    `written`: the JSON texts of the events' data and metadata as the append sent them, in order, so that
+    they are not serialised a second time."""
     stream = ev.run_stream(run.run_id)
     landed = [a for a in result.events if a.stream_id == stream]
     if len(landed) != len(events) or not landed or landed[0].stream_version != run.version + 1:
         return False
-    for new, at in zip(events, landed, strict=True):
+    if written is None:
+        written = WrittenJson(
+            [jsonvalue.dumps(dict(new.data)) for new in events],
+            [jsonvalue.dumps(dict(new.metadata)) for new in events],
+        )
+    for new, at, data, metadata in zip(events, landed, written.data, written.metadata, strict=True):
         apply(
             run,
             RecordedEvent(
@@ -509,8 +530,8 @@ def advance(run: RunState, events: Sequence[NewEvent], result: AppendResult, rec
                 new.event_id,
                 new.type,
                 # As a reader would get it back: JSON values, not the Python objects that were written.
-                jsonvalue.loads(jsonvalue.dumps(dict(new.data))),
-                jsonvalue.loads(jsonvalue.dumps(dict(new.metadata))),
+                jsonvalue.loads(data),
+                jsonvalue.loads(metadata),
                 new.correlation_id,
                 new.causation_id,
                 recorded_at,

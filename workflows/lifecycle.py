@@ -33,7 +33,7 @@ from eventstore.errors import ConflictError, LedgerflowError
 from workflows import events as ev
 from workflows import queue
 from workflows.definition import NodeSpec, Workflow
-from workflows.engine import RUN_PAGE, Engine, advance, release_key_appends
+from workflows.engine import RUN_PAGE, Engine, WrittenJson, advance, release_key_appends
 from workflows.errors import SQLSTATES, NodeSuspended, wrap_exceptions
 from workflows.queue import Claim, Claimant
 from workflows.scheduler import NodeStatus, run_outcome, runnable_nodes
@@ -192,8 +192,9 @@ class Lifecycle:
             events = list(decision.events)
             try:
                 terminal = any(e.type in _TERMINAL for e in events)
+                written: WrittenJson | None = None
                 if decision.suspension is None and not (terminal and run.key is not None):
-                    successor, outcome, result = self._record(
+                    successor, outcome, result, written = self._record(
                         claim, wf, run, decision, events, claim_next, terminal
                     )
                 else:
@@ -201,7 +202,7 @@ class Lifecycle:
             except WrongExpectedVersionError:
                 self.engine.catch_up(run)
                 continue
-            advance(run, events, result, outcome.recorded_at)
+            advance(run, events, result, outcome.recorded_at, written)
             if successor is not None and successor.run_id == run.run_id:
                 successor = dataclasses.replace(successor, crashes=outcome.successor_crashes)
             return successor
@@ -218,7 +219,7 @@ class Lifecycle:
         events: list[NewEvent],
         claim_next: Claimant | None,
         terminal: bool,
-    ) -> tuple[Claim | None, queue.NodeEnded, AppendResult]:
+    ) -> tuple[Claim | None, queue.NodeEnded, AppendResult, WrittenJson]:
         """The commonest ends, one that leaves its run going and one that finishes a run without a key: the
         queue's change and the events in one statement, so one transaction and one round trip (see
         ledgerflow.wf_record_node_end). The end of a run also claims, in that statement, a ready node of
@@ -242,7 +243,8 @@ class Lifecycle:
             record_appended(self.store, ended.claims, ended.claims_appended, began)
             if ended.claims:
                 successor = self._with_run(ended.claims[0], ended.next_run_events)
-        return successor, outcome, self.store.appended(rows, claim.tenant, began)
+        written = WrittenJson(append["data"], append["metadata"])
+        return successor, outcome, self.store.appended(rows, claim.tenant, began), written
 
     def _with_run(self, claim: Claim, rows: list[tuple[Any, ...]]) -> Claim:
         """`claim` with its run's state, folded from the events the claiming statement read; without it if
