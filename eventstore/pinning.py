@@ -190,22 +190,24 @@ class PinnedConnections:
             if now - other.last_used < self.idle_seconds or not other.lock.acquire(blocking=False):
                 continue
             try:
+                poller = other.poller
                 conn = other.drop()
                 self._held.discard(other)
             finally:
                 other.lock.release()
             if conn is not None:
-                self._pool.putconn(conn)
+                _put_back(self._pool, conn, poller)
             return True
         return False
 
     def _unpin(self, pin: Pin) -> None:
         """Give `pin`'s connection back (called with `pin.lock` held); the pool discards a broken one."""
+        poller = pin.poller
         conn = pin.drop()
         with self._lock:
             self._held.discard(pin)
         if conn is not None:
-            self._pool.putconn(conn)
+            _put_back(self._pool, conn, poller)
 
     def close(self) -> None:
         """Give every pinned connection back to the pool; later calls check out per call."""
@@ -243,6 +245,16 @@ def _alive(conn: Connection, poller: select.poll | None) -> bool:
     return pgconn.status == psycopg.pq.ConnStatus.OK
 
 
+def _put_back(pool: psycopg_pool.ConnectionPool, conn: Connection, poller: select.poll) -> None:
+    """Return a pinned connection to the pool, closed first if the server ended it while it was pinned.
+    The pool checks only the connections it holds (after an outage, for one); a pinned one is not among
+    them, and one whose server's last words sit unread in its socket looks open: the pool would hand it
+    out, and its next user would fail with those words."""
+    if not conn.closed and not _alive(conn, poller):
+        conn.close()
+    pool.putconn(conn)  # a closed connection is discarded, and replaced when needed
+
+
 def _give_back(pool: psycopg_pool.ConnectionPool, pin: Pin, held: set[Pin], lock: threading.Lock) -> None:
     """The pinning thread ended (or the process exits): return its connection to the pool."""
     if pin.pid != os.getpid():
@@ -250,8 +262,9 @@ def _give_back(pool: psycopg_pool.ConnectionPool, pin: Pin, held: set[Pin], lock
         # parent's session.
         return
     with pin.lock:
+        poller = pin.poller
         conn = pin.drop()
         with lock:
             held.discard(pin)
     if conn is not None:
-        pool.putconn(conn)
+        _put_back(pool, conn, poller)

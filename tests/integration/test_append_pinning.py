@@ -13,7 +13,9 @@ import psycopg
 import pytest
 
 from eventstore import EventStore, NewEvent
+from eventstore.db import open_pool
 from eventstore.pinning import PinnedConnections
+from eventstore.settings import DatabaseSettings
 from tests.waiting import wait_until
 
 
@@ -122,6 +124,47 @@ def test_a_terminated_backend_is_replaced_before_the_next_append(database_url: s
         assert [e.data["n"] for e in store.read_stream("s")] == [1, 2]
         with store._pins.connection() as conn:
             assert conn.info.backend_pid != pinned
+
+
+def test_a_pin_whose_backend_ended_is_not_given_back_to_the_pool_as_live(database_url: str) -> None:
+    """A pinned connection is not in the pool, so the pool's own checks never see it: when the server ends
+    it while it sits pinned (a restart, a terminated backend) and it is then reclaimed for another thread
+    or given back, the next user of the pool must not get it and fail with the server's last words."""
+    pool = open_pool(
+        database_url, DatabaseSettings(database_url=database_url, pool_min_size=1, pool_max_size=1)
+    )
+    pins = PinnedConnections(pool, limit=1, idle_seconds=0.0)
+    try:
+        pinned = backend_pid(pins)  # the pool's only connection, pinned by this thread, now idle
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pinned,))
+        wait_until(lambda: not alive(database_url, pinned), what="the pinned backend to end")
+        # Another thread reclaims the idle pin: the dead connection goes back to the pool, and then...
+        assert in_thread(lambda: backend_pid(pins)) != pinned
+        # ... every connection the pool hands out afterwards works.
+        for _ in range(2):
+            with pool.connection() as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        pins.close()
+        pool.close()
+
+
+def test_a_pin_given_back_dead_at_close_is_not_handed_out_again(database_url: str) -> None:
+    pool = open_pool(
+        database_url, DatabaseSettings(database_url=database_url, pool_min_size=1, pool_max_size=1)
+    )
+    pins = PinnedConnections(pool, limit=1)
+    try:
+        pinned = backend_pid(pins)
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pinned,))
+        wait_until(lambda: not alive(database_url, pinned), what="the pinned backend to end")
+        pins.close()
+        with pool.connection() as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        pool.close()
 
 
 def test_appends_inside_the_callers_transaction_pin_nothing(store: EventStore) -> None:
