@@ -130,12 +130,14 @@ def test_a_pin_whose_backend_ended_is_not_given_back_to_the_pool_as_live(databas
     """A pinned connection is not in the pool, so the pool's own checks never see it: when the server ends
     it while it sits pinned (a restart, a terminated backend) and it is then reclaimed for another thread
     or given back, the next user of the pool must not get it and fail with the server's last words."""
+    # Two connections, both open: the reclaiming thread takes the other one, the dead one stays in the pool.
     pool = open_pool(
-        database_url, DatabaseSettings(database_url=database_url, pool_min_size=1, pool_max_size=1)
+        database_url, DatabaseSettings(database_url=database_url, pool_min_size=2, pool_max_size=2)
     )
+    pool.wait()
     pins = PinnedConnections(pool, limit=1, idle_seconds=0.0)
     try:
-        pinned = backend_pid(pins)  # the pool's only connection, pinned by this thread, now idle
+        pinned = backend_pid(pins)  # pinned by this thread, now idle
         with psycopg.connect(database_url, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (pinned,))
         wait_until(lambda: not alive(database_url, pinned), what="the pinned backend to end")
