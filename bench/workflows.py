@@ -630,28 +630,27 @@ def lf_throughput(
     return result, scan_logs(procs.logs())
 
 
-def lf_one(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFindings]:
-    return lf_throughput(url, s, log_dir, 1, sequential=True)
+def lf_procs(
+    nprocs: Callable[[Settings], int], **how: Any
+) -> Callable[[str, Settings, Path], tuple[Throughput, LogFindings]]:
+    """A measure of `lf_throughput` on `nprocs(s)` worker processes, with its other arguments `how`."""
+    return lambda url, s, log_dir: lf_throughput(url, s, log_dir, nprocs(s), **how)
 
 
-def lf_many(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFindings]:
-    return lf_throughput(url, s, log_dir, s.procs, sequential=False)
+def _one(s: Settings) -> int:
+    return 1
 
 
-def lf_one_ready(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFindings]:
-    return lf_throughput(url, s, log_dir, 1, sequential=False, ready_at_once=True)
+def _many(s: Settings) -> int:
+    return s.procs
 
 
-def lf_many_ready(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFindings]:
-    return lf_throughput(url, s, log_dir, s.procs, sequential=False, ready_at_once=True)
-
-
-def lf_one_waiting(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFindings]:
-    return lf_throughput(url, s, log_dir, 1, sequential=False, workflow=WAITING)
-
-
-def lf_many_waiting(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFindings]:
-    return lf_throughput(url, s, log_dir, s.procs, sequential=False, workflow=WAITING)
+lf_one = lf_procs(_one, sequential=True)
+lf_many = lf_procs(_many, sequential=False)
+lf_one_waiting = lf_procs(_one, sequential=False, workflow=WAITING)
+lf_many_waiting = lf_procs(_many, sequential=False, workflow=WAITING)
+lf_one_ready = lf_procs(_one, sequential=False, ready_at_once=True)
+lf_many_ready = lf_procs(_many, sequential=False, ready_at_once=True)
 
 
 @dataclass
