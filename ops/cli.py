@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import os
 import shutil
 import signal
@@ -92,6 +93,9 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)
+    # `kill -USR1 <pid>` prints every thread's stack to stderr and the process goes on: what an operator
+    # (or a drill) needs to see where a process that does not stop, or does not progress, is waiting.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     ctx.obj = settings
 
 

@@ -176,6 +176,29 @@ def start(cluster: Cluster, tmp: Path, name: str, *args: str) -> Process:
     return Process(name, popen, log)
 
 
+def stop_all(processes: list[Process], timeout: float = 30) -> dict[str, int | str]:
+    """SIGTERM to every process still running, and each one's exit code. One that does not exit within
+    `timeout` dumps its threads' stacks into its log (SIGUSR1), is killed, and is reported with the end of
+    that log: the drill then fails on what kept it, and leaves nothing running behind it."""
+    for p in processes:
+        if p.popen.poll() is None:
+            p.popen.send_signal(signal.SIGTERM)
+    codes: dict[str, int | str] = {}
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        try:
+            codes[p.name] = p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.popen.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.popen.wait(timeout=2)  # time to write the stacks
+            p.popen.kill()
+            p.popen.wait()
+            tail = p.log.read_text(errors="replace")[-6000:]
+            codes[p.name] = f"did not exit {timeout:.0f} s after SIGTERM; the end of its log:\n{tail}"
+    return codes
+
+
 def doctor(cluster: Cluster) -> tuple[int, str]:
     env = os.environ | {
         "LEDGERFLOW_DATABASE_URL": cluster.url(),
@@ -401,10 +424,7 @@ def test_workers_live_through_database_outages(cluster: Cluster, tmp_path: Path)
         assert row[1] == 1, "an event was applied twice"
     finally:
         stop_appending.set()
-        for p in processes:
-            if p.popen.poll() is None:
-                p.popen.send_signal(signal.SIGTERM)
-        codes = {p.name: p.popen.wait(timeout=30) for p in processes}
+        codes = stop_all(processes)
         store.close()
 
     assert codes == {p.name: 0 for p in processes}, codes

@@ -45,6 +45,7 @@ from tests.acceptance.test_database_outages import (
     lease_owner,
     retrying,
     start,
+    stop_all,
 )
 from tests.flows import registry
 from tests.projections import counter
@@ -144,11 +145,16 @@ def failover(tmp_path: Path) -> Iterator[Failover]:
             )
         yield cluster
     finally:
-        subprocess.run([str(STOP), str(root)], capture_output=True, timeout=60, check=False)
+        # stop.sh waits 60 s itself; whatever it leaves is killed below, with the leaders' whole trees.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run([str(STOP), str(root)], capture_output=True, timeout=70, check=False)
         for pidfile in root.glob("*.pid"):
             with contextlib.suppress(psutil.NoSuchProcess, ValueError):
                 leader = psutil.Process(int(pidfile.read_text()))
-                psutil.wait_procs([leader, *leader.children(recursive=True)], timeout=20)
+                _, alive = psutil.wait_procs([leader, *leader.children(recursive=True)], timeout=20)
+                for p in alive:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        p.kill()
         for log in root.glob("*.log"):  # kept with the test's other logs, for a failure's post-mortem
             shutil.copy(log, tmp_path / f"cluster-{log.name}")
         shutil.rmtree(root, ignore_errors=True)
@@ -371,10 +377,7 @@ def test_primary_killed_under_load_loses_nothing(failover: Failover, tmp_path: P
             )
     finally:
         stop.set()
-        for p in processes:
-            if p.popen.poll() is None:
-                p.popen.send_signal(signal.SIGTERM)
-        codes = {p.name: p.popen.wait(timeout=30) for p in processes}
+        codes = stop_all(processes)
         for client in clients:
             client.close()
         store.close()
