@@ -16,6 +16,7 @@ from rich.table import Table
 
 from eventstore import InvalidInputError, json_loads, open_store
 from ops.cli_common import ICONS, console, emit_json, err_console, settings_of
+from ops.process_exit import exit_past_stuck_threads
 from ops.services import open_store_when_available
 from ops.settings import Settings
 from workflows import (
@@ -47,6 +48,7 @@ def worker_settings(settings: Settings) -> WorkerSettings:
         heartbeat_interval=settings.workflow_heartbeat_interval,
         recovery=settings.recovery,
         recovery_interval=settings.recovery_interval,
+        shutdown_grace=settings.worker_shutdown_grace,
     )
 
 
@@ -76,6 +78,7 @@ def worker_command(ctx: click.Context, name: str | None) -> None:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         worker.run()
+    exit_past_stuck_threads()  # a node body stuck past the grace period was handed back: do not wait on it
 
 
 @click.group("workflows")

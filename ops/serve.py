@@ -17,6 +17,7 @@ from types import FrameType
 
 import structlog
 
+from ops.process_exit import exit_past_stuck_threads
 from ops.roles import Role
 from ops.services import Services, open_services
 from ops.settings import Settings
@@ -64,6 +65,7 @@ def serve(settings: Settings, *, api: bool, projector: bool, worker: bool, host:
             role.join(timeout=settings.workflow_lease_ttl + 5)
         services.close()
         log.info("serve_stopped")
+    exit_past_stuck_threads()  # a node body stuck past the grace period was handed back: do not wait on it
 
 
 def _projector(services: Services) -> ProjectorWorker:

@@ -31,6 +31,9 @@ class Settings(DatabaseSettings):
     #: that carry their database calls.
     worker_async_concurrency: int = Field(default=100, ge=1, le=100_000)
     worker_async_io_threads: int = Field(default=4, ge=1, le=256)
+    #: On SIGTERM, how long running nodes have to reach a context call (which hands them back) before
+    #: the worker hands back whatever still runs and exits.
+    worker_shutdown_grace: float = Field(default=10.0, gt=0)
     workflow_lease_ttl: float = Field(default=10.0, gt=0)
     workflow_heartbeat_interval: float = Field(default=2.0, gt=0)
     recovery: bool = True
