@@ -107,6 +107,12 @@ class Failover:
         """SIGKILL to every process of `node` at once: its pg_autoctl session, postmaster and backends
         (backends run in sessions of their own, so they are found as the postmaster's children)."""
         leader = psutil.Process(int((self.root / f"{node}.pid").read_text()))
+        # Stopped first, listed again, then killed: a postmaster that ran on between the listing and its
+        # kill could fork a backend the kill missed, and that orphan would keep the node's shared memory,
+        # so the node could not start again (seen once under load: the rejoin hung for its 120 s).
+        for p in [leader, *leader.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(signal.SIGSTOP)
         doomed = [leader, *leader.children(recursive=True)]
         for p in doomed:
             with contextlib.suppress(psutil.NoSuchProcess):
