@@ -5,6 +5,9 @@ running: their leases are fenced and another worker takes them up from their las
 that does not return (here, a call blocked on a server that died under it) is then nobody's work, but
 its thread is not a daemon (concurrent.futures' threads never are), and the interpreter would wait for
 it at exit for ever: the process would hold its sockets and outlive its supervisor's patience.
+
+Exiting past such a thread skips the interpreter's exit handlers, as a crash would: an embedded
+PostgreSQL this process started is then left running, and the next ledgerflow process uses it again.
 """
 
 from __future__ import annotations
