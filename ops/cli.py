@@ -95,7 +95,9 @@ def cli(ctx: click.Context, debug: bool) -> None:
     configure_logging(settings.log_level, settings.log_format)
     # `kill -USR1 <pid>` prints every thread's stack to stderr and the process goes on: what an operator
     # (or a drill) needs to see where a process that does not stop, or does not progress, is waiting.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # The process's own stderr: a host that swapped sys.stderr for a buffer (a test runner) has no fd there.
+    if sys.__stderr__ is not None:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     ctx.obj = settings
 
 
