@@ -9,6 +9,7 @@ must exit, say which thread it left behind, and the node must be finished by ano
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from eventstore import EventStore
-from tests.acceptance.drill_workers import start_worker
+from tests.acceptance.drill_workers import kill, start_worker
 from tests.waiting import wait_until
 from workflows import Engine, NodeContext, Workflow, WorkflowRegistry
 
@@ -29,8 +30,6 @@ _BLOCK_ENV = "STUCK_BODY_BLOCKS"
 
 @stuck.node()
 def call(ctx: NodeContext) -> Any:
-    import os
-
     if os.environ.get(_BLOCK_ENV) == "1":
         threading.Event().wait()  # never returns, never reaches a context call
     return {"done_by": os.getpid()}
@@ -82,5 +81,4 @@ def test_a_stopped_worker_exits_past_a_stuck_body_and_the_node_is_finished_elsew
     finally:
         for p in (blocked, finisher):
             if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
+                kill(p)
