@@ -6,6 +6,7 @@ from eventstore._guard import require_ledgerflow_packages
 require_ledgerflow_packages("eventstore", "projector")
 
 from workflows.async_context import AsyncNodeContext  # noqa: E402
+from workflows.caps import RunCaps  # noqa: E402
 from workflows.context import NodeContext  # noqa: E402
 from workflows.definition import (  # noqa: E402
     DefinitionError,
@@ -19,7 +20,15 @@ from workflows.definition import (  # noqa: E402
 from workflows.demo import ONTOLOGY_EXTRACTED, sample_schema  # noqa: E402
 from workflows.demo import registry as demo_registry  # noqa: E402
 from workflows.engine import Engine, Started  # noqa: E402
-from workflows.errors import NodeLeaseLost, NodeTimeout, RunCancelled, RunStateError, WorkerStopping  # noqa: E402
+from workflows.errors import (  # noqa: E402
+    NodeLeaseLost,
+    NodeTimeout,
+    PayloadTooLargeError,
+    RunCancelled,
+    RunSignalLimitError,
+    RunStateError,
+    WorkerStopping,
+)
 from workflows.events import (  # noqa: E402
     NODE_CHECKPOINT,
     NODE_RECLAIMED,
@@ -63,10 +72,13 @@ __all__ = [
     "NodeState",
     "NodeStatus",
     "NodeTimeout",
+    "PayloadTooLargeError",
     "QueueSummary",
     "Recovery",
     "RetryPolicy",
     "RunCancelled",
+    "RunCaps",
+    "RunSignalLimitError",
     "RunState",
     "RunStateError",
     "Schedule",

@@ -39,7 +39,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from eventstore import ANY, ExpectedVersion, InvalidInputError, NewEvent, WrongExpectedVersionError
-from eventstore._validation import dump_json_object
 from eventstore.errors import ConflictError
 from workflows import events as ev
 from workflows import queue
@@ -162,7 +161,7 @@ class NodeContext:
 
     def checkpoint(self, item: str, output: Any = None) -> None:
         """Record an item's output and its checkpoint together, in one event."""
-        dump_json_object({"output": output}, f"checkpoint output of {item!r}")
+        self._engine.caps.check_output(f"checkpoint output of {item!r}", output)
         self._write(
             [
                 ev.event(
@@ -232,7 +231,7 @@ class NodeContext:
 
     def record_step(self, key: str, result: Any) -> None:
         """Record step `key`'s result (its fn ran), fenced: from now on it is answered from the log."""
-        dump_json_object({"result": result}, f"result of step {key!r}")
+        self._engine.caps.check_output(f"result of step {key!r}", result)
         self._write(
             [
                 ev.event(
@@ -320,7 +319,7 @@ class NodeContext:
                 index = self._state.taken[key]
                 if index is None:
                     raise SignalTimeout(f"no signal {name!r} came within the wait's timeout ({key})")
-                return self._run.signals[index].payload
+                return self._engine.signal_payload(self._run, index)
             index = self._run.untaken_signal(name)
             waits = self._state.waits
             until = (

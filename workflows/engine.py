@@ -37,11 +37,12 @@ from eventstore import (
 from eventstore._validation import check_idempotency_key, check_tenant
 from eventstore.errors import ConflictError, NotFoundError
 from workflows import events as ev
-from workflows import queue
+from workflows import queue, snapshots
+from workflows.caps import RunCaps
 from workflows.definition import Workflow, WorkflowRegistry
-from workflows.errors import RunStateError, wrap_exceptions
+from workflows.errors import RunSignalLimitError, RunStateError, wrap_exceptions
 from workflows.scheduler import NodeStatus, nodes_to_rerun, retry_from_failed, runnable_nodes
-from workflows.state import RunState, apply, fold
+from workflows.state import RunState, apply
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -83,46 +84,44 @@ class SignalSent:
 
 
 class Engine:
-    def __init__(self, store: EventStore, registry: WorkflowRegistry) -> None:
+    def __init__(self, store: EventStore, registry: WorkflowRegistry, caps: RunCaps | None = None) -> None:
         self.store = store
         self.registry = registry
+        #: What one run may hold (LEDGERFLOW_MAX_SIGNALS_PER_RUN, ...): from the environment by default.
+        self.caps = caps if caps is not None else RunCaps()
 
     # -- reading --------------------------------------------------------------------------------------
 
     def load(self, run_id: uuid.UUID, *, tenant: str = "default") -> RunState:
-        """The run's current state, folded from its stream."""
-        events: list[RecordedEvent] = []
-        while True:  # page through long runs
-            page = self.store.read_stream(
-                ev.run_stream(run_id), tenant=tenant, from_version=len(events) + 1, limit=RUN_PAGE
-            )
-            events.extend(page)
-            if len(page) < RUN_PAGE:
-                break
-        if not events:
+        """The run's current state: its snapshot with the events after it folded in (workflows.snapshots),
+        signals by reference."""
+        check_tenant(tenant)
+        run = snapshots.load_runs(
+            self.store, [run_id], tenant=tenant, snapshot_every=self.caps.run_snapshot_every
+        ).get(run_id)
+        if run is None:
             raise NotFoundError(
                 f"no run {run_id} (tenant {tenant!r}); list runs with `ledgerflow workflows list`"
             )
-        return fold(run_id, tenant, events)
+        return run
 
     def catch_up(self, run: RunState) -> RunState:
         """Advance `run`, in place, with the events appended to its stream after the version it knows:
         a worker that holds a run reads only what it has not seen."""
-        while True:
-            page = self.store.read_stream(
-                ev.run_stream(run.run_id), tenant=run.tenant, from_version=run.version + 1, limit=RUN_PAGE
-            )
-            for e in page:
-                apply(run, e)
-            if len(page) < RUN_PAGE:
-                return run
+        snapshots.catch_up(self.store, [run])
+        return run
 
     def load_many(
         self, run_ids: Sequence[uuid.UUID], *, tenant: str = "default"
     ) -> dict[uuid.UUID, RunState]:
-        """Several runs' states in one query (runs not found are left out)."""
-        streams = self.store.read_streams([ev.run_stream(r) for r in run_ids], tenant=tenant)
-        return {r: fold(r, tenant, streams[ev.run_stream(r)]) for r in run_ids if streams[ev.run_stream(r)]}
+        """Several runs' states in one query each for snapshots and events (runs not found are left out)."""
+        unique = list(dict.fromkeys(run_ids))
+        every = self.caps.run_snapshot_every
+        return snapshots.load_runs(self.store, unique, tenant=tenant, snapshot_every=every)
+
+    def signal_payload(self, run: RunState, index: int) -> Any:
+        """The payload of the run's `index`-th signal: the fold keeps signals by reference."""
+        return snapshots.signal_payload(self.store, run, index)
 
     # -- starting -------------------------------------------------------------------------------------
 
@@ -146,6 +145,7 @@ class Engine:
         check_tenant(tenant)
         wf = self.registry.get(workflow)
         input_fp = fingerprint(input)
+        self.caps.check_input(input)
         if key is not None and (
             not isinstance(key, str) or not 0 < len(key) <= _MAX_KEY or not key.isprintable()
         ):
@@ -294,6 +294,7 @@ class Engine:
         does. A repeat with the same `idempotency_key` is recorded once."""
         check_tenant(tenant)
         ev.check_signal_name(name)
+        self.caps.check_signal(payload)
         stream = ev.run_stream(run_id)
         received = ev.event(ev.SIGNAL_RECEIVED, run_id, name=name, payload=payload, actor=actor)
         key = None
@@ -307,6 +308,10 @@ class Engine:
             if active:
                 result = self.store.append(stream, [received], idempotency_key=key, tenant=tenant, conn=conn)
                 if not result.duplicate:
+                    limit = self.caps.max_signals_per_run
+                    if not snapshots.count_signal(conn, run_id, tenant, limit):
+                        # Raised inside the transaction: the append above rolls back with it.
+                        raise RunSignalLimitError(str(run_id), limit, "LEDGERFLOW_MAX_SIGNALS_PER_RUN")
                     queue.wake_waiting(conn, run_id, name)
         if not active:
             # A repeat of a send whose answer was lost may come after the signal let the run end: it gets
@@ -385,6 +390,7 @@ class Engine:
     ) -> set[str]:
         """Re-run a completed run with new input, only the nodes whose fingerprint or input changed and
         their descendants. Returns the nodes that run again (empty: nothing changed)."""
+        self.caps.check_input(input)
         rerun: set[str] = set()
 
         def attempt() -> None:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from datetime import datetime
+from typing import Any
 
 from eventstore.db import Translation
 from eventstore.db import wrap_exceptions as _wrap_exceptions
-from eventstore.errors import ConflictError, LedgerflowError
+from eventstore.errors import ConflictError, InvalidInputError, LedgerflowError
 
 # SQLSTATEs raised by ledgerflow.wf_fence (migrations/0003_workflows.sql).
 LEASE_LOST = "LF004"
@@ -73,3 +74,37 @@ def wrap_exceptions() -> AbstractContextManager[None]:
     """The boundary between psycopg and the workflows package: driver errors become ledgerflow errors,
     and the fence's SQLSTATEs the signals above (`__cause__` is the driver's error)."""
     return _wrap_exceptions(SQLSTATES)
+
+
+class PayloadTooLargeError(InvalidInputError):
+    """A payload a run would keep (a start's input, a signal's payload, a node's output, a step's result or
+    a checkpoint's output) is over its cap; nothing was written. The HTTP API answers 413."""
+
+    code = "payload_too_large"
+
+    def __init__(self, what: str, size: int, limit: int, setting: str) -> None:
+        self.what, self.size, self.limit, self.setting = what, size, limit, setting
+        super().__init__(
+            f"{what} is {size} bytes of JSON; the limit is {limit} ({setting}). Nothing was written: "
+            "store large payloads elsewhere and pass a reference."
+        )
+
+    def details(self) -> dict[str, Any]:
+        return {"size": self.size, "limit": self.limit, "setting": self.setting}
+
+
+class RunSignalLimitError(ConflictError):
+    """The run has received as many signals as one run may (LEDGERFLOW_MAX_SIGNALS_PER_RUN); nothing was
+    written. Waiting does not help: the count only grows. The HTTP API answers 409."""
+
+    code = "run_signal_limit"
+
+    def __init__(self, run_id: str, limit: int, setting: str) -> None:
+        self.run_id, self.limit, self.setting = run_id, limit, setting
+        super().__init__(
+            f"run {run_id} has received {limit} signals, the most one run may ({setting}); nothing was "
+            "written. Start a new run for further work, or raise the limit."
+        )
+
+    def details(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "limit": self.limit, "setting": self.setting}

@@ -64,9 +64,14 @@ class NodeState:
 
 @dataclass(frozen=True)
 class ReceivedSignal:
+    """A signal sent to the run, by reference: its payload stays in the log (at `version` of the run's
+    stream) until a node's wait takes it (`Engine.signal_payload`), so that folding a run costs no memory
+    for what was sent to it. A signal's payload may be large; its name and place are small."""
+
     name: str
-    payload: Any
     at: datetime
+    #: The SignalReceived event's version in the run's stream.
+    version: int
 
 
 @dataclass
@@ -335,7 +340,8 @@ def _node_waiting(run: RunState, e: ev.NodeWaiting, at: datetime) -> None:
 
 @_on(ev.SignalReceived)
 def _signal_received(run: RunState, e: ev.SignalReceived, at: datetime) -> None:
-    run.signals.append(ReceivedSignal(e.name, e.payload, at))
+    # `run.version` is this event's: `apply` sets it first.
+    run.signals.append(ReceivedSignal(e.name, at, run.version))
 
 
 @_on(ev.SignalTaken)

@@ -29,7 +29,6 @@ import structlog
 from opentelemetry import trace
 
 from eventstore import ConflictError, NotFoundError
-from eventstore._validation import dump_json_object
 from eventstore.frozen import end_frozen_sessions
 from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
@@ -439,7 +438,7 @@ class WorkflowWorker:
                     output = yield Body(spec.fn, ctx, claim.token)
                     ctx.check()
                     # An output that cannot be recorded is the node's failure, not the worker's crash.
-                    dump_json_object({"output": output}, f"output of node {claim.node!r}")
+                    self.engine.caps.check_output(f"output of node {claim.node!r}", output)
                 except (NodeLeaseLost, RunCancelled, WorkerStopping):
                     raise
                 except NodeSuspended as suspended:

@@ -27,6 +27,7 @@ from eventstore import (
     translate,
 )
 from ops.auth import AuthenticationError, PermissionDeniedError
+from workflows import PayloadTooLargeError
 
 log = structlog.get_logger(__name__)
 
@@ -45,6 +46,8 @@ NEXT: dict[str, str] = {
     "invalid_input": "fix the request as the message says and send it again",
     "invalid_utf8": "send text as UTF-8 (percent-encode UTF-8 bytes in paths and queries)",
     "event_too_large": "store large payloads elsewhere and append a reference",
+    "payload_too_large": "store large payloads elsewhere and send a reference (details.setting: the limit)",
+    "run_signal_limit": "start a new run for further signals; the run's count never goes down",
     "unknown_event_type": "fix the event type as the message says",
     INVALID_REQUEST: "fix the request (details.errors lists the fields, where known) and send it again",
     REQUEST_TOO_LARGE: "send a smaller body (split the append into several)",
@@ -114,6 +117,8 @@ def status_of(exc: LedgerflowError) -> int:
         return 404
     if isinstance(exc, ConflictError):
         return 409
+    if isinstance(exc, PayloadTooLargeError):
+        return 413
     if isinstance(exc, InvalidInputError):
         return 422
     if isinstance(exc, DatabaseUnavailableError | MigrationError):

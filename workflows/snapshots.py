@@ -1,0 +1,255 @@
+"""Loading runs at the cost of what changed since their snapshot, not of their whole history.
+
+A snapshot (`ledgerflow.workflow_run_snapshots`, migrations/0030_run_snapshots.sql) is a run's folded
+state (`workflows.state.RunState`) as of a version of its stream. A load reads the snapshot and folds
+only the events after it; the fold itself keeps signals by reference (their stream version), and the
+stream read leaves their payloads out, so neither grows with what was sent to the run.
+
+Who writes a snapshot: the load that folded `RunCaps.run_snapshot_every` events or more past the one it
+started from, in a statement of its own after the read. Not the node's end: a snapshot is a pure function
+of the first `version` events of an append-only stream, so whoever folded them may write it, and the end
+of a node (one statement, the engine's hot path: ledgerflow.wf_record_node_end) stays as it is. Not the
+`workflow_tables` projection either: it keeps rows, not whole states (no steps, checkpoints or outputs),
+and it trails the log. Every path that loads a run (the API's reads, cancel, retry, refresh, and the
+worker's claims) goes through here, so a run that grows is snapshotted by its own readers; a load never
+folds much more than `run_snapshot_every` events once one has happened. A lost or stale snapshot costs
+only time: the rows are a cache.
+
+The JSON is this module's: a version field lets a later format leave older rows unread (they are then
+replaced by the next load).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import structlog
+
+from eventstore import EventStore, jsonvalue
+from eventstore.sqlfile import load_queries
+from workflows import events as ev
+from workflows.errors import wrap_exceptions
+from workflows.scheduler import NodeStatus
+from workflows.state import NodeState, ReceivedSignal, RunState, apply
+
+log = structlog.get_logger(__name__)
+Q = load_queries("workflows", "snapshots.sql")
+FORMAT = 1
+#: Events read at a time.
+PAGE = 5000
+
+
+# -- the state as JSON ------------------------------------------------------------------------------------
+
+
+def _at(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _when(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
+
+def _pairs(mapping: dict[str, Any]) -> list[list[Any]]:
+    """A mapping as a list of pairs: jsonb reorders object keys, and these orders are the run's."""
+    return [[k, v] for k, v in mapping.items()]
+
+
+def _node_json(n: NodeState) -> dict[str, Any]:
+    return {
+        "name": n.name,
+        "status": str(n.status),
+        "attempt": n.attempt,
+        "failures": n.failures,
+        "crashes": n.crashes,
+        "token": n.token,
+        "worker": n.worker,
+        "output": n.output,
+        "generation": n.generation,
+        "error": n.error,
+        "progress": list(n.progress) if n.progress is not None else None,
+        "checkpoints": _pairs(n.checkpoints),
+        "steps": _pairs(n.steps),
+        "children": _pairs(n.children),
+        "started_at": _at(n.started_at),
+        "finished_at": _at(n.finished_at),
+        "position": n.position,
+        "checkpoints_taken": n.checkpoints_taken,
+        "stuck": n.stuck,
+        "duration_ms": n.duration_ms,
+        "updated_at": _at(n.updated_at),
+        "waits": [[k, _at(v)] for k, v in n.waits.items()],
+        "taken": _pairs(n.taken),
+        "waiting_for": n.waiting_for,
+        "wake_at": _at(n.wake_at),
+    }
+
+
+def _node_from(d: dict[str, Any]) -> NodeState:
+    progress = d["progress"]
+    return NodeState(
+        name=d["name"],
+        status=NodeStatus(d["status"]),
+        attempt=d["attempt"],
+        failures=d["failures"],
+        crashes=d["crashes"],
+        token=d["token"],
+        worker=d["worker"],
+        output=d["output"],
+        generation=d["generation"],
+        error=d["error"],
+        progress=(progress[0], progress[1], progress[2]) if progress is not None else None,
+        checkpoints=dict(d["checkpoints"]),
+        steps=dict(d["steps"]),
+        children=dict(d["children"]),
+        started_at=_when(d["started_at"]),
+        finished_at=_when(d["finished_at"]),
+        position=d["position"],
+        checkpoints_taken=d["checkpoints_taken"],
+        stuck=d["stuck"],
+        duration_ms=d["duration_ms"],
+        updated_at=_when(d["updated_at"]),
+        waits={k: _when(v) for k, v in d["waits"]},
+        taken=dict(d["taken"]),
+        waiting_for=d["waiting_for"],
+        wake_at=_when(d["wake_at"]),
+    )
+
+
+def to_json(run: RunState) -> str:
+    return jsonvalue.dumps(
+        {
+            "format": FORMAT,
+            "workflow": run.workflow,
+            "key": run.key,
+            "input": run.input,
+            "input_fingerprint": run.input_fingerprint,
+            "fingerprints": _pairs(run.fingerprints),
+            "triggered_by": run.triggered_by.model_dump() if run.triggered_by is not None else None,
+            "workflow_version": run.workflow_version,
+            "status": run.status,
+            "cancel_requested": run.cancel_requested,
+            "error": run.error,
+            "nodes": [_node_json(n) for n in run.nodes.values()],
+            "version": run.version,
+            "started_at": _at(run.started_at),
+            "finished_at": _at(run.finished_at),
+            "current_node": run.current_node,
+            "updated_at": _at(run.updated_at),
+            "signals": [[s.name, _at(s.at), s.version] for s in run.signals],
+            "signals_taken": sorted(run.signals_taken),
+        }
+    )
+
+
+def from_json(run_id: uuid.UUID, tenant: str, text: str) -> RunState | None:
+    """The state a snapshot holds; None for a format this code does not know."""
+    d = jsonvalue.loads(text)
+    if d.get("format") != FORMAT:
+        return None
+    triggered = d["triggered_by"]
+    return RunState(
+        run_id,
+        tenant,
+        workflow=d["workflow"],
+        key=d["key"],
+        input=d["input"],
+        input_fingerprint=d["input_fingerprint"],
+        fingerprints=dict(d["fingerprints"]),
+        triggered_by=ev.TriggeringEvent.model_validate(triggered) if triggered is not None else None,
+        workflow_version=d["workflow_version"],
+        status=d["status"],
+        cancel_requested=d["cancel_requested"],
+        error=d["error"],
+        nodes={n["name"]: _node_from(n) for n in d["nodes"]},
+        version=d["version"],
+        started_at=_when(d["started_at"]),
+        finished_at=_when(d["finished_at"]),
+        current_node=d["current_node"],
+        updated_at=_when(d["updated_at"]),
+        signals=[ReceivedSignal(name, datetime.fromisoformat(at), v) for name, at, v in d["signals"]],
+        signals_taken=set(d["signals_taken"]),
+    )
+
+
+# -- loading -----------------------------------------------------------------------------------------------
+
+
+def load_runs(
+    store: EventStore, run_ids: Sequence[uuid.UUID], *, tenant: str, snapshot_every: int
+) -> dict[uuid.UUID, RunState]:
+    """The current state of each run found (those with no event are left out): its snapshot, if any, with
+    the events after it folded in. Writes a new snapshot for each run that folded `snapshot_every` events
+    or more."""
+    if not run_ids:
+        return {}
+    with wrap_exceptions(), store.pool.connection() as conn:
+        found = conn.execute(Q["read_snapshots"], {"tenant": tenant, "run_ids": list(run_ids)}).fetchall()
+    runs: dict[uuid.UUID, RunState] = {}
+    for run_id, _version, text in found:
+        state = from_json(run_id, tenant, text)
+        if state is not None:
+            runs[run_id] = state
+    base = {r: runs[r].version if r in runs else 0 for r in run_ids}
+    fresh: dict[uuid.UUID, RunState] = {r: runs.get(r) or RunState(r, tenant) for r in run_ids}
+    catch_up(store, fresh.values())
+    for r in run_ids:
+        run = fresh[r]
+        if run.version - base[r] >= snapshot_every:
+            write(store, run)
+    return {r: run for r, run in fresh.items() if run.version > 0}
+
+
+def catch_up(store: EventStore, runs: Iterable[RunState]) -> None:
+    """Advance each of `runs` (of one tenant), in place, with the events after the version it knows, read
+    without signal payloads."""
+    by_stream = {ev.run_stream(run.run_id): run for run in runs}
+    if not by_stream:
+        return
+    tenant = next(iter(by_stream.values())).tenant
+    while True:
+        params = {
+            "tenant": tenant,
+            "streams": list(by_stream),
+            "after": [run.version for run in by_stream.values()],
+            "limit": PAGE,
+        }
+        with wrap_exceptions(), store.pool.connection() as conn:
+            rows = conn.execute(Q["read_runs_after"], params).fetchall()
+        for e in store.recorded(rows):
+            apply(by_stream[e.stream_id], e)
+        if len(rows) < PAGE:
+            return
+
+
+def write(store: EventStore, run: RunState) -> None:
+    """Record `run` as its stream's snapshot at `run.version`, unless a newer one is there. A failure is
+    logged, not raised: the load it follows has its answer, and the next load writes one."""
+    params = {"tenant": run.tenant, "run_id": run.run_id, "version": run.version, "state": to_json(run)}
+    try:
+        with wrap_exceptions(), store.pool.connection() as conn:
+            conn.execute(Q["write_snapshot"], params)
+    except Exception as exc:
+        log.warning("workflow_run_snapshot_not_written", run_id=str(run.run_id), error=str(exc))
+
+
+def signal_payload(store: EventStore, run: RunState, index: int) -> Any:
+    """The payload of the run's `index`-th signal, read from the log by its version."""
+    signal = run.signals[index]
+    params = {"tenant": run.tenant, "stream_id": ev.run_stream(run.run_id), "version": signal.version}
+    with wrap_exceptions(), store.pool.connection() as conn:
+        row = conn.execute(Q["read_signal_payload"], params).fetchone()
+    if row is None or row[0] is None:
+        return None
+    return jsonvalue.loads(row[0])
+
+
+def count_signal(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant: str, limit: int) -> bool:
+    """In the signal's transaction: count one more signal for the run; False when it had `limit` already."""
+    with wrap_exceptions():
+        row = conn.execute(Q["count_signal"], {"tenant": tenant, "run_id": run_id, "limit": limit}).fetchone()
+    return row is not None
