@@ -51,8 +51,11 @@ def test_an_operator_approves_a_waiting_run_and_it_completes(page: Page, console
         "published": True,
         "decision": {"approved": True, "note": "looks right"},
     }
-    run = console.services.engine.load(uuid.UUID(run_id))
-    assert [s.payload for s in run.signals] == [{"approved": True, "note": "looks right"}]
+    engine = console.services.engine
+    run = engine.load(uuid.UUID(run_id))
+    assert [engine.signal_payload(run, i) for i in range(len(run.signals))] == [
+        {"approved": True, "note": "looks right"}
+    ]
     shot(page, "dag-approval-approved")
 
 
