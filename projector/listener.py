@@ -120,10 +120,11 @@ class ProjectionWaiters:
     ) -> Cursor:
         """The projection's cursor once it has passed `wanted`; ProjectionBehindError after `timeout`
         seconds, TooManyWaitersError at once when the caps are reached."""
-        if self.waiting >= self._max_total:
-            raise TooManyWaitersError("total", self._max_total, tenant)
+        # The tenant's own cap first: a tenant at its cap hears that it is its own doing.
         if self._per_tenant[tenant] >= self._max_per_tenant:
             raise TooManyWaitersError("tenant", self._max_per_tenant, tenant)
+        if self.waiting >= self._max_total:
+            raise TooManyWaitersError("total", self._max_total, tenant)
         waiter = _Waiter(projection, wanted, tenant, asyncio.get_running_loop().create_future())
         self._waiting.setdefault(projection.name, set()).add(waiter)
         self._per_tenant[tenant] += 1
