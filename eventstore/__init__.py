@@ -9,6 +9,7 @@ from eventstore._validation import (
     check_tenant,
 )
 from eventstore.connect import open_store
+from eventstore.db import connect as open_connection
 from eventstore.db import pipelined, redact, resolve_database_url, synced, translate, wrap_exceptions
 from eventstore.errors import (
     ArchiveRefusedError,
@@ -114,6 +115,7 @@ __all__ = [
     "json_loads",
     "list_partitions",
     "load_queries",
+    "open_connection",
     "open_store",
     "pending_migrations",
     "pipelined",

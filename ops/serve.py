@@ -97,9 +97,11 @@ def _run_api(services: Services, host: str, port: int) -> None:
     import uvicorn
 
     from ops.api.app import create_app
+    from ops.api.settings import ApiSettings
     from ops.metrics_endpoint import add_metrics_route
 
-    app = create_app(services)
+    settings = ApiSettings()
+    app = create_app(services, settings=settings)
     add_metrics_route(app)
     _bootstrap_token(services)
     log.info(
@@ -118,8 +120,20 @@ def _run_api(services: Services, host: str, port: int) -> None:
     signal.signal(signal.SIGTERM, note)
     signal.signal(signal.SIGINT, note)
     # Requests still open after the grace period are cut: a stopping server must not wait on a slow client.
+    # h11 rather than httptools: httptools keeps a request's head whatever its size (a 64 MiB header was
+    # kept and answered), h11 refuses one past `max_header_bytes` (400, connection closed) having kept no
+    # more than that and one read. Past `max_connections` connections and requests, new requests are 503.
     config = uvicorn.Config(
-        app, host=host, port=port, log_config=None, access_log=False, timeout_graceful_shutdown=_GRACE_SECONDS
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=_GRACE_SECONDS,
+        http="h11",
+        h11_max_incomplete_event_size=settings.max_header_bytes,
+        limit_concurrency=settings.max_connections,
+        backlog=settings.listen_backlog,
     )
     uvicorn.Server(config).run()
 

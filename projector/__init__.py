@@ -8,6 +8,7 @@ require_ledgerflow_packages("eventstore")
 from projector.catalogue import stream_catalogue  # noqa: E402
 from projector.errors import RunInProgressError  # noqa: E402
 from projector.health import ProjectionHealth, projection_health  # noqa: E402
+from projector.listener import ProjectionWaiters, TooManyWaitersError  # noqa: E402
 from projector.projection import ApplyContext, Projection, Table  # noqa: E402
 from projector.rebuild import (  # noqa: E402
     PendingRun,
@@ -48,6 +49,7 @@ __all__ = [
     "Projection",
     "ProjectionBehindError",
     "ProjectionHealth",
+    "ProjectionWaiters",
     "ProjectorWorker",
     "RebuildResult",
     "ReplayResult",
@@ -55,6 +57,7 @@ __all__ = [
     "Run",
     "RunInProgressError",
     "Table",
+    "TooManyWaitersError",
     "VerifyResult",
     "WorkerSettings",
     "default_actor",

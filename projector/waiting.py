@@ -26,6 +26,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -78,23 +79,49 @@ def cursor_of(written: Cursor | AppendResult) -> Cursor:
     raise InvalidInputError(f"wait for a Cursor or an AppendResult with events, not {written!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class Reach:
+    """How far a projection's tables show the log, read once for any number of wanted cursors."""
+
+    #: The projection's durable cursor (None before it first ran).
+    at: Cursor | None
+    #: The first event after `at` that the projection reads (None: none is readable yet).
+    next_read: Cursor | None = None
+    #: With no such event: how far the log is readable, gap-free (None when unknown).
+    horizon: Cursor | None = None
+
+    def passed(self, wanted: Cursor) -> bool:
+        if self.at is None:
+            return False
+        if self.at >= wanted:
+            return True
+        # Nothing the projection reads lies between its cursor and the wanted one.
+        if self.next_read is not None:
+            return wanted < self.next_read
+        return self.horizon is not None and self.horizon >= wanted
+
+
+def reach(store: EventStore, projection: Projection, conn: psycopg.Connection[Any]) -> Reach:
+    """How far `projection`'s tables show the log: its durable cursor and, for one that reads only some
+    event types, the next event it would read (or the readable horizon when there is none)."""
+    current = state.get_cursor(conn, projection.name)
+    if current is None:
+        return Reach(None)
+    at = current.cursor
+    if projection.event_types is None:
+        return Reach(at)  # it reads every event: only its cursor says how far it got
+    page = store.read_all(at, limit=1, types=projection.event_types, conn=conn)
+    if page.events:
+        return Reach(at, next_read=page.events[0].cursor)
+    return Reach(at, horizon=page.cursor if page.caught_up else None)
+
+
 def passed(
     store: EventStore, projection: Projection, wanted: Cursor, conn: psycopg.Connection[Any]
 ) -> tuple[Cursor | None, bool]:
     """The projection's durable cursor (None before it first ran), and whether it has passed `wanted`."""
-    current = state.get_cursor(conn, projection.name)
-    if current is None:
-        return None, False
-    at = current.cursor
-    if at >= wanted:
-        return at, True
-    if projection.event_types is None:
-        return at, False  # it reads every event, the written one among them
-    # Behind: does anything the projection reads lie between its cursor and the wanted one?
-    page = store.read_all(at, limit=1, types=projection.event_types, conn=conn)
-    if page.events:
-        return at, wanted < page.events[0].cursor
-    return at, page.caught_up and page.cursor >= wanted
+    found = reach(store, projection, conn)
+    return found.at, found.passed(wanted)
 
 
 def wait_for(

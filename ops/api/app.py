@@ -7,6 +7,7 @@ security scheme and, for each operation, the scope it requires (`x-required-scop
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,15 +16,18 @@ import structlog
 from fastapi import APIRouter, FastAPI
 
 from ops.api import errors, events, failures, health, limits, projections, recovery, runs, workflows
+from ops.api.authn import AuthenticateFirstMiddleware
 from ops.api.deps import SECURITY_SCHEME
 from ops.api.docs import mount_docs
 from ops.api.errors import COMMON_RESPONSES
 from ops.api.guard import RequestGuardMiddleware
 from ops.api.jobs import BackgroundJobs
 from ops.api.middleware import BodyLimitMiddleware, RequestContextMiddleware, SecurityHeadersMiddleware
+from ops.api.probes import DatabaseMonitor
 from ops.api.settings import ApiSettings
 from ops.console import mount_console
 from ops.services import Services
+from projector import ProjectionWaiters
 
 log = structlog.get_logger(__name__)
 
@@ -35,16 +39,31 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
     threads and waits for running jobs when it shuts down."""
     settings = settings or ApiSettings()
     jobs = BackgroundJobs()
+    waiters = ProjectionWaiters(
+        services.store,
+        max_waiters=settings.max_projection_waiters,
+        max_waiters_per_tenant=settings.max_projection_waiters_per_tenant,
+        name="ledgerflow-api-listener",
+    )
+    monitor = DatabaseMonitor(
+        services.store.url, interval=settings.health_check_interval, timeout=settings.probe_timeout
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info(
             "api_started", workflows=services.registry.names(), max_request_bytes=settings.max_request_bytes
         )
+        waiters.start()
+        monitor.start()
+        # The first probe answers from a check, not from "not checked yet".
+        await asyncio.to_thread(monitor.wait_checked, settings.probe_timeout + 1)
         try:
             with limits.limit_metrics(services):
                 yield
         finally:
+            await waiters.stop()
+            await asyncio.to_thread(monitor.stop)
             jobs.shutdown()
             log.info("api_stopped")
 
@@ -63,11 +82,15 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
     app.state.services = services
     app.state.api_settings = settings
     app.state.jobs = jobs
+    app.state.waiters = waiters
+    app.state.monitor = monitor
     errors.install(app)
     # The last added runs first: the request id is bound before the size check, so a 413 is logged with
-    # it, and the security headers go on every answer, the 413 included.
+    # it, and the security headers go on every answer, the 413 included. The token is checked before the
+    # body is read (counted, buffered, checked for UTF-8) or parsed.
     app.add_middleware(RequestGuardMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(AuthenticateFirstMiddleware, services=services)
     app.add_middleware(RequestContextMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)
 

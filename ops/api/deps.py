@@ -1,20 +1,22 @@
 """Request dependencies: the shared services, and who is calling with which scopes.
 
 Routes declare what they need as a type, e.g. `principal: Reader`; a request without a live bearer token
-is refused with 401 before the route runs, one without the scope (or role) with 403. Each guard declares
-its scopes as a security requirement, so the OpenAPI document names them per operation.
+is refused with 401 before the route runs (on guarded paths before its body is read, `ops.api.authn`),
+one without the scope (or role) with 403. Each guard declares its scopes as a security requirement, so
+the OpenAPI document names them per operation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, Final
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any, Final
 
 import structlog
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
+from ops.api.authn import PRINCIPAL_KEY
 from ops.api.jobs import BackgroundJobs
 from ops.api.settings import ApiSettings
 from ops.auth import SERVER_ADMIN, AuthenticationError, Principal, authenticate
@@ -32,19 +34,21 @@ _bearer = HTTPBearer(
 )
 
 
-def get_services(request: Request) -> Services:
+# The dependencies are async: a plain function would run on the thread pool, so a probe or a wait would
+# queue behind every busy request for a thread it does not need.
+async def get_services(request: Request) -> Services:
     services = request.app.state.services
     assert isinstance(services, Services)
     return services
 
 
-def get_api_settings(request: Request) -> ApiSettings:
+async def get_api_settings(request: Request) -> ApiSettings:
     settings = request.app.state.api_settings
     assert isinstance(settings, ApiSettings)
     return settings
 
 
-def get_jobs(request: Request) -> BackgroundJobs:
+async def get_jobs(request: Request) -> BackgroundJobs:
     jobs = request.app.state.jobs
     assert isinstance(jobs, BackgroundJobs)
     return jobs
@@ -56,9 +60,14 @@ JobsDep = Annotated[BackgroundJobs, Depends(get_jobs)]
 
 
 async def current_principal(
+    request: Request,
     services: ServicesDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
+    # Guarded paths were authenticated before their body was read (ops.api.authn).
+    known = getattr(request.state, PRINCIPAL_KEY, None)
+    if isinstance(known, Principal):
+        return known
     try:
         if credentials is None:
             raise AuthenticationError("this request needs an API token: send 'Authorization: Bearer <token>'")
@@ -71,17 +80,18 @@ async def current_principal(
     return principal
 
 
-def requires(*any_of: str) -> Callable[[Principal], Principal]:
+def requires(*any_of: str) -> Callable[[Principal], Coroutine[Any, Any, Principal]]:
     """A dependency: the caller, who must hold one of `any_of` (admin holds every scope)."""
 
-    def check(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+    # async: a dependency that is a plain function runs on the thread pool, behind every busy request.
+    async def check(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
         principal.require(*any_of)
         return principal
 
     return check
 
 
-def require_server_admin(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+async def require_server_admin(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
     """A dependency: the caller, who must hold a server administrator's token."""
     principal.require_server_admin("this request")
     return principal

@@ -1,10 +1,11 @@
 """Liveness and readiness probes: `/api/healthz` and `/api/readyz` (no token needed).
 
-healthz: the process runs and the database answers `SELECT 1`. readyz: every migration is applied (then
-200, else 503); it also reports whether projectors and workflow workers are seen at work, which an
-operator wants to know but which does not make this API unready (it serves without them). Both list
-the worker roles run by this process (`ledgerflow serve`): running, waiting for the database (since
-when, and why), or restarting after dying (how often, and why).
+healthz: the process runs and the database answers `SELECT 1` (the server's own background check,
+`probes.DatabaseMonitor`). readyz: every migration is applied (then 200, else 503); it also reports
+whether projectors and workflow workers are seen at work, which an operator wants to know but which does
+not make this API unready (it serves without them). Both list the worker roles run by this process
+(`ledgerflow serve`): running, waiting for the database (since when, and why), or restarting after dying
+(how often, and why).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from datetime import datetime
 from typing import Literal
 
 import structlog
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
 
 from eventstore import LedgerflowError, wrap_exceptions
 from ops.api import probes
@@ -108,14 +110,27 @@ def _roles(services: Services) -> list[RoleOut] | None:
     response_model=HealthOut,
     responses={503: {"model": HealthOut, "description": "The database does not answer."}},
 )
-def healthz(services: ServicesDep, settings: ApiSettingsDep) -> JSONResponse:
+async def healthz(request: Request, services: ServicesDep, settings: ApiSettingsDep) -> JSONResponse:
     """200 when the API runs and the database answers; 503 otherwise. Lists the worker roles this
-    process runs, with their state (a role waiting for the database says since when)."""
-    try:
-        probes.ping(services.store, settings.probe_timeout)
-    except LedgerflowError as exc:
-        log.warning("api_health_failed", error=str(exc))
-        return _json(HealthOut(status="unavailable", reason=str(exc), roles=_roles(services)), 503)
+    process runs, with their state (a role waiting for the database says since when).
+
+    Answers on the event loop from what the server already knows (its own check of the database, every
+    LEDGERFLOW_HEALTH_CHECK_INTERVAL seconds on a connection of its own), so busy requests, a full thread
+    pool or a full connection pool never delay it."""
+    monitor = getattr(request.app.state, "monitor", None)
+    known = monitor.state() if isinstance(monitor, probes.DatabaseMonitor) else None
+    if services.store.pool.closed:
+        known = (False, "the connection pool is closed")
+    elif known is None:  # not checked yet (the app's lifespan has not run): ask now
+        try:
+            await run_in_threadpool(probes.ping, services.store, settings.probe_timeout)
+            known = (True, "")
+        except LedgerflowError as exc:
+            known = (False, str(exc))
+    answers, reason = known
+    if not answers:
+        log.warning("api_health_failed", error=reason)
+        return _json(HealthOut(status="unavailable", reason=reason, roles=_roles(services)), 503)
     return _json(HealthOut(status="ok", roles=_roles(services)), 200)
 
 

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
 
 from eventstore import (
     EventStore,
+    LedgerflowError,
     Migration,
     applied_versions,
     load_queries,
+    open_connection,
     pending_migrations,
+    translate,
     wrap_exceptions,
 )
 
+log = structlog.get_logger(__name__)
 Q = load_queries("ops.api")
 
 
@@ -38,3 +49,66 @@ def live_workflow_workers(store: EventStore, *, recent_seconds: float, timeout: 
     with wrap_exceptions(), store.pool.connection(timeout=timeout) as conn:
         rows = conn.execute(Q["live_workflow_workers"], {"recent_seconds": recent_seconds}).fetchall()
     return [str(r[0]) for r in rows]
+
+
+class DatabaseMonitor:
+    """Checks the database every `interval` seconds on a connection of its own, on a thread of its own,
+    so that `/api/healthz` answers from the last check at once: never behind busy requests for a thread
+    or a pool connection, and never reporting a busy pool as a database that is away."""
+
+    def __init__(self, url: str, *, interval: float, timeout: float) -> None:
+        self._url, self._interval, self._timeout = url, interval, timeout
+        self._stopping = threading.Event()
+        self._checked = threading.Event()
+        self._last_ok: float | None = None
+        self._error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="ledgerflow-health", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(self._timeout + 1)
+
+    def wait_checked(self, timeout: float) -> bool:
+        """Whether a first check has ended (within `timeout` seconds)."""
+        return self._checked.wait(timeout)
+
+    def state(self) -> tuple[bool, str] | None:
+        """(answers, why not) from the last check; None before the first. A check that has not ended
+        within an interval and the probe timeout counts as the database not answering."""
+        if not self._checked.is_set():
+            return None
+        if self._error is not None:
+            return False, self._error
+        age = time.monotonic() - (self._last_ok or 0.0)
+        if age > self._interval + self._timeout:
+            return False, f"the database has not answered for {age:.1f}s"
+        return True, ""
+
+    def _run(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        while not self._stopping.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = open_connection(
+                        self._url,
+                        autocommit=True,
+                        application_name="ledgerflow-health",
+                        connect_timeout=max(1, math.ceil(self._timeout)),
+                    )
+                with wrap_exceptions():
+                    conn.execute(Q["ping"]).fetchone()
+                self._last_ok, self._error = time.monotonic(), None
+            except (psycopg.Error, LedgerflowError) as exc:
+                if self._error is None:
+                    log.warning("api_health_check_failed", error=str(exc))
+                self._error = str(translate(exc)) if isinstance(exc, psycopg.Error) else str(exc)
+                if conn is not None:
+                    conn.close()
+                conn = None
+            self._checked.set()
+            self._stopping.wait(self._interval)
+        if conn is not None:
+            conn.close()

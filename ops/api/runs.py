@@ -10,72 +10,25 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Header, Path, Query, Response
+from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
-from eventstore import IDEMPOTENCY_KEY_PATTERN, Cursor, NotFoundError, wrap_exceptions
+from eventstore import IDEMPOTENCY_KEY_PATTERN, NotFoundError, wrap_exceptions
 from ops.api.deps import Operator, Reader, ServicesDep
-from ops.api.errors import CONFLICT, NOT_FOUND, ErrorBody, Responses, error_response
+from ops.api.errors import CONFLICT, NOT_FOUND
 from ops.api.events import _ExactJsonRoute as ExactJsonRoute
+from ops.api.read_your_writes import PROJECTION_BEHIND, MinCursor, WaitSeconds, projection_behind
 from ops.auth import Principal
 from ops.services import Services
-from projector import Projection, ProjectionBehindError, missing_tables, wait_for
+from projector import missing_tables
 from workflows import NodeState, RunState, workflow_tables
 from workflows import list_runs as read_runs
 
 router = APIRouter(tags=["runs"])
 
 RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
-
-#: Read your own writes: a read served from a projection's tables waits until they show the write.
-MinCursor = Annotated[
-    str | None,
-    Query(
-        max_length=41,
-        pattern=r"^[0-9]{1,20}:[0-9]{1,20}$",
-        description="Answer only once the tables this read comes from have passed this log cursor (an "
-        "append's or a run start's `cursor`), so that they show that write; 504 if they have not within "
-        "`wait` seconds, 409 at once if no projector has ever run them, 422 for a cursor beyond every "
-        "committed write.",
-    ),
-]
-WaitSeconds = Annotated[
-    float, Query(ge=0, le=30, description="How long to wait for `min_cursor` (seconds, at most 30).")
-]
-PROJECTION_BEHIND: Responses = {
-    409: {
-        "model": ErrorBody,
-        "description": "`min_cursor` was given, but no projector has ever run the projection the read "
-        "comes from (details.position is null).",
-    },
-    504: {
-        "model": ErrorBody,
-        "description": "The projection did not pass `min_cursor` in time; details name the projection, "
-        "its position and the wanted cursor. Nothing is wrong with the write: ask again.",
-    },
-}
-
-
-def projection_behind(
-    services: Services, projection: Projection, min_cursor: str | None, wait: float
-) -> JSONResponse | None:
-    """None once `projection` has passed `min_cursor` (at once without one); else the 409 or 504 answer."""
-    if min_cursor is None:
-        return None
-    wanted = Cursor.parse(min_cursor)
-    try:
-        # One look first: a projection that no projector has ever run will not get there by waiting.
-        wait_for(services.store, projection, wanted, timeout=0)
-        return None
-    except ProjectionBehindError as exc:
-        if exc.position is None:
-            return error_response(409, exc.code, str(exc), exc.details())
-    try:
-        wait_for(services.store, projection, wanted, timeout=wait)
-    except ProjectionBehindError as exc:
-        return error_response(504, exc.code, str(exc), exc.details())
-    return None
 
 
 class RunSummaryOut(BaseModel):
@@ -257,7 +210,8 @@ def run_detail(run: RunState, services: Services, principal: Principal) -> RunDe
 
 
 @router.get("/runs", response_model=RunList, responses=PROJECTION_BEHIND)
-def list_runs(
+async def list_runs(
+    request: Request,
     principal: Reader,
     services: ServicesDep,
     status: RunStatus | None = None,
@@ -268,16 +222,21 @@ def list_runs(
 ) -> RunList | JSONResponse:
     """The tenant's recent runs, newest first (from the run table, which trails the log slightly; with
     `min_cursor`, once it shows every write up to that cursor)."""
-    if (behind := projection_behind(services, workflow_tables, min_cursor, wait)) is not None:
+    behind = await projection_behind(request, services, workflow_tables, min_cursor, wait, principal.tenant)
+    if behind is not None:
         return behind
     store = services.store
-    with wrap_exceptions(), store.pool.connection() as conn:
-        # Before a projector first runs, the table does not exist yet: no run has been projected.
-        if missing_tables(conn, workflow_tables, workflow_tables.schema):
-            return RunList(runs=[])
-    with wrap_exceptions():
-        rows = read_runs(store, tenant=principal.tenant, status=status, workflow=workflow, limit=limit)
-    return RunList(runs=[RunSummaryOut(**r) for r in rows])
+
+    def answer() -> RunList:
+        with wrap_exceptions(), store.pool.connection() as conn:
+            # Before a projector first runs, the table does not exist yet: no run has been projected.
+            if missing_tables(conn, workflow_tables, workflow_tables.schema):
+                return RunList(runs=[])
+        with wrap_exceptions():
+            rows = read_runs(store, tenant=principal.tenant, status=status, workflow=workflow, limit=limit)
+        return RunList(runs=[RunSummaryOut(**r) for r in rows])
+
+    return await run_in_threadpool(answer)
 
 
 @router.get("/runs/{run_id}", response_model=RunDetailOut, responses=NOT_FOUND)

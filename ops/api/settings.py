@@ -17,3 +17,16 @@ class ApiSettings(BaseSettings):
     max_request_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
     #: Seconds a health probe waits for a database connection before answering 503.
     probe_timeout: float = Field(default=2.0, gt=0)
+    #: The largest request head (request line and headers, bytes); a larger one is answered 400 and the
+    #: connection closed before more of it is kept (`ledgerflow serve`).
+    max_header_bytes: int = Field(default=32 * 1024, ge=1024, le=1024 * 1024)
+    #: Connections and requests `ledgerflow serve` keeps open at once; beyond them it answers 503.
+    max_connections: int = Field(default=1000, ge=1)
+    #: Connections the operating system queues for `ledgerflow serve` before it accepts them.
+    listen_backlog: int = Field(default=2048, ge=1)
+    #: Reads waiting for `min_cursor` at once, in total and per tenant; beyond them 429 with Retry-After.
+    max_projection_waiters: int = Field(default=200, ge=1)
+    max_projection_waiters_per_tenant: int = Field(default=20, ge=1)
+    #: How often the server checks the database on a connection of its own; `/api/healthz` answers from
+    #: the last check.
+    health_check_interval: float = Field(default=1.0, gt=0, le=60)

@@ -1,0 +1,98 @@
+"""Reading one's own writes over HTTP: `min_cursor` and `wait` on reads served from a projection's tables.
+
+A read with `min_cursor` answers once the projection has passed that cursor. Its wait holds no worker
+thread and no database connection: the server's shared listener (`projector.ProjectionWaiters`, started
+with the app) wakes it. Waiting reads are capped in total and per tenant (429 with Retry-After beyond).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Query, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from eventstore import Cursor
+from ops.api.errors import ErrorBody, Responses, error_response
+from ops.services import Services
+from projector import Projection, ProjectionBehindError, ProjectionWaiters, TooManyWaitersError, wait_for
+
+#: Read your own writes: a read served from a projection's tables waits until they show the write.
+MinCursor = Annotated[
+    str | None,
+    Query(
+        max_length=41,
+        pattern=r"^[0-9]{1,20}:[0-9]{1,20}$",
+        description="Answer only once the tables this read comes from have passed this log cursor (an "
+        "append's or a run start's `cursor`), so that they show that write; 504 if they have not within "
+        "`wait` seconds, 409 at once if no projector has ever run them, 422 for a cursor beyond every "
+        "committed write.",
+    ),
+]
+WaitSeconds = Annotated[
+    float, Query(ge=0, le=30, description="How long to wait for `min_cursor` (seconds, at most 30).")
+]
+#: The settings that cap waiting reads, by the cap's scope.
+WAITER_SETTINGS = {
+    "total": "LEDGERFLOW_MAX_PROJECTION_WAITERS",
+    "tenant": "LEDGERFLOW_MAX_PROJECTION_WAITERS_PER_TENANT",
+}
+#: Seconds a caller refused for too many waiting reads is asked to wait (waits last at most 30 s; most
+#: end far sooner, as soon as the projector passes their writes).
+WAITERS_RETRY_AFTER = 1
+PROJECTION_BEHIND: Responses = {
+    409: {
+        "model": ErrorBody,
+        "description": "`min_cursor` was given, but no projector has ever run the projection the read "
+        "comes from (details.position is null).",
+    },
+    429: {
+        "model": ErrorBody,
+        "description": "`min_cursor` was given, but as many reads already wait as the server allows (in "
+        "total or for the tenant; details name the setting); ask again after Retry-After seconds.",
+    },
+    504: {
+        "model": ErrorBody,
+        "description": "The projection did not pass `min_cursor` in time; details name the projection, "
+        "its position and the wanted cursor. Nothing is wrong with the write: ask again.",
+    },
+}
+
+
+async def projection_behind(
+    request: Request,
+    services: Services,
+    projection: Projection,
+    min_cursor: str | None,
+    wait: float,
+    tenant: str,
+) -> JSONResponse | None:
+    """None once `projection` has passed `min_cursor` (at once without one); else the 409, 429 or 504
+    answer. The wait holds no thread and no connection: the server's shared listener wakes it."""
+    if min_cursor is None:
+        return None
+    wanted = Cursor.parse(min_cursor)
+    try:
+        # One look first: a projection that no projector has ever run will not get there by waiting.
+        await run_in_threadpool(wait_for, services.store, projection, wanted, timeout=0)
+        return None
+    except ProjectionBehindError as exc:
+        if exc.position is None:
+            return error_response(409, exc.code, str(exc), exc.details())
+    waiters = request.app.state.waiters
+    assert isinstance(waiters, ProjectionWaiters)
+    try:
+        await waiters.wait_for(projection, wanted, timeout=wait, tenant=tenant)
+    except TooManyWaitersError as exc:
+        setting = WAITER_SETTINGS[exc.scope]
+        return error_response(
+            429,
+            exc.code,
+            f"{exc}; the limit is {setting}",
+            {**exc.details(), "setting": setting},
+            headers={"Retry-After": str(WAITERS_RETRY_AFTER)},
+        )
+    except ProjectionBehindError as exc:
+        return error_response(504, exc.code, str(exc), exc.details())
+    return None
