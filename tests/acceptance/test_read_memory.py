@@ -19,7 +19,7 @@ from eventstore import EventStore, NewEvent
 from ops.auth import create_token
 from projector import projection_health, stream_catalogue
 from tests.acceptance.test_serve_restart import ROOT, free_port, healthy
-from tests.waiting import wait_until
+from tests.waiting import joined, wait_until
 
 pytestmark = pytest.mark.drill
 
@@ -122,8 +122,7 @@ def test_concurrent_reads_of_large_events_keep_memory_bounded_and_healthz_answer
         took = time.perf_counter() - began
         stop.set()
         for t in watchers:
-            t.join()
-
+            joined(t)
         growth = peak[0] - baseline
         print(
             f"\nbaseline RSS {baseline / MiB:.0f} MiB, peak {peak[0] / MiB:.0f} MiB "

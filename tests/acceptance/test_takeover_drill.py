@@ -31,6 +31,7 @@ import psycopg
 import pytest
 
 from eventstore import EventStore
+from tests.acceptance.drill_workers import DRILL_SHUTDOWN_GRACE
 from tests.waiting import wait_until
 from workflows import Engine, NodeContext, Workflow, WorkflowRegistry
 from workflows import events as ev
@@ -99,6 +100,7 @@ class Workers:
             "LEDGERFLOW_WORKFLOW_HEARTBEAT_INTERVAL": str(lease_ttl / 4),
             "LEDGERFLOW_WORKER_CONCURRENCY": str(concurrency),
             "LEDGERFLOW_LOG_FORMAT": "json",
+            "LEDGERFLOW_WORKER_SHUTDOWN_GRACE": DRILL_SHUTDOWN_GRACE,
             "LEDGERFLOW_LOG_LEVEL": "info",
             "TAKEOVER_MARKS": str(self.marks),
             "TAKEOVER_BLOCK": "1" if block else "0",
