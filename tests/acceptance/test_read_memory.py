@@ -134,7 +134,9 @@ def test_concurrent_reads_of_large_events_keep_memory_bounded_and_healthz_answer
         assert sum(pages) >= READERS * ROUNDS * EVENTS  # every reader read the whole log each round
         assert max(pages) <= 6, "a page of 1 MB events stops at the byte budget"
         assert growth < 300 * MiB
-        assert max(latencies) < 1.0
+        # The health probe is answered while the readers run, not queued behind them (which would take
+        # the readers' whole run); the margin holds on a loaded 2-core machine.
+        assert max(latencies) < 5.0, f"healthz took {max(latencies):.2f}s"
     finally:
         server.send_signal(signal.SIGTERM)
         try:
