@@ -233,6 +233,8 @@ def shell(tmp_path: Path, database_url: str) -> Iterator[Shell]:
         opened.stop()
 
 
+# Some forty CLI processes in a row: on a loaded 2-core machine more than the default five minutes.
+@pytest.mark.timeout(900)
 @pytest.mark.skipif(
     shutil.which("bash") is None or shutil.which("curl") is None,
     reason="the tour is typed in bash and uses curl",
