@@ -29,6 +29,15 @@ settings.register_profile(
 settings.load_profile("default")
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+#: Seconds before a drill is failed as hung; other tests get the ini's `timeout` (pyproject.toml).
+DRILL_TIMEOUT = 900
+#: The markers of drills: tests with real processes, run serially after the quick run.
+DRILL_MARKERS = ("drill", "failover", "partition")
+
+
+def _in_ci() -> bool:
+    """CI sets CI (.ci/run sets CI=1, most CI services CI=true)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def _answers(url: str) -> bool:
@@ -55,6 +64,26 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     chromium = Path("/usr/bin/chromium")  # the distribution's, as tests/browser uses
     browser = str(chromium) if chromium.exists() else f"no {chromium}: they skip (apt-get install chromium)"
     return [f"ledgerflow tests: PostgreSQL {server}", f"ledgerflow browser tests: {browser}"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Drills get the longer timeout unless they name their own."""
+    for item in items:
+        drill = any(item.get_closest_marker(name) for name in DRILL_MARKERS)
+        if drill and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(DRILL_TIMEOUT))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    """Under CI a skip is a failure: a missing tool (a browser, PgBouncer, pg_auto_failover, curl) must
+    turn CI red, not leave a guarantee quietly unchecked. An expected failure (xfail) stays what it is."""
+    report: pytest.TestReport = yield
+    if _in_ci() and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI (a skip is a failure when CI is set): {reason}"
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -37,6 +37,7 @@ from eventstore import Cursor, DatabaseSettings, EventStore, LedgerflowError, Ne
 from eventstore.migrate import migrate
 from projector import state, verify
 from projector.catalogue import stream_catalogue
+from tests.acceptance.drill_workers import DRILL_SHUTDOWN_GRACE
 from tests.flows import registry
 from tests.projections import counter
 from tests.waiting import wait_until
@@ -167,6 +168,7 @@ def start(cluster: Cluster, tmp: Path, name: str, *args: str) -> Process:
         "LEDGERFLOW_RECOVERY_INTERVAL": "0.5",
         "LEDGERFLOW_POOL_MAX_SIZE": "4",
         "LEDGERFLOW_LOG_FORMAT": "json",
+        "LEDGERFLOW_WORKER_SHUTDOWN_GRACE": DRILL_SHUTDOWN_GRACE,
     }
     log = tmp / f"{name}.log"
     with log.open("ab") as out:
@@ -212,15 +214,28 @@ def doctor(cluster: Cluster) -> tuple[int, str]:
     return done.returncode, " ".join(done.stdout.decode().split())
 
 
-def retrying(fn: Callable[[], Any], stop: threading.Event | None = None) -> Any:
-    """The drill's own client calls, tried again while the server is away."""
+def retrying(fn: Callable[[], Any], stop: threading.Event | None = None, timeout: float = 30.0) -> Any:
+    """The drill's own client calls, tried again while the server is away, for at most `timeout`
+    seconds: a server that never comes back fails the drill instead of hanging it."""
+    deadline = time.monotonic() + timeout
     while True:
         try:
             return fn()
-        except (LedgerflowError, psycopg.Error):
+        except (LedgerflowError, psycopg.Error) as e:
             if stop is not None and stop.is_set():
                 return None
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the database stayed away for {timeout}s: {e}") from e
             (stop or threading.Event()).wait(0.05)
+
+
+def once(fn: Callable[[], Any]) -> Any:
+    """One try of a client call for `wait_until` to poll: an error while the server is away counts as
+    not yet, so the poller's own timeout is what bounds the wait."""
+    try:
+        return fn()
+    except (LedgerflowError, psycopg.Error):
+        return None
 
 
 def lease_owner(store: EventStore, name: str) -> str | None:
@@ -300,8 +315,11 @@ def test_workers_live_through_database_outages(cluster: Cluster, tmp_path: Path)
     def append_forever() -> None:
         i = 0
         while not stop_appending.is_set():
+            # Longer than any one outage below, which each last seconds.
             if retrying(
-                lambda i=i: store.append(f"drill-{i % 7}", [NewEvent("Add", {"amount": i})]), stop_appending
+                lambda i=i: store.append(f"drill-{i % 7}", [NewEvent("Add", {"amount": i})]),
+                stop_appending,
+                timeout=120,
             ):
                 appended[0] += 1
             i += 1
@@ -332,9 +350,9 @@ def test_workers_live_through_database_outages(cluster: Cluster, tmp_path: Path)
         back = time.monotonic()
         target = retrying(store.committed_so_far)
         fresh = start_runs(2)
-        wait_until(lambda: retrying(lambda: runs_done(fresh)), timeout=30, what=f"runs after {name}")
+        wait_until(lambda: once(lambda: runs_done(fresh)), timeout=30, what=f"runs after {name}")
         wait_until(
-            lambda: retrying(lambda: caught_up(store, target)), timeout=30, what=f"projections after {name}"
+            lambda: once(lambda: caught_up(store, target)), timeout=30, what=f"projections after {name}"
         )
         resumed[name] = round(time.monotonic() - back, 2)
         # Every process saw this outage end before the next one begins: one warning for each.

@@ -19,7 +19,7 @@ from eventstore import EventStore
 from ops.auth import create_token
 from projector import state
 from tests.acceptance.test_serve_restart import free_port, healthy, start_serve
-from tests.waiting import wait_until
+from tests.waiting import joined, wait_until
 
 pytestmark = pytest.mark.drill
 
@@ -155,7 +155,7 @@ def test_twenty_concurrent_verifies_never_share_a_scratch_schema(
             headers=headers,
         )
     answers: list[httpx.Response] = []
-    gate = threading.Barrier(20)
+    gate = threading.Barrier(20, timeout=60)
 
     def ask() -> None:
         gate.wait()
@@ -165,7 +165,7 @@ def test_twenty_concurrent_verifies_never_share_a_scratch_schema(
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        joined(t)
     statuses = sorted(a.status_code for a in answers)
     assert set(statuses) <= {202, 409}, [a.text for a in answers]
     for refused in (a for a in answers if a.status_code == 409):

@@ -28,6 +28,7 @@ import pytest
 
 from eventstore import EventStore, RecordedEvent
 from tests import netns
+from tests.acceptance.drill_workers import DRILL_SHUTDOWN_GRACE
 from tests.waiting import wait_until
 from workflows import Engine, NodeContext, Workflow, WorkflowRegistry
 from workflows import events as ev
@@ -35,6 +36,7 @@ from workflows import events as ev
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.partition,
+    pytest.mark.drill,
     pytest.mark.skipif(netns.unavailable() is not None, reason=str(netns.unavailable())),
 ]
 #: Short leases, so that the drill ends within about a minute.
@@ -86,6 +88,7 @@ class Worker:
             "LEDGERFLOW_WORKFLOW_HEARTBEAT_INTERVAL": str(LEASE / 4),
             "LEDGERFLOW_RECOVERY_INTERVAL": "0.5",
             "LEDGERFLOW_LOG_FORMAT": "json",
+            "LEDGERFLOW_WORKER_SHUTDOWN_GRACE": DRILL_SHUTDOWN_GRACE,
             "LEDGERFLOW_LOG_LEVEL": "info",
             "PARTITION_GATE": str(gate),
         }

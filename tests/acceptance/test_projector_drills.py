@@ -18,7 +18,7 @@ from eventstore import EventStore, NewEvent
 from projector import rebuild, state, tables
 from projector.digest import projection_digest
 from tests.projections import counter
-from tests.waiting import wait_until
+from tests.waiting import joined, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.drill
@@ -89,7 +89,7 @@ def appender(store: EventStore) -> Iterator[threading.Event]:
     thread.start()
     yield done
     done.set()
-    thread.join()
+    joined(thread)
 
 
 def assert_exactly_once_and_equal_to_rebuild(store: EventStore) -> None:

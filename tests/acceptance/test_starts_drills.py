@@ -238,6 +238,8 @@ def test_schedules_across_ticks_with_two_workers_sigkill_and_a_downtime(
     after_skip = [t for t in skip_ticks if t > before["every_second_skip"]]
     assert contiguous(after_all)  # ("skip" goes on too, but loses a tick whenever its worker looks late)
     assert min(after_all) - before["every_second"] >= timedelta(seconds=6 - 3)
-    assert min(after_skip) - min(after_all) in (timedelta(seconds=2), timedelta(seconds=3))
+    # "all" went two ticks further back than "skip" (exactly 2 s when both look at the same instant; more
+    # when a loaded machine has "skip" look later); the cap on how far "all" goes back is checked above.
+    assert min(after_skip) - min(after_all) >= timedelta(seconds=2)
     done = completions(store)
     assert set(done.values()) == {1}

@@ -22,6 +22,7 @@ import pytest
 
 from eventstore import EventStore
 from ops.doctor import diagnose
+from tests.acceptance.drill_workers import DRILL_SHUTDOWN_GRACE
 from tests.waiting import wait_until
 from workflows import Engine, NodeContext, Workflow, WorkflowRegistry, versions_without_worker
 from workflows import events as ev
@@ -86,6 +87,7 @@ class Workers:
             "LEDGERFLOW_WORKFLOW_HEARTBEAT_INTERVAL": "2.5",
             "LEDGERFLOW_WORKER_CONCURRENCY": "16",
             "LEDGERFLOW_LOG_FORMAT": "json",
+            "LEDGERFLOW_WORKER_SHUTDOWN_GRACE": DRILL_SHUTDOWN_GRACE,
             "VERSIONS_NOTES": str(self.notes),
             "VERSIONS_GATE": str(self.gate),
         }

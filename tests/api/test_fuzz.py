@@ -115,5 +115,9 @@ def test_fuzzing_every_operation_from_the_openapi_document(
                         )
 
                 exercise()
-    if EXAMPLES_PER_OPERATION <= 12:
-        assert time.monotonic() - began < 120, "the fuzzing is meant to stay well under a minute"
+    # The budget is examples, not seconds: a wall-clock bound breaks on a loaded machine. The run's
+    # --durations shows what the fuzzing costs; the per-test timeout stops a runaway.
+    print(
+        f"\nfuzzed {len(operations)} operations x {EXAMPLES_PER_OPERATION} examples in "
+        f"{time.monotonic() - began:.1f}s"
+    )

@@ -298,7 +298,7 @@ def test_projection_health_counts_only_the_tenants_own_failures(world: World) ->
 @pytest.mark.parametrize("who", ["server", "tenant"])
 def test_concurrent_verifies_run_once_and_the_others_name_the_run(world: World, who: str) -> None:
     name, headers = ("workflow_tables", world.ops) if who == "server" else ("stream_catalogue", world.admin_a)
-    start = threading.Barrier(20)
+    start = threading.Barrier(20, timeout=60)
 
     def verify(_: int) -> tuple[int, dict[str, Any]]:
         start.wait()

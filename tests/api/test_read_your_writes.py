@@ -61,7 +61,8 @@ def test_a_projection_behind_answers_504_naming_what_it_waits_for(
     cursor = client.post("/api/v1/workflows/linear/runs", json={}, headers=admin).json()["cursor"]
     began = time.monotonic()
     response = client.get("/api/v1/runs", params={"min_cursor": cursor, "wait": 0.2}, headers=admin)
-    assert 0.2 <= time.monotonic() - began < 3
+    # At least the wait asked for; the upper bound only has to tell it from waiting on (margin for load).
+    assert 0.2 <= time.monotonic() - began < 10
     assert response.status_code == 504
     error = response.json()["error"]
     assert error["code"] == "projection_behind"
@@ -74,7 +75,7 @@ def test_a_projection_no_projector_ever_ran_answers_409_at_once(client: TestClie
     cursor = client.post("/api/v1/workflows/linear/runs", json={}, headers=admin).json()["cursor"]
     began = time.monotonic()
     response = client.get("/api/v1/runs", params={"min_cursor": cursor, "wait": 20}, headers=admin)
-    assert time.monotonic() - began < 3
+    assert time.monotonic() - began < 10, "answered at once, not after the 20 s wait"
     assert response.status_code == 409
     assert response.json()["error"]["details"]["position"] is None
 

@@ -111,7 +111,7 @@ def test_one_idempotency_key_twice_at_once_records_one_signal(
 ) -> None:
     run_id = start(client, admin)
     keyed = {**admin, "Idempotency-Key": "decision-1"}
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(2, timeout=60)
     answers: list[Any] = []
 
     def send() -> None:

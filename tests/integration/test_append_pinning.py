@@ -16,7 +16,7 @@ from eventstore import EventStore, NewEvent
 from eventstore.db import open_pool
 from eventstore.pinning import PinnedConnections
 from eventstore.settings import DatabaseSettings
-from tests.waiting import wait_until
+from tests.waiting import joined, wait_until
 
 
 def backend_pid(pins: PinnedConnections) -> int:
@@ -31,7 +31,7 @@ def in_thread(work: Callable[[], Any]) -> Any:
     result: list[Any] = []
     thread = threading.Thread(target=lambda: result.append(work()))
     thread.start()
-    thread.join()
+    joined(thread)
     return result[0]
 
 
@@ -51,7 +51,7 @@ def pins(store: EventStore) -> Iterator[PinnedConnections]:
 def test_a_thread_keeps_its_connection_and_no_two_threads_share_one(pins: PinnedConnections) -> None:
     mine = backend_pid(pins)
     assert backend_pid(pins) == mine
-    both_holding = threading.Barrier(2)
+    both_holding = threading.Barrier(2, timeout=60)
 
     def hold_and_report() -> int:
         with pins.connection() as conn:
@@ -65,7 +65,7 @@ def test_a_thread_keeps_its_connection_and_no_two_threads_share_one(pins: Pinned
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        joined(t)
     assert len(found) == 2
     assert len({mine, *found}) == 3, "each thread has a connection of its own"
 
@@ -90,7 +90,7 @@ def test_the_number_of_pinned_connections_is_bounded(pins: PinnedConnections) ->
     assert in_thread(lambda: backend_pid(pins)) > 0
     assert pins.held == 2
     release.set()
-    holder.join()
+    joined(holder)
 
 
 def test_an_ended_thread_gives_its_connection_back(pins: PinnedConnections) -> None:
@@ -224,4 +224,4 @@ def test_closing_the_store_gives_every_pin_back(database_url: str) -> None:
         store.append("s", [NewEvent("Happened", {})])
         assert store._pins.held == 0
         done.set()
-        thread.join()
+        joined(thread)

@@ -19,7 +19,7 @@ import pytest
 
 from eventstore import START, Cursor, EventStore, NewEvent, open_store
 from eventstore.settings import DatabaseSettings
-from tests.waiting import wait_until
+from tests.waiting import joined, wait_until
 
 WRITERS = 8
 TRANSACTIONS_PER_WRITER = 30
@@ -97,11 +97,11 @@ def run_writers_and_readers(database_url: str, step: ReadStep, start: object, re
         for t in threads + tails:
             t.start()
         for t in threads:
-            t.join()
+            joined(t)
         final.append(store.committed_so_far())
         writers_done.set()
         for t in tails:
-            t.join()
+            joined(t)
     assert not errors, errors
     return outcome
 

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventstore import EventStore
+from tests.waiting import joined
 from workflows import Engine, NodeContext, Workflow, WorkflowRegistry, queue
 from workflows import events as ev
 from workflows.definition import DefinitionError
@@ -96,7 +97,7 @@ def test_concurrent_claimers_admit_exactly_the_limit(
     nodes = 10
     for n in range(nodes):
         engine.start("lim", input={"n": n, "case": uuid.uuid4().hex})
-    barrier = threading.Barrier(len(claimers))
+    barrier = threading.Barrier(len(claimers), timeout=60)
     taken: list[Claim] = []
     lock = threading.Lock()
 
@@ -114,7 +115,7 @@ def test_concurrent_claimers_admit_exactly_the_limit(
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        joined(t)
     # Exactly as many as the limit allows: never more, and no slot left idle while claimers asked.
     assert len(taken) == claimed(store) == min(concurrency, nodes, sum(claimers))
     assert len({(c.run_id, c.node) for c in taken}) == len(taken)

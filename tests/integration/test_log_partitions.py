@@ -30,7 +30,7 @@ from eventstore import (
 )
 from eventstore.errors import DuplicateEventIdError, LedgerflowError
 from tests.narrow_partitions import narrow_partitions
-from tests.waiting import wait_until
+from tests.waiting import joined, wait_until
 
 _SIZE = 10
 
@@ -126,7 +126,7 @@ def test_concurrent_appends_across_partition_boundaries_keep_versions_unique(sma
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        joined(t)
     assert errors == []
     for stream in ("shared-0", "shared-1"):
         assert [e.stream_version for e in store.read_stream(stream)] == list(range(1, 41))
@@ -239,7 +239,7 @@ def test_two_archives_of_one_partition_at_once_archive_it_once(
     _fill(store, 25)
     before = _all(store)
     _cursor_at_end(store, "caught_up")
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(2, timeout=60)
     outcomes: list[object] = []
 
     def archive(k: int) -> None:
@@ -253,7 +253,7 @@ def test_two_archives_of_one_partition_at_once_archive_it_once(
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        joined(t)
     archived = [o for o in outcomes if not isinstance(o, Exception)]
     assert len(archived) == 1, outcomes
     assert [type(o) for o in outcomes if isinstance(o, Exception)] == [ArchiveRefusedError], outcomes

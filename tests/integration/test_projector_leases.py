@@ -11,6 +11,7 @@ from eventstore import EventStore, NewEvent
 from projector import LeaseLost, ProjectorWorker, WorkerSettings, state
 from projector.runner import LiveRunner
 from tests.projections import make_counter
+from tests.waiting import joined
 
 SETTINGS = WorkerSettings(lease_ttl=30, heartbeat_interval=10, batch_size=5)
 
@@ -35,7 +36,7 @@ def test_one_worker_holds_a_projection_and_exactly_one_takes_over(store: EventSt
     assert [len(w._runners) for w in [first, *others]] == [1, 0, 0, 0, 0]
 
     expire(store, counter.name)
-    barrier = threading.Barrier(len(others))
+    barrier = threading.Barrier(len(others), timeout=60)
 
     def race(worker: ProjectorWorker) -> None:
         barrier.wait()
@@ -45,7 +46,7 @@ def test_one_worker_holds_a_projection_and_exactly_one_takes_over(store: EventSt
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        joined(t)
     winners = [w for w in others if w._runners]
     assert len(winners) == 1
     assert winners[0]._runners[counter.name].epoch == 2

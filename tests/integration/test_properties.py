@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from eventstore import EventStore, NewEvent, WrongExpectedVersionError
 from tests.strategies import as_json_numbers, event_types, json_objects
+from tests.waiting import joined
 
 
 def fresh_stream() -> str:
@@ -72,7 +73,7 @@ def test_concurrent_appends_at_one_version_have_exactly_one_winner(
     stream = fresh_stream()
     store.append(stream, [NewEvent("Start", {})])
     for version in range(1, rounds + 1):
-        barrier = threading.Barrier(writers)
+        barrier = threading.Barrier(writers, timeout=60)
         outcomes: list[int | None] = []
 
         def attempt(
@@ -91,7 +92,7 @@ def test_concurrent_appends_at_one_version_have_exactly_one_winner(
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            joined(t)
         # One winner; every loser is told the version the winner reached.
         assert outcomes.count(None) == 1
         assert sorted(o for o in outcomes if o is not None) == [version + 1] * (writers - 1)
@@ -102,7 +103,7 @@ def test_concurrent_appends_at_one_version_have_exactly_one_winner(
 @settings(max_examples=10)
 def test_concurrent_retries_with_one_key_write_once(store: EventStore, writers: int) -> None:
     stream = fresh_stream()
-    barrier = threading.Barrier(writers)
+    barrier = threading.Barrier(writers, timeout=60)
     results: list[Any] = []
 
     def attempt() -> None:
@@ -113,7 +114,7 @@ def test_concurrent_retries_with_one_key_write_once(store: EventStore, writers: 
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        joined(t)
     assert sum(not r.duplicate for r in results) == 1
     assert len({r.events for r in results}) == 1
     assert len(store.read_stream(stream)) == 1

@@ -81,7 +81,8 @@ def test_the_timeout_names_the_projection_its_position_and_the_cursor(store: Eve
     began = time.monotonic()
     with pytest.raises(ProjectionBehindError) as caught:
         wait_for(store, counter, result, timeout=0.3)
-    assert 0.3 <= time.monotonic() - began < 3
+    # At least the timeout; the upper bound only has to tell it from waiting on (margin for load).
+    assert 0.3 <= time.monotonic() - began < 10
     details = caught.value.details()
     assert details["projection"] == "test_counter"
     assert details["min_cursor"] == str(Cursor(result.events[0].transaction_id, result.events[0].position))

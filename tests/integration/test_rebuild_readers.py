@@ -9,6 +9,7 @@ import psycopg
 from eventstore import EventStore, NewEvent
 from projector import ProjectorWorker, WorkerSettings, rebuild
 from tests.projections import make_counter
+from tests.waiting import joined
 
 
 def test_readers_see_complete_tables_throughout_rebuilds(store: EventStore) -> None:
@@ -59,7 +60,7 @@ def test_readers_see_complete_tables_throughout_rebuilds(store: EventStore) -> N
     finally:
         stop.set()
         for t in threads:
-            t.join()
+            joined(t)
     assert problems == []
     assert observations > 10
     worker.run_until_caught_up()

@@ -30,7 +30,7 @@ from projector import (
 )
 from projector.projection import Projection
 from tests.flows import registry
-from tests.waiting import wait_until
+from tests.waiting import joined, wait_until
 from workflows import Engine, WorkflowWorker, workflow_tables
 from workflows import WorkerSettings as FlowWorkerSettings
 
@@ -258,7 +258,7 @@ def test_twenty_concurrent_verifies_one_runs_the_rest_are_refused(store: EventSt
     worker.run_until_caught_up()
     worker.release_all()
     outcomes: list[object] = []
-    gate = threading.Barrier(20)
+    gate = threading.Barrier(20, timeout=60)
 
     def attempt() -> None:
         gate.wait()
@@ -271,7 +271,7 @@ def test_twenty_concurrent_verifies_one_runs_the_rest_are_refused(store: EventSt
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        joined(t)
     results = [o for o in outcomes if not isinstance(o, RunInProgressError)]
     assert results, "no verify ran"
     assert all(r.equal for r in results)  # type: ignore[attr-defined]
@@ -350,7 +350,7 @@ def test_a_rebuild_waits_for_a_reader_holding_the_tables_then_swaps(store: Event
         released = threading.Timer(0.5, lambda: reader.execute("COMMIT"))
         released.start()
         result = rebuild(store, stream_catalogue)  # yields (lock timeout), retries, then swaps
-        released.join()
+        joined(released)
     finally:
         store.pool.putconn(reader)
     assert run_of(store, result.run_id).status == "completed"

@@ -76,7 +76,7 @@ def test_workers_looking_at_the_same_moment_start_each_tick_once(store: EventSto
     run_due_ticks(engine, every_five, T0)
     for step in range(1, 6):
         now = T0 + minutes(5 * step)
-        barrier = threading.Barrier(6)
+        barrier = threading.Barrier(6, timeout=60)
 
         def look(at: datetime = now, barrier: threading.Barrier = barrier) -> None:
             barrier.wait()

@@ -72,4 +72,4 @@ def test_the_wait_ends_when_the_last_body_is_entered_or_after_its_patience() -> 
     impatient.entered()
     began = time.monotonic()
     impatient.wait()
-    assert time.monotonic() - began < 5
+    assert time.monotonic() - began < 15, "held back by its 0.05 s patience, not for ever"

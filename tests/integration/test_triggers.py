@@ -151,7 +151,7 @@ def test_an_event_applied_again_starts_no_second_run(store: EventStore, engine: 
     for i in range(10, 20):
         store.append(f"order-{i}", [order(i)])
     events = of_type(store, "OrderPlaced")
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(2, timeout=60)
 
     def apply_all() -> None:
         with store.pool.connection() as conn, conn.transaction():

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from eventstore import DatabaseSettings, EventStore, WrongExpectedVersionError, open_store
 from tests.flows import registry
+from tests.waiting import joined
 from workflows import Engine, WorkerSettings, WorkflowWorker, lifecycle, queue
 from workflows import events as ev
 from workflows.errors import wrap_exceptions
@@ -334,7 +335,7 @@ def _finish_together(
     engine: Engine, runs: list[tuple[WorkflowWorker, Claim, RunState]]
 ) -> list[Claim | None]:
     wf = registry.get("diamond")
-    barrier = threading.Barrier(len(runs))
+    barrier = threading.Barrier(len(runs), timeout=60)
     results: list[Claim | None] = [None] * len(runs)
     errors: list[BaseException] = []
 
@@ -351,7 +352,7 @@ def _finish_together(
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        joined(t)
     assert not errors, errors
     return results
 

@@ -11,7 +11,7 @@ import pytest
 
 from eventstore import EventStore
 from tests.flows import CRASH_AFTER, GATES, registry
-from tests.waiting import wait_until
+from tests.waiting import joined, wait_until
 from workflows import (
     Engine,
     NodeLeaseLost,
@@ -217,7 +217,7 @@ def test_a_child_workflow_is_started_once_however_often_the_node_retries(
 
 
 def test_concurrent_starts_for_one_key_give_one_run(engine: Engine) -> None:
-    barrier = threading.Barrier(8)
+    barrier = threading.Barrier(8, timeout=60)
     results = []
 
     def start() -> None:
@@ -228,7 +228,7 @@ def test_concurrent_starts_for_one_key_give_one_run(engine: Engine) -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        joined(t)
     assert len({r.run_id for r in results}) == 1
     assert sum(r.created for r in results) == 1
 
@@ -237,7 +237,7 @@ def test_racing_claimers_get_each_node_once(engine: Engine) -> None:
     for _ in range(30):
         engine.start("diamond")
     claimers = [WorkflowWorker(engine, registry, FAST, name=f"c{i}") for i in range(6)]
-    barrier = threading.Barrier(len(claimers))
+    barrier = threading.Barrier(len(claimers), timeout=60)
     claimed: list[tuple[uuid.UUID, str]] = []
 
     def claim(worker: WorkflowWorker) -> None:
@@ -249,7 +249,7 @@ def test_racing_claimers_get_each_node_once(engine: Engine) -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        joined(t)
     assert len(claimed) == 30
     assert len(set(claimed)) == 30
 

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from eventstore import START, Cursor, EventStore, NewEvent, StreamAppend, open_store
 from eventstore.events import AppendedEvent
 from eventstore.settings import DatabaseSettings
-from tests.waiting import wait_until
+from tests.waiting import joined, wait_until
 
 
 def read_to_end(store: EventStore, after: Cursor = START, **filters: Any) -> tuple[list[int], Cursor]:
@@ -258,7 +258,7 @@ def test_late_and_early_writers_and_unrelated_transactions_under_concurrency(dat
         for t in writers + readers:
             t.start()
         for t in writers:
-            t.join()
+            joined(t)
         final.append(store.committed_so_far())
         done.set()
         for t in readers:

@@ -373,6 +373,7 @@ def test_the_fingerprint_is_the_same_in_every_process() -> None:
             capture_output=True,
             text=True,
             check=True,
+            timeout=60,
         )
         assert out.stdout.strip() == here
     assert here == hashlib.sha256(CANONICAL.encode()).hexdigest()
