@@ -317,8 +317,10 @@ SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint
 -- their settings, so their lease length) that have waited on their client inside a transaction for longer
 -- than a lease: a frozen process (SIGSTOP, a long pause). The server's
 -- idle_in_transaction_session_timeout ends most of them, but not one left mid-pipeline ("active", waiting
--- for the client) or whose idle timer a protocol Flush disarmed; their row locks would keep a peer from
--- taking over for as long as the process stays frozen. Ended here, their transactions roll back, which
+-- for the client), one whose idle timer a protocol Flush disarmed, nor one blocked writing an answer the
+-- frozen client no longer reads ("active", ClientWrite: an answer larger than the socket buffers, such as
+-- a run's events read in the transaction of a node's end); their row locks would keep a peer from taking
+-- over for as long as the process stays frozen, and no lock wait shows why. Ended here, their transactions roll back, which
 -- is what the timeout would have done. Each is waited for (up to a second) until its backend has exited,
 -- so that when this returns its locks are free for the caller to take over.
 SELECT pid, application_name, pg_terminate_backend(pid, 1000)
@@ -328,5 +330,5 @@ SELECT pid, application_name, pg_terminate_backend(pid, 1000)
    AND application_name IN ('ledgerflow-projector', 'ledgerflow-worker', 'ledgerflow-serve')
    AND xact_start IS NOT NULL
    AND (state IN ('idle in transaction', 'idle in transaction (aborted)')
-        OR (state = 'active' AND wait_event = 'ClientRead'))
+        OR (state = 'active' AND wait_event IN ('ClientRead', 'ClientWrite')))
    AND state_change < clock_timestamp() - make_interval(secs => %(seconds)s)

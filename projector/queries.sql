@@ -29,22 +29,14 @@ UPDATE ledgerflow.projection_cursors
  WHERE projection = %(projection)s
 
 -- name: acquire_lease
--- Exactly one worker wins a free or lapsed lease: the conditional update re-checks expires_at under the
--- row lock, so a second contender finds the lease alive and gets no row. The epoch grows on every take.
-INSERT INTO ledgerflow.projection_leases AS l (projection, owner, epoch, expires_at)
-VALUES (%(projection)s, %(owner)s, 1, clock_timestamp() + make_interval(secs => %(ttl)s))
-ON CONFLICT (projection) DO UPDATE
-   SET owner = excluded.owner, epoch = l.epoch + 1, acquired_at = clock_timestamp(),
-       heartbeat_at = clock_timestamp(), expires_at = excluded.expires_at
- WHERE l.expires_at < clock_timestamp()
-RETURNING epoch
+-- Exactly one worker wins a free or lapsed lease, and it lasts the TTL from the take: see
+-- ledgerflow.projection_lease_acquire (migration 0034), which locks the row before it judges and stamps it.
+-- The epoch grows on every take. NULL when the lease is held.
+SELECT ledgerflow.projection_lease_acquire(%(projection)s, %(owner)s, %(ttl)s)
 
 -- name: renew_lease
-UPDATE ledgerflow.projection_leases
-   SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
- WHERE projection = %(projection)s AND owner = %(owner)s AND epoch = %(epoch)s
-   AND expires_at > clock_timestamp()
-RETURNING 1
+-- True while (owner, epoch) still holds the lease; judged and stamped once the row is locked (0034).
+SELECT ledgerflow.projection_lease_renew(%(projection)s, %(owner)s, %(epoch)s, %(ttl)s)
 
 -- name: release_lease
 UPDATE ledgerflow.projection_leases SET expires_at = clock_timestamp()

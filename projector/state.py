@@ -146,12 +146,13 @@ def set_cursor(conn: Conn, projection: str, cursor: Cursor, version: int) -> Non
 
 def acquire_lease(conn: Conn, projection: str, owner: str, ttl: float) -> int | None:
     row = conn.execute(Q["acquire_lease"], {"projection": projection, "owner": owner, "ttl": ttl}).fetchone()
-    return None if row is None else int(row[0])
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def renew_lease(conn: Conn, projection: str, owner: str, epoch: int, ttl: float) -> bool:
     params = {"projection": projection, "owner": owner, "epoch": epoch, "ttl": ttl}
-    return conn.execute(Q["renew_lease"], params).fetchone() is not None
+    row = conn.execute(Q["renew_lease"], params).fetchone()
+    return row is not None and bool(row[0])
 
 
 def release_lease(conn: Conn, projection: str, owner: str, epoch: int) -> None:

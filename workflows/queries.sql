@@ -141,12 +141,9 @@ UPDATE ledgerflow.workflow_queue
 RETURNING run_id
 
 -- name: heartbeat
--- One statement renews every lease of this worker process. Heartbeats stay out of the log.
-UPDATE ledgerflow.workflow_queue
-   SET heartbeat_at = clock_timestamp(), lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
- WHERE status = 'claimed' AND worker_instance = %(instance)s AND token = ANY (%(tokens)s::bigint[])
-   AND lease_expires_at > clock_timestamp()
-RETURNING token
+-- One statement renews every lease of this worker process, each for the TTL from when its row is locked:
+-- see ledgerflow.wf_heartbeat (migration 0034). Heartbeats stay out of the log.
+SELECT ledgerflow.wf_heartbeat(%(instance)s, %(tokens)s::bigint[], %(ttl)s)
 
 -- name: cancel_run
 -- Pending nodes never start: their rows go. Claimed nodes learn of it at their next fenced write.
