@@ -17,3 +17,7 @@ class ApiSettings(BaseSettings):
     max_request_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
     #: Seconds a health probe waits for a database connection before answering 503.
     probe_timeout: float = Field(default=2.0, gt=0)
+    #: Threads that carry operator jobs (rebuild, verify, replay); one tenant's jobs run one at a time.
+    api_job_threads: int = Field(default=2, ge=1, le=64)
+    #: Operator jobs a tenant (or the server administrator) may have waiting; more are refused with 429.
+    api_max_queued_jobs: int = Field(default=8, ge=1, le=10_000)
