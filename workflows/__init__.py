@@ -19,13 +19,22 @@ from workflows.definition import (  # noqa: E402
 from workflows.demo import ONTOLOGY_EXTRACTED, sample_schema  # noqa: E402
 from workflows.demo import registry as demo_registry  # noqa: E402
 from workflows.engine import Engine, Started  # noqa: E402
-from workflows.errors import NodeLeaseLost, NodeTimeout, RunCancelled, RunStateError, WorkerStopping  # noqa: E402
+from workflows.errors import (  # noqa: E402
+    NodeLeaseLost,
+    NodeStuckError,
+    NodeTimeout,
+    RunCancelled,
+    RunStateError,
+    SignalTimeout,
+    WorkerStopping,
+)
 from workflows.events import (  # noqa: E402
     NODE_CHECKPOINT,
     NODE_RECLAIMED,
     RESERVED_CATEGORIES,
     RESERVED_TYPE_PREFIX,
     STEP_RECORDED,
+    WorkflowEventError,
     run_stream,
 )
 from workflows.limits import LimitUsage  # noqa: E402
@@ -62,6 +71,7 @@ __all__ = [
     "NodeSpec",
     "NodeState",
     "NodeStatus",
+    "NodeStuckError",
     "NodeTimeout",
     "QueueSummary",
     "Recovery",
@@ -71,12 +81,14 @@ __all__ = [
     "RunStateError",
     "Schedule",
     "ScheduleRow",
+    "SignalTimeout",
     "Started",
     "Trigger",
     "VersionWait",
     "WorkerSettings",
     "WorkerStopping",
     "Workflow",
+    "WorkflowEventError",
     "WorkflowRegistry",
     "WorkflowWorker",
     "demo_registry",
