@@ -12,9 +12,34 @@ import psycopg
 from eventstore import EventStore, NewEvent
 from projector import ProjectorWorker, RebuildResult, rebuild, state, stream_catalogue, verify
 from projector.digest import projection_digest
+from projector.projection import ApplyContext, Projection, Table
 from tests.waiting import wait_until
 
 A, B = "tenant-a", "tenant-b"
+
+# A projection that counts: applying an event twice, or missing one, shows in its rows (the catalogue's
+# upserts would hide both).
+counts = Projection(
+    name="tenant_event_counts",
+    version=1,
+    per_tenant=True,
+    tables=[
+        Table(
+            "tenant_event_counts",
+            "CREATE TABLE {table} (tenant text NOT NULL, stream_id text NOT NULL, n bigint NOT NULL, "
+            "PRIMARY KEY (tenant, stream_id))",
+        )
+    ],
+)
+
+
+@counts.on_any
+def _count(ctx: ApplyContext, event: object) -> None:
+    ctx.execute(
+        """INSERT INTO {tenant_event_counts} AS c VALUES (%s, %s, 1)
+           ON CONFLICT (tenant, stream_id) DO UPDATE SET n = c.n + 1""",
+        (event.tenant, event.stream_id),
+    )
 
 
 def cursor(store: EventStore) -> state.CursorState:
@@ -150,4 +175,62 @@ def test_a_fence_left_by_a_dead_rebuild_is_lifted_by_the_live_projection(store: 
     assert fences(store) == []
     assert versions(store, A) == {"s": 2}
     assert verify(store, stream_catalogue).equal
+    worker.release_all()
+
+
+def count_rows(store: EventStore) -> dict[tuple[str, str], int]:
+    with store.pool.connection() as conn:
+        rows = conn.execute("SELECT tenant, stream_id, n FROM ledgerflow.tenant_event_counts").fetchall()
+    return {(t, s): n for t, s, n in rows}
+
+
+def waiting_on_locks(store: EventStore) -> int:
+    with store.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_every_event_is_counted_once_across_a_tenant_rebuild_and_a_full_one(store: EventStore) -> None:
+    for tenant in (A, B):
+        store.append("s", [NewEvent("Seen", {}) for _ in range(3)], tenant=tenant)
+    worker = ProjectorWorker(store, [counts])
+    catch_up(worker)
+    results: list[RebuildResult] = []
+
+    def rebuilding(tenant: str | None) -> threading.Thread:
+        thread = threading.Thread(
+            target=lambda: results.append(rebuild(store, counts, tenant=tenant)), daemon=True
+        )
+        thread.start()
+        return thread
+
+    holder = psycopg.connect(store.url, autocommit=False)
+    try:
+        holder.execute("SELECT 1 FROM ledgerflow.tenant_event_counts WHERE tenant = %s FOR UPDATE", (A,))
+        tenant_rebuild = rebuilding(A)
+        wait_until(lambda: fences(store) == [A], what="tenant A to be fenced")
+        for tenant in (A, B, A):
+            store.append("s", [NewEvent("Seen", {})], tenant=tenant)
+        catch_up(worker)  # B's event counted; A's two are left for the lift
+        assert count_rows(store)[(B, "s")] == 4
+        # A server administrator's rebuild of every tenant meanwhile: its swap waits for A's replacement
+        # (which waits for the held row), then puts A's rows at its own cursor and moves A's fence there.
+        full_rebuild = rebuilding(None)
+        wait_until(lambda: waiting_on_locks(store) >= 2, what="the full rebuild to wait for tenant A's")
+    finally:
+        holder.rollback()
+        holder.close()
+    for thread in (tenant_rebuild, full_rebuild):
+        thread.join(30)
+        assert not thread.is_alive()
+    assert len(results) == 2
+    assert fences(store) == []
+    store.append("s", [NewEvent("Seen", {})], tenant=A)
+    catch_up(worker)
+    assert count_rows(store) == {(A, "s"): 6, (B, "s"): 4}
+    assert verify(store, counts).equal
     worker.release_all()
