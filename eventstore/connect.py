@@ -32,7 +32,9 @@ def open_store(
     if migrate:
         apply_migrations(url)
     pool = open_pool(url, settings, name=name)
-    log.info("event_store_opened", database=redact(url), pool_max=settings.pool_max_size)
+    # At debug: every CLI call opens a store, and its answer should come first. Long-running roles say it
+    # at info (ops.services.open_store_when_available).
+    log.debug("event_store_opened", database=redact(url), pool_max=settings.pool_max_size)
     return EventStore(
         pool,
         url=url,

@@ -189,7 +189,7 @@ def start_embedded(data_dir: pathlib.Path | None = None) -> str:
     url = f"postgresql://postgres@/postgres?host={host}&port={info.port}"
 
     _check_reachable(url, data_dir, log_file)
-    _log.info("embedded_postgres_started", data_dir=str(data_dir), url=url)
+    _log.debug("embedded_postgres_started", data_dir=str(data_dir), url=url)  # shown by `ledgerflow db url`
     return url
 
 

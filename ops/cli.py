@@ -44,6 +44,7 @@ from ops import cli_log, cli_projections, cli_tokens, cli_workflows
 from ops.cli_common import console, emit_json, err_console, settings_of
 from ops.cli_errors import explain
 from ops.settings import Settings
+from ops.startup import check_database_url
 from ops.telemetry import configure_logging
 
 
@@ -93,6 +94,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)
+    check_database_url(settings.database_url)  # a malformed URL is two lines now, not a traceback later
     # `kill -USR1 <pid>` prints every thread's stack to stderr and the process goes on: what an operator
     # (or a drill) needs to see where a process that does not stop, or does not progress, is waiting.
     # The process's own stderr: a host that swapped sys.stderr for a buffer (a test runner) has no fd there.

@@ -6,11 +6,31 @@ import json
 from typing import Any
 
 import click
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 
 from ops.settings import Settings
 
-console = Console()
+#: The width of output that goes to a pipe or a file: wide enough that no table cuts a cell (`workflo…`)
+#: or folds a row; a program reading it gets whole values. COLUMNS, when set, still decides.
+PIPED_WIDTH = 100_000
+
+
+class _Console(Console):
+    """rich's console, but output that is not a terminal's is not cut to 80 columns."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self.is_terminal or self._width is not None or "COLUMNS" in self._environ:
+            return size
+        return ConsoleDimensions(PIPED_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
+console = _Console()
 #: Errors, progress and logs go to stderr, so that stdout carries only data.
 err_console = Console(stderr=True)
 

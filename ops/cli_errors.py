@@ -12,6 +12,7 @@ import psycopg
 import pydantic
 
 from eventstore import DatabaseUnavailableError, redact
+from ops.startup import MisconfiguredDatabaseError
 
 #: (pattern in the driver's message, advice). The first match wins.
 _CONNECT_ADVICE: list[tuple[re.Pattern[str], str]] = [
@@ -47,18 +48,28 @@ def _first_line(text: str) -> str:
 
 def explain(exc: BaseException, database_url: str | None) -> tuple[str, str] | None:
     """(what failed, what to do) for the start-up errors a user can fix; None for anything else."""
-    where = redact(database_url) if database_url else "the embedded database"
+    if isinstance(exc, MisconfiguredDatabaseError):
+        return exc.what, exc.todo
     if isinstance(exc, pydantic.ValidationError):
         problems = "; ".join(_setting_problem(error) for error in exc.errors())
         return f"invalid setting: {problems}", "fix the variable (or unset it to use the default)"
     if isinstance(exc, psycopg.OperationalError | DatabaseUnavailableError):
-        message = str(exc)
-        advice = next(
-            (a.format(**m.groupdict()) for p, a in _CONNECT_ADVICE if (m := p.search(message))),
-            _FALLBACK_ADVICE,
-        )
-        return f"cannot use the database at {where}: {_first_line(message)}", advice
+        return explain_connect_failure(exc, database_url)
     return None  # ledgerflow's own errors already say what to do; the CLI prints them as they are
+
+
+def explain_connect_failure(exc: BaseException, database_url: str | None) -> tuple[str, str]:
+    """(what failed, what to do) for a failed connection: the driver's reason, and advice for it."""
+    where = redact(database_url) if database_url else "the embedded database"
+    driver = exc
+    while not isinstance(driver, psycopg.Error) and driver.__cause__ is not None:
+        driver = driver.__cause__
+    message = str(driver)
+    advice = next(
+        (a.format(**m.groupdict()) for p, a in _CONNECT_ADVICE if (m := p.search(message))),
+        _FALLBACK_ADVICE,
+    )
+    return f"cannot use the database at {where}: {_first_line(message)}", advice
 
 
 def _setting_problem(error: object) -> str:

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from eventstore import InvalidInputError, json_loads, open_store
 from ops.cli_common import ICONS, console, emit_json, err_console, settings_of
+from ops.cli_outputs import node_outputs, print_outputs
 from ops.process_exit import exit_past_stuck_threads
 from ops.services import open_store_when_available
 from ops.settings import Settings
@@ -142,14 +143,18 @@ def start(
 @click.argument("run_id")
 @click.option("--tenant", default="default", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--outputs", is_flag=True, help="Also every node's output (with --json: in each node's entry).")
 @click.pass_context
-def show(ctx: click.Context, run_id: str, tenant: str, as_json: bool) -> None:
+def show(ctx: click.Context, run_id: str, tenant: str, as_json: bool, outputs: bool) -> None:
     """A run and every node's status and progress, straight from its events."""
     settings = settings_of(ctx)
     with open_store(settings) as store:
         run = Engine(store, registry_of(settings)).load(_run_id(run_id), tenant=tenant)
     if as_json:
-        emit_json(run_as_dict(run))
+        shown = run_as_dict(run)
+        for name, output in node_outputs(run).items() if outputs else ():
+            shown["nodes"][name]["output"] = output
+        emit_json(shown)
         return
     console.print(
         f"run {run.run_id} ({run.workflow}) [bold]{run.status}[/]"
@@ -164,6 +169,8 @@ def show(ctx: click.Context, run_id: str, tenant: str, as_json: bool) -> None:
             highlight=False,
         )
     console.print(node_table(run))
+    if outputs:
+        print_outputs(run)
     if run.error:
         console.print(f"[red]{run.error}[/]")
 

@@ -7,15 +7,29 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import structlog
 import tenacity
 
-from eventstore import EventStore, Outage, backoff, is_unavailable, open_store, sleeper, wrap_exceptions
+from eventstore import (
+    EventStore,
+    Outage,
+    backoff,
+    is_unavailable,
+    open_store,
+    redact,
+    sleeper,
+    wrap_exceptions,
+)
+from ops.cli_errors import explain_connect_failure
 from ops.settings import Settings
+from ops.startup import MisconfiguredDatabaseError, check_database_url, is_permanent
 from projector import Projection, load_projections
 from workflows import Engine, WorkflowRegistry, load_workflows, workflow_tables
 
 if TYPE_CHECKING:
     from ops.roles import Role
+
+log = structlog.get_logger(__name__)
 
 #: How long one start-up attempt waits for a first connection before backing off and trying again.
 _STARTUP_ATTEMPT_TIMEOUT = 2.0
@@ -43,7 +57,9 @@ def open_store_when_available(
 ) -> EventStore:
     """`open_store` (migrations applied), waiting for as long as the database is unavailable: down,
     restarting, or without a free connection slot. Says so once (`database_unavailable`), backs off,
-    and says when it answers again. Errors other than an unavailable database are raised at once."""
+    and says when it answers again. A permanent misconfiguration (a malformed URL, no such database, a
+    refused login) raises MisconfiguredDatabaseError at once, as does any error other than an unavailable
+    database."""
     # Outages are reported by ledgerflow, once; the driver's own lines (one per failed connection
     # attempt, per broken connection cleaned up) would bury that report.
     for driver in ("psycopg", "psycopg.pool"):
@@ -59,15 +75,21 @@ def open_store_when_available(
         sleep=sleeper(stopping or threading.Event()),
         reraise=True,
     )
+    check_database_url(settings.database_url)
     for attempt in retrying:
         with attempt:
             try:
                 with wrap_exceptions():
                     store = open_store(attempt_settings, name=name)
             except Exception as exc:
+                if is_permanent(exc):
+                    # A mistake, not an outage: say so at once rather than wait for ever.
+                    what, todo = explain_connect_failure(exc, settings.database_url)
+                    raise MisconfiguredDatabaseError(what, todo) from exc
                 if is_unavailable(exc):
                     outage.failed(exc)
                 raise
+    log.info("event_store_opened", database=redact(store.url), pool_max=settings.pool_max_size)
     outage.succeeded()
     outage.settle(confirmed=True)  # the store is open: this start-up's wait is over
     return store

@@ -19,7 +19,7 @@ from opentelemetry import metrics, trace
 from eventstore import Cursor, EventStore, RecordedEvent
 from eventstore.db import wrap_exceptions
 from eventstore.telemetry import span_if_traced
-from projector import state
+from projector import fences, state
 from projector.projection import ApplyContext, Projection
 
 log = structlog.get_logger(__name__)
@@ -192,6 +192,7 @@ class LiveRunner:
                 raise LeaseLost(f"lease of {name!r} (epoch {self.epoch}) is no longer held by {self.owner}")
             if not state.advance_cursor(conn, name, self._db_cursor, new_cursor, len(events)):
                 raise _CursorMoved
+            events = self._unfenced(conn, events)
             try:
                 self.projection.apply(
                     ApplyContext(conn, self.projection.schema, self.projection.table_names), events
@@ -211,6 +212,36 @@ class LiveRunner:
         self._db_cursor = self._read_cursor = new_cursor
         _events_projected.add(len(events), {"projection": name})
         self._check_replay_done()
+
+    def _unfenced(
+        self, conn: psycopg.Connection[Any], events: Sequence[RecordedEvent]
+    ) -> Sequence[RecordedEvent]:
+        """The batch's events less those of tenants whose rows a rebuild is replacing (migration 0036).
+        Read after the compare-and-set, under the cursor row lock, so a fence is either seen here or was
+        set after this batch commits. A fence whose run has ended is lifted here, in this batch."""
+        if not self.projection.per_tenant:
+            return events  # only a per-tenant projection's rows are rebuilt tenant by tenant
+        held: set[str] = set()
+        for fenced in fences.fences_of(conn, self.projection.name):
+            if fenced.run_running:
+                held.add(fenced.tenant)
+                continue
+            applied = fences.lift(conn, self.store, self.projection, fenced, self._db_cursor, self._wanted)
+            log.warning(
+                "projection_tenant_fence_lifted",
+                projection=self.projection.name,
+                tenant=fenced.tenant,
+                run_id=fenced.run_id,
+                applied=applied,
+            )
+        return [e for e in events if e.tenant not in held] if held else events
+
+    def _wanted(self, e: RecordedEvent) -> bool:
+        """The live projection's decisions about failures: skipped events and parked streams stay so."""
+        failures = self._failures or ()
+        parked = {(f.tenant, f.stream_id): f.stream_version for f in failures if f.policy == "park"}
+        parked_at = parked.get((e.tenant, e.stream_id))
+        return e.position not in self._skipped and (parked_at is None or e.stream_version < parked_at)
 
     def _with_retries(self, attempt: Callable[[], None]) -> None:
         """Retry handler failures with exponential backoff; then raise the last _HandlerFailed."""

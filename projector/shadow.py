@@ -43,7 +43,7 @@ class ShadowBuild:
             failures = state.open_failures(conn, projection.name)
         self._parked = {(f.tenant, f.stream_id): f.stream_version for f in failures if f.policy == "park"}
 
-    def _wanted(self, e: RecordedEvent) -> bool:
+    def wanted(self, e: RecordedEvent) -> bool:
         parked_at = self._parked.get((e.tenant, e.stream_id))
         return e.position not in self._skipped and (parked_at is None or e.stream_version < parked_at)
 
@@ -65,6 +65,8 @@ class ShadowBuild:
                 # Past the target, or everything readable is read: the build stands at the end.
                 reached = max(page.cursor, self.cursor)
                 end = reached if target is None else min(reached, target)
+            elif not events:
+                continue  # the transaction at the horizon ended while the page was read: read again
             else:
                 end = events[-1].cursor
             if not events and end <= self.cursor:
@@ -78,7 +80,7 @@ class ShadowBuild:
     def _apply(
         self, events: Sequence[RecordedEvent], end: Cursor, conn: psycopg.Connection[Any] | None
     ) -> None:
-        wanted = [e for e in events if self._wanted(e)]
+        wanted = [e for e in events if self.wanted(e)]
         if conn is not None:
             self._apply_in(conn, wanted, end, len(events))
         else:

@@ -22,11 +22,13 @@ from workflows.demo import registry as demo_registry  # noqa: E402
 from workflows.engine import Engine, Started  # noqa: E402
 from workflows.errors import (  # noqa: E402
     NodeLeaseLost,
+    NodeStuckError,
     NodeTimeout,
     PayloadTooLargeError,
     RunCancelled,
     RunSignalLimitError,
     RunStateError,
+    SignalTimeout,
     WorkerStopping,
 )
 from workflows.events import (  # noqa: E402
@@ -35,6 +37,7 @@ from workflows.events import (  # noqa: E402
     RESERVED_CATEGORIES,
     RESERVED_TYPE_PREFIX,
     STEP_RECORDED,
+    WorkflowEventError,
     run_stream,
 )
 from workflows.limits import LimitUsage  # noqa: E402
@@ -71,6 +74,7 @@ __all__ = [
     "NodeSpec",
     "NodeState",
     "NodeStatus",
+    "NodeStuckError",
     "NodeTimeout",
     "PayloadTooLargeError",
     "QueueSummary",
@@ -83,12 +87,14 @@ __all__ = [
     "RunStateError",
     "Schedule",
     "ScheduleRow",
+    "SignalTimeout",
     "Started",
     "Trigger",
     "VersionWait",
     "WorkerSettings",
     "WorkerStopping",
     "Workflow",
+    "WorkflowEventError",
     "WorkflowRegistry",
     "WorkflowWorker",
     "demo_registry",

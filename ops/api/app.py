@@ -38,7 +38,7 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
     """The API over `services`. The caller owns `services` (and closes them); the app owns its job
     threads and waits for running jobs when it shuts down."""
     settings = settings or ApiSettings()
-    jobs = BackgroundJobs()
+    jobs = BackgroundJobs(settings.api_job_threads, settings.api_max_queued_jobs)
     waiters = ProjectionWaiters(
         services.store,
         max_waiters=settings.max_projection_waiters,

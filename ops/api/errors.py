@@ -26,6 +26,7 @@ from eventstore import (
     NotFoundError,
     translate,
 )
+from ops.api.jobs import JobQueueFullError
 from ops.auth import AuthenticationError, PermissionDeniedError
 from workflows import PayloadTooLargeError
 
@@ -56,6 +57,7 @@ NEXT: dict[str, str] = {
     "forbidden": "use a token with the scope named in details.required_any_of",
     "database_unavailable": "retry once the database answers",
     "migration_error": "apply the pending migrations",
+    "job_queue_full": "ask again after Retry-After seconds, once some of your queued runs have ended",
 }
 
 
@@ -90,6 +92,9 @@ COMMON_RESPONSES: Responses = {
 }
 NOT_FOUND: Responses = {404: _response("No such resource (or it belongs to another tenant).")}
 CONFLICT: Responses = {409: _response("The request conflicts with what is recorded; nothing was written.")}
+TOO_MANY_REQUESTS: Responses = {
+    429: _response("Too many of the caller's jobs are waiting; nothing was recorded (see Retry-After).")
+}
 
 
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -113,6 +118,8 @@ def status_of(exc: LedgerflowError) -> int:
         return 401
     if isinstance(exc, PermissionDeniedError):
         return 403
+    if isinstance(exc, JobQueueFullError):
+        return 429
     if isinstance(exc, NotFoundError):
         return 404
     if isinstance(exc, ConflictError):
@@ -133,6 +140,8 @@ def ledgerflow_error_response(exc: LedgerflowError) -> JSONResponse:
         headers["WWW-Authenticate"] = 'Bearer realm="ledgerflow"'
     elif status == 503:
         headers["Retry-After"] = "1"
+    elif isinstance(exc, JobQueueFullError):
+        headers["Retry-After"] = str(exc.retry_after)
     if status == 500:
         # The message may carry internals (SQL state, driver text): logged, not shown.
         log.error("api_request_failed", code=exc.code, error=str(exc), exc_info=exc)

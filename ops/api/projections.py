@@ -12,7 +12,8 @@ Who may pull which lever:
 Each lever records its run at once and answers 202 with the run's id, kind and a note (a replay that
 cannot happen in place runs as a rebuild); the work runs in a background thread and the run appears in
 `/projections/{name}/runs`. One rebuild, replay or verify per projection and scope runs at a time: a
-second request is refused with 409 naming the running run.
+second request is refused with 409 naming the running run. The jobs wait in the caller's queue (the
+server administrator's, or its tenant's; see ops.api.jobs): a full queue is 429, and nothing is recorded.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validato
 
 from eventstore import Cursor, wrap_exceptions
 from ops.api.deps import Admin, JobsDep, Reader, ServicesDep
-from ops.api.errors import CONFLICT, NOT_FOUND
+from ops.api.errors import CONFLICT, NOT_FOUND, TOO_MANY_REQUESTS
+from ops.api.jobs import SERVER, Lane, Reservation
 from ops.auth import SERVER_ADMIN, Principal
-from ops.services import Services
 from projector import (
     PendingRun,
     Projection,
@@ -246,15 +247,21 @@ def _operated_scope(projection: Projection, principal: Principal, lever: str) ->
     return principal.tenant
 
 
-def _accept(pending: PendingRun, services: Services, jobs: JobsDep) -> RunAccepted:
-    """Carry the recorded run out in a job thread; answer with the run at once. Its heartbeat starts now,
-    so a run that waits for a free job thread is not taken for abandoned."""
+def _lane(principal: Principal) -> Lane:
+    """The job queue a lever waits in: the server administrator's, ahead of every tenant's, or the
+    tenant's own."""
+    return SERVER if principal.server_admin else principal.tenant
+
+
+def _accept(pending: PendingRun, place: Reservation) -> RunAccepted:
+    """Queue the recorded run in the caller's job lane; answer with the run at once. Its heartbeat starts
+    now, so a run that waits for a job thread is not taken for abandoned."""
     pending.start_heartbeats()
-    jobs.submit(pending.kind, pending.execute, projection=pending.projection.name, run_id=pending.run_id)
+    place.submit(pending.kind, pending.execute, projection=pending.projection.name, run_id=pending.run_id)
     return RunAccepted(run_id=pending.run_id, kind=pending.kind, note=pending.note)
 
 
-_LEVER_RESPONSES = {**NOT_FOUND, **CONFLICT}
+_LEVER_RESPONSES = {**NOT_FOUND, **CONFLICT, **TOO_MANY_REQUESTS}
 
 
 @router.post(
@@ -270,7 +277,7 @@ def rebuild_projection(
     """Rebuild from the whole log in a shadow schema and swap it in atomically (in the background)."""
     projection = find(services.projections, name)
     tenant = _operated_scope(projection, principal, "rebuilding")
-    with wrap_exceptions():
+    with jobs.reserve(_lane(principal)) as place, wrap_exceptions():
         pending = start_rebuild(
             services.store,
             projection,
@@ -278,7 +285,7 @@ def rebuild_projection(
             tenant=tenant,
             batch_size=services.settings.projector_batch_size,
         )
-    return _accept(pending, services, jobs)
+        return _accept(pending, place)
 
 
 @router.post(
@@ -294,7 +301,7 @@ def verify_projection(
     """Rebuild in a scratch schema and compare digests with the live tables (in the background)."""
     projection = find(services.projections, name)
     tenant = _operated_scope(projection, principal, "verifying")
-    with wrap_exceptions():
+    with jobs.reserve(_lane(principal)) as place, wrap_exceptions():
         pending = start_verify(
             services.store,
             projection,
@@ -302,7 +309,7 @@ def verify_projection(
             tenant=tenant,
             batch_size=services.settings.projector_batch_size,
         )
-    return _accept(pending, services, jobs)
+        return _accept(pending, place)
 
 
 @router.post(
@@ -319,7 +326,7 @@ def replay_projection(
     place, or one tenant's rows, are rebuilt instead (`kind` and `note` say so)."""
     projection = find(services.projections, name)
     tenant = _operated_scope(projection, principal, "replaying")
-    with wrap_exceptions():
+    with jobs.reserve(_lane(principal)) as place, wrap_exceptions():
         pending = start_replay(
             services.store,
             projection,
@@ -329,4 +336,4 @@ def replay_projection(
             tenant=tenant,
             batch_size=services.settings.projector_batch_size,
         )
-    return _accept(pending, services, jobs)
+        return _accept(pending, place)

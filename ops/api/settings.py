@@ -30,3 +30,7 @@ class ApiSettings(BaseSettings):
     #: How often the server checks the database on a connection of its own; `/api/healthz` answers from
     #: the last check.
     health_check_interval: float = Field(default=1.0, gt=0, le=60)
+    #: Threads that carry operator jobs (rebuild, verify, replay); one tenant's jobs run one at a time.
+    api_job_threads: int = Field(default=2, ge=1, le=64)
+    #: Operator jobs a tenant (or the server administrator) may have waiting; more are refused with 429.
+    api_max_queued_jobs: int = Field(default=8, ge=1, le=10_000)
