@@ -8,6 +8,8 @@ require_ledgerflow_packages("eventstore", "projector")
 from workflows.async_context import AsyncNodeContext  # noqa: E402
 from workflows.context import NodeContext  # noqa: E402
 from workflows.definition import (  # noqa: E402
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     DefinitionError,
     NodeSpec,
     RetryPolicy,
@@ -50,6 +52,8 @@ __all__ = [
     "NODE_CHECKPOINT",
     "NODE_RECLAIMED",
     "ONTOLOGY_EXTRACTED",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
     "RESERVED_CATEGORIES",
     "RESERVED_TYPE_PREFIX",
     "STEP_RECORDED",
