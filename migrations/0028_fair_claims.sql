@@ -125,8 +125,8 @@ END
 $$;
 
 -- The ready nodes a claim takes, locked (FOR UPDATE SKIP LOCKED: exactly one claimer per row), in the
--- order they are to be admitted (n). Tenants in turn, each an equal share of what is left per round;
--- within a tenant, higher priority first, then ready order.
+-- order they are to be admitted (n). Tenants in turn, each an equal share of what is left per round (a
+-- tenant that had less than its share is done); within a tenant, higher priority first, then ready order.
 CREATE FUNCTION ledgerflow.wf_claim_pick(p_workflows text[], p_versions text[], p_limit int)
 RETURNS TABLE (run_id uuid, node text, workflow text, n int)
 LANGUAGE plpgsql AS $$
@@ -184,7 +184,8 @@ BEGIN
     v_active := v_tenants[v_start + 1:] || v_tenants[:v_start];
     -- Rounds: every tenant still with work gets an equal share of what is left, in turn order.
     WHILE v_left > 0 AND cardinality(v_active) > 0 LOOP
-        v_share := ceil(v_left::numeric / cardinality(v_active))::int;
+        -- Rounded down (at least 1): a claim's tenants get counts that differ by one at most.
+        v_share := greatest(1, v_left / cardinality(v_active));
         v_next := '{}';
         FOREACH v_tenant IN ARRAY v_active LOOP
             EXIT WHEN v_left = 0;
