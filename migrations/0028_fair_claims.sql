@@ -1,21 +1,26 @@
 -- Fair claims across tenants, and run priorities.
 --
 -- The claim took ready nodes in ready order over every tenant: one tenant's backlog of 2,000 runs delayed
--- every other tenant's first node by the whole backlog. It now serves tenants in turn: each claim walks
--- the tenants that have ready rows, starting at a tenant that turns with every claim (a sequence, so no
--- row is written and no claimer waits for another), and gives each an equal share of the claim's limit
--- before any tenant gets more. Another tenant's first node is claimed within one claim cycle: the first
--- claim whose turn reaches it, and in the first claim whose limit covers every tenant with work.
+-- every other tenant's first node by the whole backlog. It now serves tenants in turn (round-robin): a
+-- claim walks the tenants that have ready rows in name order, starting after the tenant the session's
+-- previous claim stopped at and wrapping around, and gives each an equal share of its limit (one node each
+-- when there are more tenants than the limit) before any tenant gets more. So another tenant's first node
+-- is claimed within one claim cycle: by the first claim whose walk reaches it, at most (tenants with ready
+-- rows / limit) claims of a session later, and by the first claim whose limit covers every tenant.
+--
+-- The turn is the session's (the setting ledgerflow.claim_turn, the tenant its last claim stopped at): no
+-- row is written for it and no claimer waits for another. Each worker connection goes round the tenants;
+-- several connections go round at once, each of them fairly.
 --
 -- Priorities: a run's `priority` (RunStarted's, 0 when absent) is copied to each of its queue rows;
 -- within a tenant, higher priority is claimed first, then ready order. Priorities do not cross tenants:
 -- a tenant's high priority never takes another tenant's turn.
 --
--- Index-driven: the tenants (and their priorities) with ready rows are found by a skip scan of the index
--- (workflow, version, tenant, priority, ready_at), one probe per distinct (tenant, priority); each
--- tenant's share is one range scan of the same index that stops at the first row not yet due, so rows
--- waiting for a timer or a signal are never walked. A claim costs O(tenants with ready rows x log n),
--- not O(backlog).
+-- Index-driven: the next tenant with ready rows, and a tenant's next priority, are each one probe of the
+-- index (workflow, version, tenant, priority, ready_at) (a skip scan); a tenant's share is one range scan
+-- of it that stops at the first row not yet due, so rows waiting for a timer or a signal are never walked.
+-- A claim visits about as many tenants as it claims nodes (more only when tenants have no due rows), not
+-- every tenant, and reads no row of a tenant's backlog beyond its share.
 
 ALTER TABLE ledgerflow.workflow_queue ADD COLUMN priority integer;
 
@@ -53,10 +58,6 @@ CREATE INDEX workflow_queue_ready_fair ON ledgerflow.workflow_queue (workflow, v
 -- that used it for a workflow's rows whatever the tenant (`next_due`, `versions_without_worker`) read a
 -- prefix of this one as they read that one's.
 DROP INDEX ledgerflow.workflow_queue_ready_by_version;
-
--- The claims' turns: each claim starts its walk of the tenants at its turn (modulo their number) and moves
--- the sequence on by the number of tenants it served, so consecutive claims serve consecutive tenants.
-CREATE SEQUENCE ledgerflow.workflow_claim_turns CYCLE;
 
 -- The start of a run (migration 0025) with the run's priority for its first rows.
 DROP FUNCTION ledgerflow.wf_start_run(text, text, uuid[], text[], text[], text[], uuid[], uuid[], uuid, text,
@@ -124,118 +125,179 @@ BEGIN
 END
 $$;
 
--- The ready nodes a claim takes, locked (FOR UPDATE SKIP LOCKED: exactly one claimer per row), in the
--- order they are to be admitted (n). Tenants in turn, each an equal share of what is left per round (a
--- tenant that had less than its share is done); within a tenant, higher priority first, then ready order.
+-- The next tenant after p_after (in name order) with ready rows of the worker's (workflow, version)s, or
+-- NULL: one index probe per (workflow, version).
+CREATE FUNCTION ledgerflow.wf_claim_next_tenant(p_workflows text[], p_versions text[], p_after text)
+RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT min(x.tenant)
+      FROM unnest(p_workflows, p_versions) AS w(name, version)
+     CROSS JOIN LATERAL (
+          SELECT q.tenant FROM ledgerflow.workflow_queue q
+           WHERE q.status = 'ready' AND q.workflow = w.name AND q.version = w.version AND q.tenant > p_after
+           ORDER BY q.tenant
+           LIMIT 1
+     ) x
+$$;
+
+-- Up to p_count due ready nodes of one tenant, locked (FOR UPDATE SKIP LOCKED: exactly one claimer per
+-- row), higher priority first, then ready order; none of p_taken (this claim's own locks, which SKIP
+-- LOCKED does not pass by). Each priority level is one probe for the level and one range scan.
+CREATE FUNCTION ledgerflow.wf_claim_tenant(
+    p_workflows  text[],
+    p_versions   text[],
+    p_tenant     text,
+    p_count      int,
+    p_run_ids    uuid[],
+    p_nodes      text[]
+) RETURNS TABLE (run_id uuid, node text, workflow text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_bound     int := 2147483647;  -- the highest priority still to look at
+    v_priority  int;
+    v_took      int := 0;
+    v_got       int;
+BEGIN
+    WHILE v_took < p_count LOOP
+        SELECT max(x.priority) INTO v_priority
+          FROM unnest(p_workflows, p_versions) AS w(name, version)
+         CROSS JOIN LATERAL (
+              SELECT q.priority FROM ledgerflow.workflow_queue q
+               WHERE q.status = 'ready' AND q.workflow = w.name AND q.version = w.version
+                 AND q.tenant = p_tenant AND q.priority <= v_bound
+               ORDER BY q.priority DESC
+               LIMIT 1
+         ) x;
+        EXIT WHEN v_priority IS NULL;
+        RETURN QUERY
+            SELECT r.run_id, r.node, r.workflow
+              FROM unnest(p_workflows, p_versions) AS w(name, version)
+             CROSS JOIN LATERAL (
+                  SELECT q.run_id, q.node, q.workflow, q.ready_at FROM ledgerflow.workflow_queue q
+                   WHERE q.status = 'ready' AND q.workflow = w.name AND q.version = w.version
+                     AND q.tenant = p_tenant AND q.priority = v_priority
+                     AND q.ready_at <= statement_timestamp()
+                     AND NOT (q.run_id = ANY (p_run_ids) AND (q.run_id, q.node) IN (
+                              SELECT t.r, t.n FROM unnest(p_run_ids, p_nodes) AS t(r, n)))
+                   ORDER BY q.ready_at
+                   LIMIT p_count - v_took
+                     FOR UPDATE SKIP LOCKED
+             ) r
+             ORDER BY r.ready_at
+             LIMIT p_count - v_took;
+        GET DIAGNOSTICS v_got = ROW_COUNT;
+        v_took := v_took + v_got;
+        EXIT WHEN v_priority = -2147483648;
+        v_bound := v_priority - 1;
+    END LOOP;
+END
+$$;
+
+-- The ready nodes a claim takes, locked, in the order they are to be admitted (n). Tenants in turn from
+-- the session's turn on, each an equal share of what is left per round (a tenant that had less than its
+-- share is done); within a tenant, higher priority first, then ready order.
 CREATE FUNCTION ledgerflow.wf_claim_pick(p_workflows text[], p_versions text[], p_limit int)
 RETURNS TABLE (run_id uuid, node text, workflow text, n int)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_tenants    text[];   -- tenants with ready rows, in their turn's order
-    v_t          int;
-    v_start      int;
-    v_share      int;
-    v_left       int := p_limit;
-    v_took       int;
-    v_served     int := 0;
-    v_active     text[];
-    v_next       text[];
-    v_tenant     text;
-    v_priority   int;
-    v_runs       uuid[] := '{}';
-    v_nodes      text[] := '{}';
-    v_wfs        text[] := '{}';
-    v_g_tenants     text[];  -- the groups: (tenant, priority, workflow, version) with ready rows
-    v_g_priorities  int[];
-    v_g_workflows   text[];
-    v_g_versions    text[];
+    v_after     text := coalesce(current_setting('ledgerflow.claim_turn', true), '');
+    v_walk      text[] := '{}';  -- the tenants in turn order, as far as walked
+    v_complete  boolean := false;  -- every tenant with ready rows is in v_walk
+    v_wrapped   boolean := v_after = '';
+    v_tenant    text := v_after;
+    v_i         int := 0;
+    v_share     int;
+    v_left      int := p_limit;
+    v_took      int;
+    v_last      text;
+    v_active    text[] := '{}';
+    v_next      text[];
+    v_runs      uuid[] := '{}';
+    v_nodes     text[] := '{}';
+    v_wfs       text[] := '{}';
 BEGIN
     IF p_limit < 1 THEN
         RETURN;
     END IF;
-    -- The distinct (tenant, priority) of each (workflow, version)'s ready rows: a skip scan, one index probe
-    -- per group (a recursive walk: each step the next group after the last).
-    SELECT array_agg(g.tenant), array_agg(g.priority), array_agg(w.name), array_agg(w.version)
-      INTO v_g_tenants, v_g_priorities, v_g_workflows, v_g_versions
-      FROM unnest(p_workflows, p_versions) AS w(name, version)
-     CROSS JOIN LATERAL (
-          WITH RECURSIVE walk AS (
-              (SELECT q.tenant, q.priority FROM ledgerflow.workflow_queue q
-                WHERE q.status = 'ready' AND q.workflow = w.name AND q.version = w.version
-                ORDER BY q.tenant, q.priority LIMIT 1)
-              UNION ALL
-              SELECT nx.tenant, nx.priority FROM walk
-               CROSS JOIN LATERAL (
-                    SELECT q.tenant, q.priority FROM ledgerflow.workflow_queue q
-                     WHERE q.status = 'ready' AND q.workflow = w.name AND q.version = w.version
-                       AND (q.tenant, q.priority) > (walk.tenant, walk.priority)
-                     ORDER BY q.tenant, q.priority LIMIT 1
-               ) nx
-          )
-          SELECT walk.tenant, walk.priority FROM walk
-     ) g;
-    SELECT array_agg(DISTINCT t ORDER BY t) INTO v_tenants FROM unnest(v_g_tenants) AS t;
-    v_t := coalesce(cardinality(v_tenants), 0);
-    IF v_t = 0 THEN
+    -- Walk ahead up to p_limit + 1 tenants: with no more than p_limit, each gets p_limit / their number;
+    -- with more, one node each, as far as the limit goes.
+    LOOP
+        v_tenant := ledgerflow.wf_claim_next_tenant(p_workflows, p_versions, v_tenant);
+        IF v_tenant IS NULL OR (v_wrapped AND v_after <> '' AND v_tenant > v_after) THEN
+            IF v_wrapped THEN
+                v_complete := true;
+                EXIT;
+            END IF;
+            v_wrapped := true;  -- past the last tenant: on from the first, up to the turn's own
+            v_tenant := '';
+            CONTINUE;
+        END IF;
+        v_walk := v_walk || v_tenant;
+        EXIT WHEN cardinality(v_walk) > p_limit;
+    END LOOP;
+    IF cardinality(v_walk) = 0 THEN
         RETURN;
     END IF;
-    v_start := (nextval('ledgerflow.workflow_claim_turns') % v_t)::int;
-    v_active := v_tenants[v_start + 1:] || v_tenants[:v_start];
-    -- Rounds: every tenant still with work gets an equal share of what is left, in turn order.
+    v_share := CASE WHEN v_complete THEN greatest(1, p_limit / cardinality(v_walk)) ELSE 1 END;
+    -- The first round, in turn order, walking on (lazily) while nodes are left to claim.
+    WHILE v_left > 0 LOOP
+        v_i := v_i + 1;
+        IF v_i > cardinality(v_walk) THEN
+            EXIT WHEN v_complete;
+            v_tenant := ledgerflow.wf_claim_next_tenant(p_workflows, p_versions, v_walk[cardinality(v_walk)]);
+            IF v_tenant IS NULL AND NOT v_wrapped THEN
+                v_wrapped := true;
+                v_tenant := ledgerflow.wf_claim_next_tenant(p_workflows, p_versions, '');
+            END IF;
+            IF v_tenant IS NULL OR (v_wrapped AND v_after <> '' AND v_tenant > v_after)
+               OR v_tenant = ANY (v_walk) THEN
+                v_complete := true;
+                EXIT;
+            END IF;
+            v_walk := v_walk || v_tenant;
+        END IF;
+        v_tenant := v_walk[v_i];
+        v_last := v_tenant;
+        WITH got AS (
+            SELECT * FROM ledgerflow.wf_claim_tenant(p_workflows, p_versions, v_tenant, least(v_share, v_left),
+                                                     v_runs, v_nodes)
+        )
+        SELECT v_runs || array_agg(got.run_id), v_nodes || array_agg(got.node), v_wfs || array_agg(got.workflow),
+               count(*)
+          INTO v_runs, v_nodes, v_wfs, v_took
+          FROM got;
+        v_left := v_left - v_took;
+        IF v_took >= v_share THEN
+            v_active := v_active || v_tenant;  -- it may have more
+        END IF;
+    END LOOP;
+    -- The session's next claim starts after the last tenant this one visited.
+    IF v_last IS NOT NULL THEN
+        PERFORM set_config('ledgerflow.claim_turn', v_last, false);
+    END IF;
+    -- Further rounds, among the tenants that took their whole share, when every tenant was visited.
     WHILE v_left > 0 AND cardinality(v_active) > 0 LOOP
         -- Rounded down (at least 1): a claim's tenants get counts that differ by one at most.
         v_share := greatest(1, v_left / cardinality(v_active));
         v_next := '{}';
         FOREACH v_tenant IN ARRAY v_active LOOP
             EXIT WHEN v_left = 0;
-            v_took := 0;
-            FOR v_priority IN
-                SELECT DISTINCT g.priority
-                  FROM unnest(v_g_tenants, v_g_priorities) AS g(tenant, priority)
-                 WHERE g.tenant = v_tenant ORDER BY 1 DESC
-            LOOP
-                EXIT WHEN v_took >= least(v_share, v_left);
-                WITH got AS (
-                    SELECT r.run_id, r.node, r.workflow
-                      FROM unnest(v_g_tenants, v_g_priorities, v_g_workflows, v_g_versions)
-                           AS g(tenant, priority, workflow, version)
-                     CROSS JOIN LATERAL (
-                          SELECT q.run_id, q.node, q.workflow, q.ready_at FROM ledgerflow.workflow_queue q
-                           WHERE q.status = 'ready' AND q.workflow = g.workflow AND q.version = g.version
-                             AND q.tenant = g.tenant AND q.priority = g.priority
-                             AND q.ready_at <= statement_timestamp()
-                             -- Rows this claim took in an earlier round are its own locks: SKIP LOCKED
-                             -- does not pass them by.
-                             AND NOT (q.run_id = ANY (v_runs) AND (q.run_id, q.node) IN (
-                                      SELECT x.r, x.n FROM unnest(v_runs, v_nodes) AS x(r, n)))
-                           ORDER BY q.ready_at
-                           LIMIT least(v_share, v_left) - v_took
-                             FOR UPDATE SKIP LOCKED
-                     ) r
-                     WHERE g.tenant = v_tenant AND g.priority = v_priority
-                     ORDER BY r.ready_at
-                     LIMIT least(v_share, v_left) - v_took
-                )
-                SELECT v_runs || array_agg(got.run_id), v_nodes || array_agg(got.node),
-                       v_wfs || array_agg(got.workflow), v_took + count(*)
-                  INTO v_runs, v_nodes, v_wfs, v_took
-                  FROM got;
-            END LOOP;
-            IF v_took > 0 THEN
-                v_served := v_served + 1;
-                v_left := v_left - v_took;
-                IF v_took >= v_share THEN
-                    v_next := v_next || v_tenant;  -- it may have more
-                END IF;
+            WITH got AS (
+                SELECT * FROM ledgerflow.wf_claim_tenant(p_workflows, p_versions, v_tenant,
+                                                         least(v_share, v_left), v_runs, v_nodes)
+            )
+            SELECT v_runs || array_agg(got.run_id), v_nodes || array_agg(got.node),
+                   v_wfs || array_agg(got.workflow), count(*)
+              INTO v_runs, v_nodes, v_wfs, v_took
+              FROM got;
+            v_left := v_left - v_took;
+            IF v_took >= v_share THEN
+                v_next := v_next || v_tenant;
             END IF;
         END LOOP;
         v_active := v_next;
     END LOOP;
-    -- The next claim starts at the tenant after the last one this claim served.
-    IF v_served > 1 THEN
-        PERFORM nextval('ledgerflow.workflow_claim_turns') FROM generate_series(2, v_served);
-    END IF;
     RETURN QUERY
         SELECT x.r, x.n, x.w, x.k::int FROM unnest(v_runs, v_nodes, v_wfs) WITH ORDINALITY AS x(r, n, w, k);
 END

@@ -76,7 +76,13 @@ def test_claims_of_one_node_alternate_between_tenants(store: EventStore) -> None
     with store.pool.connection() as conn:
         _seed(conn, "noisy", 2_000)
         _seed(conn, "quiet", 3)
-    tenants = [c.tenant for _ in range(6) for c in _claim(store, 1)]
+    # The turn is the session's: one connection's claims go round the tenants.
+    with psycopg.connect(store.url, autocommit=True) as conn:
+        tenants = [
+            c.tenant
+            for _ in range(6)
+            for c in queue.claim(conn, worker_name="t", instance="t1", workflows=PAIRS, limit=1, ttl=30)
+        ]
     # In turn, whichever tenant the first claim starts at.
     assert Counter(tenants) == {"noisy": 3, "quiet": 3}
     assert all(a != b for a, b in itertools.pairwise(tenants))
