@@ -193,6 +193,23 @@ BEGIN
 END
 $$;
 
+-- Up to p_count tenants with ready rows of the worker's (workflow, version)s after p_after (and, when
+-- p_upto is given, not after it), in name order: a skip scan, one probe per tenant and (workflow, version).
+CREATE FUNCTION ledgerflow.wf_claim_walk(p_workflows text[], p_versions text[], p_after text, p_upto text,
+                                         p_count int)
+RETURNS text[] LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE walk(tenant, k) AS (
+        SELECT ledgerflow.wf_claim_next_tenant(p_workflows, p_versions, p_after), 1
+        UNION ALL
+        SELECT ledgerflow.wf_claim_next_tenant(p_workflows, p_versions, walk.tenant), walk.k + 1
+          FROM walk
+         WHERE walk.tenant IS NOT NULL AND walk.k < p_count AND (p_upto IS NULL OR walk.tenant < p_upto)
+    )
+    SELECT coalesce(array_agg(walk.tenant ORDER BY walk.k), '{}')
+      FROM walk
+     WHERE walk.tenant IS NOT NULL AND (p_upto IS NULL OR walk.tenant <= p_upto)
+$$;
+
 -- The ready nodes a claim takes, locked, in the order they are to be admitted (n). Tenants in turn from
 -- the session's turn on, each an equal share of what is left per round (a tenant that had less than its
 -- share is done); within a tenant, higher priority first, then ready order.
@@ -202,14 +219,16 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_after     text := coalesce(current_setting('ledgerflow.claim_turn', true), '');
-    v_walk      text[] := '{}';  -- the tenants in turn order, as far as walked
+    v_walk      text[];  -- the tenants in turn order, as far as walked
     v_complete  boolean := false;  -- every tenant with ready rows is in v_walk
-    v_wrapped   boolean := v_after = '';
-    v_tenant    text := v_after;
-    v_i         int := 0;
+    v_wrapped   boolean := false;
+    v_tenant    text;
+    v_i         int;
     v_share     int;
     v_left      int := p_limit;
     v_took      int;
+    v_seen      int;  -- how many of v_walk the first round has visited
+    v_counts    int[];
     v_last      text;
     v_active    text[] := '{}';
     v_next      text[];
@@ -220,77 +239,134 @@ BEGIN
     IF p_limit < 1 THEN
         RETURN;
     END IF;
-    -- Walk ahead up to p_limit + 1 tenants: with no more than p_limit, each gets p_limit / their number;
-    -- with more, one node each, as far as the limit goes.
-    LOOP
-        v_tenant := ledgerflow.wf_claim_next_tenant(p_workflows, p_versions, v_tenant);
-        IF v_tenant IS NULL OR (v_wrapped AND v_after <> '' AND v_tenant > v_after) THEN
-            IF v_wrapped THEN
-                v_complete := true;
-                EXIT;
-            END IF;
-            v_wrapped := true;  -- past the last tenant: on from the first, up to the turn's own
-            v_tenant := '';
-            CONTINUE;
-        END IF;
-        v_walk := v_walk || v_tenant;
-        EXIT WHEN cardinality(v_walk) > p_limit;
-    END LOOP;
+    -- Walk ahead up to p_limit + 1 tenants after the turn, then from the first tenant up to the turn's
+    -- own: with no more than p_limit, each gets p_limit / their number; with more, one node each.
+    v_walk := ledgerflow.wf_claim_walk(p_workflows, p_versions, v_after, NULL, p_limit + 1);
+    IF cardinality(v_walk) <= p_limit AND v_after <> '' THEN
+        v_wrapped := true;
+        v_walk := v_walk || ledgerflow.wf_claim_walk(p_workflows, p_versions, '', v_after,
+                                                     p_limit + 1 - cardinality(v_walk));
+    END IF;
+    v_complete := cardinality(v_walk) <= p_limit;
     IF cardinality(v_walk) = 0 THEN
         RETURN;
     END IF;
     v_share := CASE WHEN v_complete THEN greatest(1, p_limit / cardinality(v_walk)) ELSE 1 END;
-    -- The first round, in turn order, walking on (lazily) while nodes are left to claim.
-    WHILE v_left > 0 LOOP
-        v_i := v_i + 1;
-        IF v_i > cardinality(v_walk) THEN
-            EXIT WHEN v_complete;
-            v_tenant := ledgerflow.wf_claim_next_tenant(p_workflows, p_versions, v_walk[cardinality(v_walk)]);
-            IF v_tenant IS NULL AND NOT v_wrapped THEN
-                v_wrapped := true;
-                v_tenant := ledgerflow.wf_claim_next_tenant(p_workflows, p_versions, '');
-            END IF;
-            IF v_tenant IS NULL OR (v_wrapped AND v_after <> '' AND v_tenant > v_after)
-               OR v_tenant = ANY (v_walk) THEN
-                v_complete := true;
-                EXIT;
-            END IF;
-            v_walk := v_walk || v_tenant;
+
+    -- The first round in one statement: each walked tenant's share from its highest priority, in turn
+    -- order, until the limit is reached (the nested loop stops there: later tenants are not read).
+    WITH got AS (
+        SELECT r.run_id, r.node, r.workflow, t.k
+          FROM unnest(v_walk) WITH ORDINALITY AS t(tenant, k)
+         CROSS JOIN LATERAL (
+              SELECT max(x.priority) AS priority
+                FROM unnest(p_workflows, p_versions) AS w(name, version)
+               CROSS JOIN LATERAL (
+                    SELECT q.priority FROM ledgerflow.workflow_queue q
+                     WHERE q.status = 'ready' AND q.workflow = w.name AND q.version = w.version
+                       AND q.tenant = t.tenant
+                     ORDER BY q.priority DESC
+                     LIMIT 1
+               ) x
+         ) top
+         CROSS JOIN LATERAL (
+              SELECT d.run_id, d.node, d.workflow
+                FROM unnest(p_workflows, p_versions) AS w(name, version)
+               CROSS JOIN LATERAL (
+                    SELECT q.run_id, q.node, q.workflow, q.ready_at FROM ledgerflow.workflow_queue q
+                     WHERE q.status = 'ready' AND q.workflow = w.name AND q.version = w.version
+                       AND q.tenant = t.tenant AND q.priority = top.priority
+                       AND q.ready_at <= statement_timestamp()
+                     ORDER BY q.ready_at
+                     LIMIT v_share
+                       FOR UPDATE SKIP LOCKED
+               ) d
+               ORDER BY d.ready_at
+               LIMIT v_share
+         ) r
+         LIMIT v_left
+    )
+    SELECT coalesce(array_agg(got.run_id ORDER BY got.k), '{}'),
+           coalesce(array_agg(got.node ORDER BY got.k), '{}'),
+           coalesce(array_agg(got.workflow ORDER BY got.k), '{}'), count(*),
+           coalesce(max(got.k), 0)::int,
+           ARRAY(SELECT count(g.k)::int FROM generate_series(1, cardinality(v_walk)) AS s(k)
+                   LEFT JOIN got g ON g.k = s.k GROUP BY s.k ORDER BY s.k)
+      INTO v_runs, v_nodes, v_wfs, v_took, v_seen, v_counts
+      FROM got;
+    v_left := v_left - v_took;
+    IF v_left > 0 THEN
+        v_seen := cardinality(v_walk);  -- the statement went through every walked tenant
+    END IF;
+    FOR v_i IN 1 .. v_seen LOOP
+        v_last := v_walk[v_i];
+        -- Its highest priority had fewer due rows than its share (they wait, or peers hold them): the
+        -- rest from its lower priorities.
+        IF v_counts[v_i] < v_share AND v_left > 0 THEN
+            WITH more AS (
+                SELECT * FROM ledgerflow.wf_claim_tenant(p_workflows, p_versions, v_walk[v_i],
+                                                         least(v_share - v_counts[v_i], v_left),
+                                                         v_runs, v_nodes)
+            )
+            SELECT v_runs || array_agg(more.run_id), v_nodes || array_agg(more.node),
+                   v_wfs || array_agg(more.workflow), count(*)
+              INTO v_runs, v_nodes, v_wfs, v_took
+              FROM more;
+            v_left := v_left - v_took;
+            v_counts[v_i] := v_counts[v_i] + v_took;
         END IF;
-        v_tenant := v_walk[v_i];
+        IF v_counts[v_i] >= v_share THEN
+            v_active := v_active || v_walk[v_i];  -- it may have more
+        END IF;
+    END LOOP;
+
+    -- Still nodes to claim and more tenants than walked: walk on, one tenant at a time.
+    v_tenant := v_walk[cardinality(v_walk)];
+    WHILE v_left > 0 AND NOT v_complete LOOP
+        v_tenant := ledgerflow.wf_claim_next_tenant(p_workflows, p_versions, v_tenant);
+        IF v_tenant IS NULL AND NOT v_wrapped AND v_after <> '' THEN
+            v_wrapped := true;
+            v_tenant := ledgerflow.wf_claim_next_tenant(p_workflows, p_versions, '');
+        END IF;
+        IF v_tenant IS NULL OR (v_wrapped AND v_tenant > v_after) OR v_tenant = ANY (v_walk) THEN
+            v_complete := true;
+            EXIT;
+        END IF;
+        v_walk := v_walk || v_tenant;
         v_last := v_tenant;
-        WITH got AS (
-            SELECT * FROM ledgerflow.wf_claim_tenant(p_workflows, p_versions, v_tenant, least(v_share, v_left),
-                                                     v_runs, v_nodes)
+        WITH more AS (
+            SELECT * FROM ledgerflow.wf_claim_tenant(p_workflows, p_versions, v_tenant,
+                                                     least(v_share, v_left), v_runs, v_nodes)
         )
-        SELECT v_runs || array_agg(got.run_id), v_nodes || array_agg(got.node), v_wfs || array_agg(got.workflow),
-               count(*)
+        SELECT v_runs || array_agg(more.run_id), v_nodes || array_agg(more.node),
+               v_wfs || array_agg(more.workflow), count(*)
           INTO v_runs, v_nodes, v_wfs, v_took
-          FROM got;
+          FROM more;
         v_left := v_left - v_took;
         IF v_took >= v_share THEN
-            v_active := v_active || v_tenant;  -- it may have more
+            v_active := v_active || v_tenant;
         END IF;
     END LOOP;
     -- The session's next claim starts after the last tenant this one visited.
     IF v_last IS NOT NULL THEN
         PERFORM set_config('ledgerflow.claim_turn', v_last, false);
     END IF;
-    -- Further rounds, among the tenants that took their whole share, when every tenant was visited.
+
+    -- Further rounds, among the tenants that took their whole share, once every tenant was visited.
     WHILE v_left > 0 AND cardinality(v_active) > 0 LOOP
         -- Rounded down (at least 1): a claim's tenants get counts that differ by one at most.
         v_share := greatest(1, v_left / cardinality(v_active));
         v_next := '{}';
         FOREACH v_tenant IN ARRAY v_active LOOP
             EXIT WHEN v_left = 0;
-            WITH got AS (
+            WITH more AS (
                 SELECT * FROM ledgerflow.wf_claim_tenant(p_workflows, p_versions, v_tenant,
                                                          least(v_share, v_left), v_runs, v_nodes)
             )
-            SELECT v_runs || array_agg(got.run_id), v_nodes || array_agg(got.node),
-                   v_wfs || array_agg(got.workflow), count(*)
+            SELECT v_runs || array_agg(more.run_id), v_nodes || array_agg(more.node),
+                   v_wfs || array_agg(more.workflow), count(*)
               INTO v_runs, v_nodes, v_wfs, v_took
-              FROM got;
+              FROM more;
             v_left := v_left - v_took;
             IF v_took >= v_share THEN
                 v_next := v_next || v_tenant;
