@@ -24,14 +24,17 @@
 
 ALTER TABLE ledgerflow.workflow_queue ADD COLUMN priority integer;
 
--- A run's priority is in its RunStarted event (absent: 0).
+-- A run's priority is in its RunStarted event (absent: 0). In PL/pgSQL, as ledgerflow.wf_run_version
+-- (migration 0021): its plan of the partitioned log is kept for the session, not made again per call.
 CREATE FUNCTION ledgerflow.wf_run_priority(p_tenant text, p_run_id uuid) RETURNS integer
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN coalesce(
         (SELECT (e.data ->> 'priority')::integer FROM ledgerflow.events e
           WHERE e.tenant = p_tenant AND e.stream_id = 'wf-' || p_run_id::text AND e.stream_version = 1
             AND e.event_type = 'wf.RunStarted'),
-        0)
+        0);
+END
 $$;
 
 UPDATE ledgerflow.workflow_queue SET priority = ledgerflow.wf_run_priority(tenant, run_id);
@@ -51,8 +54,8 @@ $$;
 CREATE TRIGGER workflow_queue_priority BEFORE INSERT ON ledgerflow.workflow_queue
    FOR EACH ROW WHEN (NEW.priority IS NULL) EXECUTE FUNCTION ledgerflow.wf_queue_priority();
 
-CREATE INDEX workflow_queue_ready_fair ON ledgerflow.workflow_queue (workflow, version, tenant, priority, ready_at)
- WHERE status = 'ready';
+CREATE INDEX workflow_queue_ready_fair
+    ON ledgerflow.workflow_queue (workflow, version, tenant, priority, ready_at) WHERE status = 'ready';
 -- It replaces the walk's index of migration 0016 (workflow, version, ready_at): with both, the planner may
 -- walk a tenant's share in that one's ready order, stepping over every other tenant's rows. The statements
 -- that used it for a workflow's rows whatever the tenant (`next_due`, `versions_without_worker`) read a
@@ -126,17 +129,21 @@ END
 $$;
 
 -- The next tenant after p_after (in name order) with ready rows of the worker's (workflow, version)s, or
--- NULL: one index probe per (workflow, version).
+-- NULL: one index probe per (workflow, version). PL/pgSQL keeps its plan for the session (see 0021).
 CREATE FUNCTION ledgerflow.wf_claim_next_tenant(p_workflows text[], p_versions text[], p_after text)
-RETURNS text LANGUAGE sql STABLE AS $$
-    SELECT min(x.tenant)
-      FROM unnest(p_workflows, p_versions) AS w(name, version)
-     CROSS JOIN LATERAL (
-          SELECT q.tenant FROM ledgerflow.workflow_queue q
-           WHERE q.status = 'ready' AND q.workflow = w.name AND q.version = w.version AND q.tenant > p_after
-           ORDER BY q.tenant
-           LIMIT 1
-     ) x
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (
+        SELECT min(x.tenant)
+          FROM unnest(p_workflows, p_versions) AS w(name, version)
+         CROSS JOIN LATERAL (
+              SELECT q.tenant FROM ledgerflow.workflow_queue q
+               WHERE q.status = 'ready' AND q.workflow = w.name AND q.version = w.version
+                 AND q.tenant > p_after
+               ORDER BY q.tenant
+               LIMIT 1
+         ) x);
+END
 $$;
 
 -- Up to p_count due ready nodes of one tenant, locked (FOR UPDATE SKIP LOCKED: exactly one claimer per
@@ -197,17 +204,20 @@ $$;
 -- p_upto is given, not after it), in name order: a skip scan, one probe per tenant and (workflow, version).
 CREATE FUNCTION ledgerflow.wf_claim_walk(p_workflows text[], p_versions text[], p_after text, p_upto text,
                                          p_count int)
-RETURNS text[] LANGUAGE sql STABLE AS $$
-    WITH RECURSIVE walk(tenant, k) AS (
-        SELECT ledgerflow.wf_claim_next_tenant(p_workflows, p_versions, p_after), 1
-        UNION ALL
-        SELECT ledgerflow.wf_claim_next_tenant(p_workflows, p_versions, walk.tenant), walk.k + 1
+RETURNS text[] LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (
+        WITH RECURSIVE walk(tenant, k) AS (
+            SELECT ledgerflow.wf_claim_next_tenant(p_workflows, p_versions, p_after), 1
+            UNION ALL
+            SELECT ledgerflow.wf_claim_next_tenant(p_workflows, p_versions, walk.tenant), walk.k + 1
+              FROM walk
+             WHERE walk.tenant IS NOT NULL AND walk.k < p_count AND (p_upto IS NULL OR walk.tenant < p_upto)
+        )
+        SELECT coalesce(array_agg(walk.tenant ORDER BY walk.k), '{}')
           FROM walk
-         WHERE walk.tenant IS NOT NULL AND walk.k < p_count AND (p_upto IS NULL OR walk.tenant < p_upto)
-    )
-    SELECT coalesce(array_agg(walk.tenant ORDER BY walk.k), '{}')
-      FROM walk
-     WHERE walk.tenant IS NOT NULL AND (p_upto IS NULL OR walk.tenant <= p_upto)
+         WHERE walk.tenant IS NOT NULL AND (p_upto IS NULL OR walk.tenant <= p_upto));
+END
 $$;
 
 -- The ready nodes a claim takes, locked, in the order they are to be admitted (n). Tenants in turn from
@@ -399,7 +409,8 @@ BEGIN
     -- tenants in turn, priorities within a tenant, bounded whatever the backlog.
     RETURN QUERY
     WITH picked AS (
-        SELECT p.run_id, p.node, p.workflow, p.n FROM ledgerflow.wf_claim_pick(p_workflows, p_versions, p_limit) p
+        SELECT p.run_id, p.node, p.workflow, p.n
+          FROM ledgerflow.wf_claim_pick(p_workflows, p_versions, p_limit) p
     ), needs AS (
         -- The limits each picked node needs: one index probe per node, nothing found when nothing has
         -- limits.

@@ -441,7 +441,12 @@ def _claim_plan(conn: psycopg.Connection[Any], ready: int, plan_cache_mode: str)
     plans = [json.loads(n[n.index("{") :]) for n in notices if "plan:" in n]
     # The walks of the ready index are ledgerflow.wf_claim_pick's statements (each logged on its own): the
     # probes for the next tenant and a tenant's next priority, then each tenant's share.
-    walks = [p["Plan"] for p in plans if "ledgerflow.workflow_queue q" in p["Query Text"]]
+    # (The claim's own statement is left out: its buffers count every statement it runs, the appends too.)
+    walks = [
+        p["Plan"]
+        for p in plans
+        if "ledgerflow.workflow_queue q" in p["Query Text"] and "WITH picked" not in p["Query Text"]
+    ]
     assert walks
     buffers = sum(plan["Shared Hit Blocks"] + plan["Shared Read Blocks"] for plan in walks)
     scanned = sum(_index_rows(plan) for plan in walks)
@@ -470,4 +475,5 @@ def test_the_claim_reads_a_bounded_number_of_entries_whatever_the_backlog(
     # Only the claimed rows are read from the index, and one each for the probes of the tenant and its
     # priority, whether 1,000 or 10,000 wait (and those of the other workflow are never stepped over).
     assert small["index_rows"] == large["index_rows"] == 8 + 2
-    assert large["buffers"] <= small["buffers"] + 5
+    # A few more pages (a deeper index) for each of the walk's four probes, not more rows.
+    assert large["buffers"] <= small["buffers"] + 15
