@@ -21,6 +21,8 @@ from ops.process_exit import exit_past_stuck_threads
 from ops.services import open_store_when_available
 from ops.settings import Settings
 from workflows import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     Engine,
     NodeState,
     RunState,
@@ -114,6 +116,12 @@ def _json_arg(text: str | None) -> Any:
 @click.option("--idempotency-key", default=None)
 @click.option("--tenant", default="default", show_default=True)
 @click.option(
+    "--priority",
+    type=click.IntRange(PRIORITY_MIN, PRIORITY_MAX),
+    default=None,
+    help="Higher is claimed first among the tenant's ready nodes (default: the workflow's).",
+)
+@click.option(
     "--print-id", is_flag=True, help="Print only the run id, e.g. for RUN=$(ledgerflow workflows start ...)."
 )
 @click.pass_context
@@ -124,13 +132,19 @@ def start(
     key: str | None,
     idempotency_key: str | None,
     tenant: str,
+    priority: int | None,
     print_id: bool,
 ) -> None:
     """Start a run of WORKFLOW (workers pick it up); with --key, at most one active run per key."""
     settings = settings_of(ctx)
     with open_store(settings) as store:
         started = Engine(store, registry_of(settings)).start(
-            workflow, input=_json_arg(input_json), key=key, idempotency_key=idempotency_key, tenant=tenant
+            workflow,
+            input=_json_arg(input_json),
+            key=key,
+            idempotency_key=idempotency_key,
+            tenant=tenant,
+            priority=priority,
         )
     if print_id:
         click.echo(str(started.run_id))
@@ -240,6 +254,7 @@ def run_as_dict(run: RunState) -> dict[str, Any]:
         "workflow": run.workflow,
         "key": run.key,
         "triggered_by": run.triggered_by.model_dump() if run.triggered_by is not None else None,
+        "priority": run.priority,
         "status": run.status,
         "cancel_requested": run.cancel_requested,
         "error": run.error,

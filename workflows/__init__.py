@@ -9,6 +9,8 @@ from workflows.async_context import AsyncNodeContext  # noqa: E402
 from workflows.caps import RunCaps  # noqa: E402
 from workflows.context import NodeContext  # noqa: E402
 from workflows.definition import (  # noqa: E402
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     DefinitionError,
     NodeSpec,
     RetryPolicy,
@@ -62,6 +64,8 @@ __all__ = [
     "NODE_CHECKPOINT",
     "NODE_RECLAIMED",
     "ONTOLOGY_EXTRACTED",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
     "RESERVED_CATEGORIES",
     "RESERVED_TYPE_PREFIX",
     "STEP_RECORDED",

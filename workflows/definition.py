@@ -297,10 +297,22 @@ class Schedule:
             raise DefinitionError(f"max_catch_up must be at least 1, got {self.max_catch_up!r}")
 
 
+#: A run's priority is a PostgreSQL integer (the queue's column).
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+
+
+def check_priority(priority: object) -> int:
+    """`priority` if it is an int a queue row can hold; InvalidInputError otherwise."""
+    if type(priority) is not int or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise InvalidInputError(f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}")
+    return priority
+
+
 class Workflow:
     """A named DAG of nodes. Fan-out and fan-in are just several dependents or several dependencies.
 
-    `triggers`: events in the log that each start a run; `schedule`: ticks that each start a run."""
+    `triggers`: events in the log that each start a run; `schedule`: ticks that each start a run.
+    `priority`: its runs' priority unless a start gives one; higher is claimed first within a tenant."""
 
     def __init__(
         self,
@@ -309,8 +321,13 @@ class Workflow:
         *,
         triggers: Iterable[Trigger] = (),
         schedule: Schedule | None = None,
+        priority: int = 0,
     ) -> None:
         _check_name("workflow", name)
+        try:
+            self.priority = check_priority(priority)
+        except InvalidInputError as exc:
+            raise DefinitionError(f"workflow {name!r}: {exc}") from None
         self.name = name
         self.version = version
         self.triggers = tuple(triggers)

@@ -39,7 +39,7 @@ from eventstore.errors import ConflictError, NotFoundError
 from workflows import events as ev
 from workflows import queue, snapshots
 from workflows.caps import RunCaps
-from workflows.definition import Workflow, WorkflowRegistry
+from workflows.definition import Workflow, WorkflowRegistry, check_priority
 from workflows.errors import RunSignalLimitError, RunStateError, wrap_exceptions
 from workflows.scheduler import NodeStatus, nodes_to_rerun, retry_from_failed, runnable_nodes
 from workflows.state import RunState, apply
@@ -135,15 +135,18 @@ class Engine:
         tenant: str = "default",
         triggered_by: ev.TriggeringEvent | None = None,
         conn: psycopg.Connection[Any] | None = None,
+        priority: int | None = None,
     ) -> Started:
         """Start a run. With `key`, at most one run per key is active: a second start returns the active
         run. With `idempotency_key`, a repeat returns the first run; other input under it conflicts.
         `triggered_by`: the log event that started it (`workflows.triggers`), recorded in RunStarted.
         `conn`: start inside the caller's transaction (in a savepoint), so that the run exists if and only
         if that transaction commits; the caller wakes the workers after its commit (see
-        `EventStore.notify_appended`)."""
+        `EventStore.notify_appended`). `priority`: higher is claimed first among the tenant's ready nodes
+        (default: the workflow's); recorded in RunStarted."""
         check_tenant(tenant)
         wf = self.registry.get(workflow)
+        priority = wf.priority if priority is None else check_priority(priority)
         input_fp = fingerprint(input)
         self.caps.check_input(input)
         if key is not None and (
@@ -170,7 +173,17 @@ class Engine:
                 key_version = last[0].stream_version if last else None
             try:
                 return self._start(
-                    wf, run_id, input, input_fp, key, key_version, idempotency_key, tenant, triggered_by, conn
+                    wf,
+                    run_id,
+                    input,
+                    input_fp,
+                    key,
+                    key_version,
+                    idempotency_key,
+                    tenant,
+                    triggered_by,
+                    conn,
+                    priority,
                 )
             except WrongExpectedVersionError as exc:
                 if exc.stream_id == ev.run_stream(run_id):  # a concurrent idempotent start won
@@ -190,6 +203,7 @@ class Engine:
         tenant: str,
         triggered_by: ev.TriggeringEvent | None = None,
         caller_conn: psycopg.Connection[Any] | None = None,
+        priority: int = 0,
     ) -> Started:
         roots = wf.roots()
         started = ev.event(
@@ -204,6 +218,7 @@ class Engine:
             fingerprints={n: s.fingerprint for n, s in wf.nodes.items()},
             # Only when set: every other start writes the same payload as before.
             **({"triggered_by": triggered_by.model_dump()} if triggered_by is not None else {}),
+            **({"priority": priority} if priority else {}),
         )
         appends = [
             StreamAppend(
@@ -219,9 +234,11 @@ class Engine:
                 )
             )
         if len(appends) == 1 and idempotency_key is None and caller_conn is None:
-            result = self._start_alone(wf, run_id, appends[0], roots, tenant)
+            result = self._start_alone(wf, run_id, appends[0], roots, tenant, priority)
         else:
-            result = self._start_with(wf, run_id, appends, roots, idempotency_key, tenant, caller_conn)
+            result = self._start_with(
+                wf, run_id, appends, roots, idempotency_key, tenant, caller_conn, priority
+            )
         if not result.duplicate:
             log.info("workflow_started", run_id=str(run_id), workflow=wf.name, key=key, tenant=tenant)
         if result.duplicate:
@@ -231,14 +248,22 @@ class Engine:
         )
 
     def _start_alone(
-        self, wf: Workflow, run_id: uuid.UUID, append: StreamAppend, roots: list[str], tenant: str
+        self,
+        wf: Workflow,
+        run_id: uuid.UUID,
+        append: StreamAppend,
+        roots: list[str],
+        tenant: str,
+        priority: int,
     ) -> AppendResult:
         """The commonest start, without a run key or an idempotency key: its events and its first nodes
         queued in one statement, so one transaction and one round trip (see ledgerflow.wf_start_run)."""
         params = self.store.one_stream_params(append.stream_id, append.events, NO_STREAM, tenant)
         began = time.perf_counter()
         with wrap_exceptions(), self.store.statement_connection() as conn:
-            rows = queue.start_run(conn, run_id, wf.name, wf.version, [wf.nodes[r] for r in roots], params)
+            rows = queue.start_run(
+                conn, run_id, wf.name, wf.version, [wf.nodes[r] for r in roots], params, priority=priority
+            )
         self.store.notify_appended()
         return self.store.appended(rows, tenant, began)
 
@@ -251,6 +276,7 @@ class Engine:
         idempotency_key: str | None,
         tenant: str,
         caller_conn: psycopg.Connection[Any] | None,
+        priority: int,
     ) -> AppendResult:
         """Any other start: with a key (its stream is appended to as well), an idempotency key, or in the
         caller's transaction."""
@@ -261,7 +287,9 @@ class Engine:
                 appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn
             )
             if not result.duplicate:
-                queue.enqueue(conn, run_id, tenant, wf.name, wf.version, [wf.nodes[r] for r in roots])
+                queue.enqueue(
+                    conn, run_id, tenant, wf.name, wf.version, [wf.nodes[r] for r in roots], priority=priority
+                )
         return result
 
     def _same_request(

@@ -103,6 +103,9 @@ class RunStarted(WorkflowEvent):
     fingerprints: dict[str, str]
     #: Set when an event in the log started the run (a trigger), absent for every other start.
     triggered_by: TriggeringEvent | None = None
+    #: Higher is claimed first among its tenant's ready nodes; absent (0) for most starts. The queue's rows
+    #: take it from here (migration 0028), so they can be rebuilt from the log.
+    priority: int = 0
 
 
 class NodesReady(WorkflowEvent):

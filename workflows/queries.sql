@@ -4,11 +4,13 @@
 -- (Arrays travel in binary, here and below: in text each element is escaped by a regular expression.)
 -- Makes nodes runnable (again). Runs in the transaction that appends the event making them runnable.
 -- Attempts continue from the run's history: a node run again after a retry gets a new attempt number.
--- The version is given: the queue's version trigger (migration 0016) need not read it from the log.
+-- The version is given: the queue's version trigger (migration 0016) need not read it from the log; so is
+-- the priority at a start (NULL otherwise: the priority trigger of migration 0028 reads the run's).
 INSERT INTO ledgerflow.workflow_queue AS q
-       (run_id, node, tenant, workflow, version, attempt, max_crashes, progress_deadline, on_stuck, ready_at)
+       (run_id, node, tenant, workflow, version, attempt, max_crashes, progress_deadline, on_stuck, ready_at,
+        priority)
 SELECT %(run_id)s, u.node, %(tenant)s, %(workflow)s, %(version)s, u.attempt, u.max_crashes, u.progress_deadline,
-       u.on_stuck, clock_timestamp() + make_interval(secs => u.delay)
+       u.on_stuck, clock_timestamp() + make_interval(secs => u.delay), %(priority)s::int
   FROM unnest(%(nodes)b::text[], %(attempts)b::int[], %(max_crashes)b::int[],
               %(progress_deadlines)b::float8[], %(on_stuck)b::text[], %(delays)b::float8[])
        AS u(node, attempt, max_crashes, progress_deadline, on_stuck, delay)
@@ -25,13 +27,13 @@ SELECT stream_id, stream_version, position, transaction_id
            %(tenant)s, %(stream_id)s, %(event_ids)b::uuid[], %(types)b::text[], %(data)b::text[],
            %(metadata)b::text[], %(correlation_ids)b::uuid[], %(causation_ids)b::uuid[], %(run_id)s,
            %(workflow)s, %(version)s, %(nodes)b::text[], %(max_crashes)b::int[],
-           %(progress_deadlines)b::float8[], %(on_stuck)b::text[])
+           %(progress_deadlines)b::float8[], %(on_stuck)b::text[], %(priority)s::int)
 
 -- name: claim
--- Exactly one winner per node (SKIP LOCKED), a fresh fencing token per claim, a walk of the ready index
--- bounded whatever the backlog, admission of nodes with limits, and each claim's NodeClaimed appended to its
--- run's stream, all in one statement: see ledgerflow.wf_claim (migration 0027). In autocommit a claim is
--- one round trip and one transaction.
+-- Exactly one winner per node (SKIP LOCKED), a fresh fencing token per claim, tenants served in turn and
+-- priorities within a tenant by walks of the ready index bounded whatever the backlog, admission of nodes
+-- with limits, and each claim's NodeClaimed appended to its run's stream, all in one statement: see
+-- ledgerflow.wf_claim (migrations 0027, 0028). In autocommit a claim is one round trip and one transaction.
 SELECT run_id, node, tenant, workflow, attempt, token, cancel_requested, crashes, version,
        stream_id, stream_version, position, transaction_id
   FROM ledgerflow.wf_claim(%(worker_name)s, %(instance)s, %(worker_id)s, %(workflows)b::text[],

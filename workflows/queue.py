@@ -56,9 +56,11 @@ def enqueue(
     attempts: Mapping[str, int] | None = None,
     delay: float = 0.0,
     reset_crashes: bool = False,
+    priority: int | None = None,
 ) -> None:
     """Queue `specs` as ready; `attempts` gives the attempts each node already had in this run, `version`
-    the version of the definition the run started with."""
+    the version of the definition the run started with, `priority` the run's (None: the queue reads it
+    from the run's RunStarted, migration 0028)."""
     if not specs:
         return
     attempts = attempts or {}
@@ -73,6 +75,7 @@ def enqueue(
             "attempts": IntArray(attempts.get(s.name, 0) for s in specs),
             "delays": FloatArray(delay for _ in specs),
             "reset_crashes": reset_crashes,
+            "priority": priority,
         },
     )
 
@@ -94,6 +97,8 @@ def start_run(
     version: str,
     specs: Sequence[NodeSpec],
     append: Mapping[str, Any],
+    *,
+    priority: int = 0,
 ) -> list[tuple[Any, ...]]:
     """A new run's events (`append`: see `EventStore.one_stream_params`) and `specs` queued as ready, as
     one statement on an autocommit connection (see ledgerflow.wf_start_run); returns the append's rows."""
@@ -102,6 +107,7 @@ def start_run(
         "run_id": run_id,
         "workflow": workflow,
         "version": version,
+        "priority": priority,
         **_node_params(specs),
     }
     return conn.execute(Q["start_run"], params).fetchall()

@@ -87,6 +87,8 @@ class RunState:
     triggered_by: ev.TriggeringEvent | None = None
     #: The definition's version the run started with: workers go on with that version only.
     workflow_version: str = "1"
+    #: The run's priority within its tenant (RunStarted's): higher is claimed first.
+    priority: int = 0
     status: str = "running"
     cancel_requested: bool = False
     error: str | None = None
@@ -180,6 +182,7 @@ def _run_started(run: RunState, e: ev.RunStarted, at: datetime) -> None:
     run.input_fingerprint, run.fingerprints = e.input_fingerprint, dict(e.fingerprints)
     run.triggered_by = e.triggered_by
     run.workflow_version = str(e.version)
+    run.priority = e.priority
     run.started_at = at
     for name in [*e.nodes, *e.fingerprints]:
         _touched(run, name, at)

@@ -111,6 +111,9 @@ class RunDetailOut(BaseModel):
         description="The version of the workflow's definition the run started with: only a worker that "
         "has this version goes on with it."
     )
+    priority: int = Field(
+        default=0, description="The run's priority: higher is claimed first among its tenant's ready nodes."
+    )
     started_at: datetime | None
     finished_at: datetime | None
     definition_known: bool = Field(description="Whether this server has the workflow's definition (edges).")
@@ -200,6 +203,7 @@ def run_detail(run: RunState, services: Services, principal: Principal) -> RunDe
         input=run.input,
         version=run.version,
         workflow_version=run.workflow_version,
+        priority=run.priority,
         started_at=run.started_at,
         finished_at=run.finished_at,
         definition_known=known,

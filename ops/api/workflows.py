@@ -6,12 +6,12 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from eventstore import IDEMPOTENCY_KEY_PATTERN
 from ops.api.deps import Reader, ServicesDep, Starter
 from ops.api.errors import CONFLICT, NOT_FOUND
-from workflows import NodeSpec, Workflow
+from workflows import PRIORITY_MAX, PRIORITY_MIN, NodeSpec, Workflow
 
 router = APIRouter(tags=["workflows"])
 
@@ -78,6 +78,12 @@ class StartRunRequest(BaseModel):
     key: str | None = Field(
         default=None, min_length=1, max_length=200, description="At most one active run per key."
     )
+    priority: StrictInt | None = Field(
+        default=None,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description="Higher is claimed first among the tenant's ready nodes; default: the workflow's.",
+    )
 
 
 class StartedOut(BaseModel):
@@ -118,7 +124,12 @@ def start_run(
 ) -> StartedOut:
     """Start a run of `workflow` for the token's tenant."""
     started = services.engine.start(
-        workflow, input=body.input, key=body.key, idempotency_key=idempotency_key, tenant=principal.tenant
+        workflow,
+        input=body.input,
+        key=body.key,
+        idempotency_key=idempotency_key,
+        tenant=principal.tenant,
+        priority=body.priority,
     )
     if not started.created:
         response.status_code = 200
