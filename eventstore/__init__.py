@@ -21,6 +21,7 @@ from eventstore.errors import (
     LedgerflowError,
     MigrationError,
     NotFoundError,
+    QuotaExceededError,
     WrongExpectedVersionError,
 )
 from eventstore.events import (
@@ -96,6 +97,7 @@ __all__ = [
     "Outage",
     "OutageState",
     "Partition",
+    "QuotaExceededError",
     "ReadPage",
     "RecordedEvent",
     "StreamAppend",

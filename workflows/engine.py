@@ -38,8 +38,11 @@ from eventstore._validation import check_idempotency_key, check_tenant
 from eventstore.errors import ConflictError, NotFoundError
 from workflows import events as ev
 from workflows import queue
+from workflows.debounce import Debounce, record_start
+from workflows.debounce import idempotency_key as debounce_idempotency_key
 from workflows.definition import Workflow, WorkflowRegistry
 from workflows.errors import RunStateError, wrap_exceptions
+from workflows.quotas import TenantQuotas
 from workflows.scheduler import NodeStatus, nodes_to_rerun, retry_from_failed, runnable_nodes
 from workflows.state import RunState, apply, fold
 
@@ -70,6 +73,9 @@ class Started:
     #: waits until the run tables show the run. None when an existing run was returned (its start is
     #: older: `store.committed_so_far()` lies beyond it).
     cursor: Cursor | None = None
+    #: A debounced start (`debounce=`): when the burst's run starts at the earliest, as of this start (its
+    #: id is `run_id`; it exists once a worker fires the burst). None for other starts.
+    debounced_until: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -82,10 +88,19 @@ class SignalSent:
     duplicate: bool
 
 
+def run_id_for(tenant: str, idempotency_key: str) -> uuid.UUID:
+    """The id of the run started with `idempotency_key`."""
+    return uuid.uuid5(_RUN_IDS, f"{tenant}\x00{idempotency_key}")
+
+
 class Engine:
-    def __init__(self, store: EventStore, registry: WorkflowRegistry) -> None:
+    def __init__(
+        self, store: EventStore, registry: WorkflowRegistry, *, quotas: TenantQuotas | None = None
+    ) -> None:
         self.store = store
         self.registry = registry
+        #: Per-tenant quotas on starts (None: none); see workflows.quotas.
+        self.quotas = quotas
 
     # -- reading --------------------------------------------------------------------------------------
 
@@ -136,22 +151,29 @@ class Engine:
         tenant: str = "default",
         triggered_by: ev.TriggeringEvent | None = None,
         conn: psycopg.Connection[Any] | None = None,
+        debounce: Debounce | None = None,
     ) -> Started:
         """Start a run. With `key`, at most one run per key is active: a second start returns the active
         run. With `idempotency_key`, a repeat returns the first run; other input under it conflicts.
         `triggered_by`: the log event that started it (`workflows.triggers`), recorded in RunStarted.
         `conn`: start inside the caller's transaction (in a savepoint), so that the run exists if and only
         if that transaction commits; the caller wakes the workers after its commit (see
-        `EventStore.notify_appended`)."""
+        `EventStore.notify_appended`).
+        `debounce`: one run per burst of starts with its key, after the burst (see workflows.debounce).
+        With `quotas`, a start over the tenant's quota raises QuotaExceededError, having written nothing."""
         check_tenant(tenant)
         wf = self.registry.get(workflow)
         input_fp = fingerprint(input)
+        if self.quotas is not None:
+            self.quotas.take_start(tenant)
+        if debounce is not None:
+            return self._debounce(wf, input, key, idempotency_key, tenant, triggered_by, conn, debounce)
         if key is not None and (
             not isinstance(key, str) or not 0 < len(key) <= _MAX_KEY or not key.isprintable()
         ):
             raise InvalidInputError(f"run key must be 1-{_MAX_KEY} printable characters")
         if idempotency_key is not None:
-            run_id = uuid.uuid5(_RUN_IDS, f"{tenant}\x00{idempotency_key}")
+            run_id = run_id_for(tenant, idempotency_key)
             existing = self.store.read_stream(ev.run_stream(run_id), tenant=tenant, limit=1)
             if existing:
                 return self._same_request(
@@ -218,10 +240,13 @@ class Engine:
                     key_version if key_version is not None else NO_STREAM,
                 )
             )
-        if len(appends) == 1 and idempotency_key is None and caller_conn is None:
+        in_flight = self.quotas.max_runs_in_flight(tenant) if self.quotas is not None else None
+        if len(appends) == 1 and idempotency_key is None and caller_conn is None and in_flight is None:
             result = self._start_alone(wf, run_id, appends[0], roots, tenant)
         else:
-            result = self._start_with(wf, run_id, appends, roots, idempotency_key, tenant, caller_conn)
+            result = self._start_with(
+                wf, run_id, appends, roots, idempotency_key, tenant, caller_conn, in_flight
+            )
         if not result.duplicate:
             log.info("workflow_started", run_id=str(run_id), workflow=wf.name, key=key, tenant=tenant)
         if result.duplicate:
@@ -251,18 +276,55 @@ class Engine:
         idempotency_key: str | None,
         tenant: str,
         caller_conn: psycopg.Connection[Any] | None,
+        in_flight: int | None = None,
     ) -> AppendResult:
-        """Any other start: with a key (its stream is appended to as well), an idempotency key, or in the
-        caller's transaction."""
+        """Any other start: with a key (its stream is appended to as well), an idempotency key, in the
+        caller's transaction, or under a quota of runs in flight (`in_flight`: admitted first, in the
+        same transaction, which a refusal rolls back)."""
         # In the caller's transaction, a savepoint: a lost race (WrongExpectedVersionError) undoes this
         # start alone and leaves the caller's transaction usable.
         with self.pipelined_transaction() if caller_conn is None else _savepoint(caller_conn) as conn:
+            if in_flight is not None:
+                assert self.quotas is not None
+                self.quotas.admit_run(conn, tenant, in_flight)
             result = self.store.append_many(
                 appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn
             )
             if not result.duplicate:
                 queue.enqueue(conn, run_id, tenant, wf.name, wf.version, [wf.nodes[r] for r in roots])
         return result
+
+    def _debounce(
+        self,
+        wf: Workflow,
+        input: Any,
+        key: str | None,
+        idempotency_key: str | None,
+        tenant: str,
+        triggered_by: ev.TriggeringEvent | None,
+        conn: psycopg.Connection[Any] | None,
+        debounce: Debounce,
+    ) -> Started:
+        """A debounced start: recorded in its burst; the run starts when a worker fires the burst."""
+        if key is not None or idempotency_key is not None or triggered_by is not None or conn is not None:
+            raise InvalidInputError(
+                "a debounced start takes no run key, idempotency key, trigger or connection: "
+                "the burst's debounce key already makes its starts one run"
+            )
+        if not isinstance(debounce, Debounce):
+            raise InvalidInputError("debounce must be a workflows.Debounce")
+        burst = record_start(self.store, tenant, wf.name, input, debounce)
+        run_id = run_id_for(tenant, debounce_idempotency_key(burst.burst))
+        log.info(
+            "workflow_start_debounced",
+            run_id=str(run_id),
+            workflow=wf.name,
+            debounce_key=debounce.key,
+            starts=burst.starts,
+            due_at=burst.due_at.isoformat(),
+            tenant=tenant,
+        )
+        return Started(run_id, created=burst.starts == 1, debounced_until=burst.due_at)
 
     def _same_request(
         self,

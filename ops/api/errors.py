@@ -7,6 +7,7 @@ translated here with `eventstore.db.translate`, so a lost database is a 503 and 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import psycopg
@@ -24,6 +25,7 @@ from eventstore import (
     LedgerflowError,
     MigrationError,
     NotFoundError,
+    QuotaExceededError,
     translate,
 )
 from ops.auth import AuthenticationError, PermissionDeniedError
@@ -53,6 +55,7 @@ NEXT: dict[str, str] = {
     "forbidden": "use a token with the scope named in details.required_any_of",
     "database_unavailable": "retry once the database answers",
     "migration_error": "apply the pending migrations",
+    "quota_exceeded": "wait as long as Retry-After says (details.retry_after), then send it again",
 }
 
 
@@ -87,6 +90,12 @@ COMMON_RESPONSES: Responses = {
 }
 NOT_FOUND: Responses = {404: _response("No such resource (or it belongs to another tenant).")}
 CONFLICT: Responses = {409: _response("The request conflicts with what is recorded; nothing was written.")}
+QUOTA: Responses = {
+    429: _response(
+        "The tenant is over a quota (details.quota); nothing was written. Retry after the seconds the "
+        "Retry-After header says."
+    )
+}
 
 
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -112,6 +121,8 @@ def status_of(exc: LedgerflowError) -> int:
         return 403
     if isinstance(exc, NotFoundError):
         return 404
+    if isinstance(exc, QuotaExceededError):
+        return 429
     if isinstance(exc, ConflictError):
         return 409
     if isinstance(exc, InvalidInputError):
@@ -128,6 +139,8 @@ def ledgerflow_error_response(exc: LedgerflowError) -> JSONResponse:
         headers["WWW-Authenticate"] = 'Bearer realm="ledgerflow"'
     elif status == 503:
         headers["Retry-After"] = "1"
+    elif isinstance(exc, QuotaExceededError):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))  # whole seconds (RFC 9110)
     if status == 500:
         # The message may carry internals (SQL state, driver text): logged, not shown.
         log.error("api_request_failed", code=exc.code, error=str(exc), exc_info=exc)

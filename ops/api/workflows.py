@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Response
@@ -10,8 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eventstore import IDEMPOTENCY_KEY_PATTERN
 from ops.api.deps import Reader, ServicesDep, Starter
-from ops.api.errors import CONFLICT, NOT_FOUND
-from workflows import NodeSpec, Workflow
+from ops.api.errors import CONFLICT, NOT_FOUND, QUOTA
+from workflows import MAX_DEBOUNCE_WINDOW as MAX_WINDOW
+from workflows import Debounce, NodeSpec, Workflow
 
 router = APIRouter(tags=["workflows"])
 
@@ -71,12 +73,33 @@ def list_workflows(principal: Reader, services: ServicesDep) -> WorkflowList:
     )
 
 
+class DebounceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1, max_length=200, description="Starts with this key make one burst.")
+    window: float = Field(
+        gt=0, le=MAX_WINDOW, description="The run starts this many seconds after the burst's last start."
+    )
+    max_wait: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_WINDOW,
+        description="...or this many seconds after its first start, whichever comes first.",
+    )
+
+
 class StartRunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input: Any = Field(default=None, description="The run's input: any JSON value.")
     key: str | None = Field(
         default=None, min_length=1, max_length=200, description="At most one active run per key."
+    )
+    debounce: DebounceIn | None = Field(
+        default=None,
+        description="One run per burst of starts with this key, with the latest start's input, once the "
+        "burst pauses for `window` seconds (not with `key` or an Idempotency-Key). The answer names the "
+        "run to come; it exists from `debounced_until` on (a worker starts it within a second).",
     )
 
 
@@ -89,6 +112,10 @@ class StartedOut(BaseModel):
         description="A log cursor at or beyond the run's start: pass it as `min_cursor` to GET /api/v1/runs "
         "to read the run list with this run in it."
     )
+    debounced_until: datetime | None = Field(
+        default=None,
+        description="A debounced start: when the burst's run starts at the earliest, as of this start.",
+    )
 
 
 @router.post(
@@ -99,6 +126,7 @@ class StartedOut(BaseModel):
         200: {"model": StartedOut, "description": "An existing run was returned."},
         **NOT_FOUND,
         **CONFLICT,
+        **QUOTA,
     },
 )
 def start_run(
@@ -117,11 +145,24 @@ def start_run(
     ] = None,
 ) -> StartedOut:
     """Start a run of `workflow` for the token's tenant."""
+    debounce = None
+    if body.debounce is not None:
+        debounce = Debounce(body.debounce.key, body.debounce.window, body.debounce.max_wait)
     started = services.engine.start(
-        workflow, input=body.input, key=body.key, idempotency_key=idempotency_key, tenant=principal.tenant
+        workflow,
+        input=body.input,
+        key=body.key,
+        idempotency_key=idempotency_key,
+        tenant=principal.tenant,
+        debounce=debounce,
     )
     if not started.created:
         response.status_code = 200
     # An existing run's start is older than anything committed before now.
     cursor = started.cursor or services.store.committed_so_far()
-    return StartedOut(run_id=started.run_id, created=started.created, cursor=str(cursor))
+    return StartedOut(
+        run_id=started.run_id,
+        created=started.created,
+        cursor=str(cursor),
+        debounced_until=started.debounced_until,
+    )
