@@ -38,7 +38,13 @@ from workflows.metrics import watch_limit_usage  # noqa: E402
 from workflows.projections import workflow_tables  # noqa: E402
 from workflows.queue import QueueSummary, Recovery, recent_recoveries  # noqa: E402
 from workflows.queue import summary as queue_summary  # noqa: E402
-from workflows.quotas import Quota, TenantQuotas, clear_tenant_quota, set_tenant_quota  # noqa: E402
+from workflows.quotas import (  # noqa: E402
+    Quota,
+    TenantQuotas,
+    clear_tenant_quota,
+    set_tenant_quota,
+    tenant_quota_rows,
+)
 from workflows.read import list_runs, run_nodes  # noqa: E402
 from workflows.recovery import sweep  # noqa: E402
 from workflows.scheduler import NodeStatus  # noqa: E402
@@ -104,6 +110,7 @@ __all__ = [
     "sample_schema",
     "set_tenant_quota",
     "sweep",
+    "tenant_quota_rows",
     "versions_without_worker",
     "watch_limit_usage",
     "workflow_tables",

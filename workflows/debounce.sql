@@ -7,10 +7,10 @@
 -- A start that meets a row being fired waits for that transaction; the row is then gone, and this start
 -- begins the next burst.
 INSERT INTO ledgerflow.workflow_debounces AS d (tenant, workflow, key, burst, input, due_at, deadline)
-VALUES (%(tenant)s, %(workflow)s, %(key)s, %(burst)s, %(input)s::jsonb,
-        clock_timestamp() + make_interval(secs => %(window)s),
-        CASE WHEN %(max_wait)s::float8 IS NULL THEN 'infinity'::timestamptz
-             ELSE clock_timestamp() + make_interval(secs => %(max_wait)s::float8) END)
+SELECT %(tenant)s, %(workflow)s, %(key)s, %(burst)s, %(input)s::jsonb, least(w.due_at, w.deadline), w.deadline
+  FROM (SELECT clock_timestamp() + make_interval(secs => %(window)s) AS due_at,
+               coalesce(clock_timestamp() + make_interval(secs => %(max_wait)s::float8), 'infinity')
+                   AS deadline) AS w
 ON CONFLICT (tenant, workflow, key) DO UPDATE
    SET input = excluded.input, starts = d.starts + 1, due_at = least(excluded.due_at, d.deadline)
 RETURNING d.burst, d.starts, d.due_at

@@ -132,9 +132,7 @@ class TenantQuotas:
     def _source(self, tenant: str, quota: str) -> str:
         row = self._rows.get(tenant)
         if row is not None and getattr(row, quota) is not None:
-            return (
-                f"set for the tenant in ledgerflow.tenant_quotas; `ledgerflow quotas set --tenant {tenant}`"
-            )
+            return "the tenant's own, in ledgerflow.tenant_quotas; see `ledgerflow quotas list`"
         return f"setting {SETTINGS[quota]}"
 
     def _tenant_rows(self) -> dict[str, _TenantRow]:
@@ -142,12 +140,10 @@ class TenantQuotas:
         with self._lock:
             if self._read_at is not None and now - self._read_at < self.refresh:
                 return self._rows
-        with (
-            wrap_exceptions(),
-            self.store.pool.connection() as conn,
-            conn.cursor(row_factory=class_row(_TenantRow)) as cur,
-        ):
-            rows = {r.tenant: r for r in cur.execute(Q["tenant_quotas"]).fetchall()}
+        rows = {
+            tenant: _TenantRow(tenant, q.max_runs_in_flight, q.starts_per_second, q.appends_per_second)
+            for tenant, q in tenant_quota_rows(self.store).items()
+        }
         with self._lock:
             self._rows, self._read_at = rows, now
             return rows
@@ -207,6 +203,17 @@ def set_tenant_quota(store: EventStore, tenant: str, quota: Quota) -> None:
             },
         )
     log.info("tenant_quota_set", tenant=tenant, **quota.__dict__)
+
+
+def tenant_quota_rows(store: EventStore) -> dict[str, Quota]:
+    """The tenants with quotas of their own, as their rows say (None: the setting applies)."""
+    with (
+        wrap_exceptions(),
+        store.pool.connection() as conn,
+        conn.cursor(row_factory=class_row(_TenantRow)) as cur,
+    ):
+        rows = cur.execute(Q["tenant_quotas"]).fetchall()
+    return {r.tenant: Quota(r.max_runs_in_flight, r.starts_per_second, r.appends_per_second) for r in rows}
 
 
 def clear_tenant_quota(store: EventStore, tenant: str) -> None:
