@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import threading
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -142,9 +143,13 @@ def fire_due(engine: Engine, workflows: list[str], quotas: TenantQuotas | None =
             if row is None:
                 break
             where = {"tenant": row.tenant, "workflow": row.workflow, "key": row.key, "burst": row.burst}
+            limit = quotas.max_runs_in_flight(row.tenant) if quotas is not None else None
             try:
-                with conn.transaction():  # a savepoint: a refusal leaves the row to postpone
-                    if quotas is not None and (limit := quotas.max_runs_in_flight(row.tenant)):
+                with (
+                    quotas.refusal(row.tenant, limit) if quotas and limit else nullcontext(),
+                    conn.transaction(),  # a savepoint: a refusal leaves the row to postpone
+                ):
+                    if quotas is not None and limit is not None:
                         quotas.admit_run(conn, row.tenant, limit)
                     started = engine.start(
                         row.workflow,

@@ -12,7 +12,9 @@ SELECT %(tenant)s, %(workflow)s, %(key)s, %(burst)s, %(input)s::jsonb, least(w.d
                coalesce(clock_timestamp() + make_interval(secs => %(max_wait)s::float8), 'infinity')
                    AS deadline) AS w
 ON CONFLICT (tenant, workflow, key) DO UPDATE
-   SET input = excluded.input, starts = d.starts + 1, due_at = least(excluded.due_at, d.deadline)
+   -- greatest: a start that waited for the row's lock read the clock before a start that wrote first.
+   SET input = excluded.input, starts = d.starts + 1,
+       due_at = greatest(d.due_at, least(excluded.due_at, d.deadline))
 RETURNING d.burst, d.starts, d.due_at
 
 -- name: take_due

@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -241,8 +241,8 @@ class Engine:
                 )
             )
         in_flight = self.quotas.max_runs_in_flight(tenant) if self.quotas is not None else None
-        if len(appends) == 1 and idempotency_key is None and caller_conn is None and in_flight is None:
-            result = self._start_alone(wf, run_id, appends[0], roots, tenant)
+        if len(appends) == 1 and idempotency_key is None and caller_conn is None:
+            result = self._start_alone(wf, run_id, appends[0], roots, tenant, in_flight)
         else:
             result = self._start_with(
                 wf, run_id, appends, roots, idempotency_key, tenant, caller_conn, in_flight
@@ -256,14 +256,34 @@ class Engine:
         )
 
     def _start_alone(
-        self, wf: Workflow, run_id: uuid.UUID, append: StreamAppend, roots: list[str], tenant: str
+        self,
+        wf: Workflow,
+        run_id: uuid.UUID,
+        append: StreamAppend,
+        roots: list[str],
+        tenant: str,
+        in_flight: int | None = None,
     ) -> AppendResult:
         """The commonest start, without a run key or an idempotency key: its events and its first nodes
-        queued in one statement, so one transaction and one round trip (see ledgerflow.wf_start_run)."""
+        queued in one statement, so one transaction and one round trip (see ledgerflow.wf_start_run).
+        Under a quota of runs in flight (`in_flight`), the admission goes first in a pipelined transaction
+        with that statement: two round trips."""
         params = self.store.one_stream_params(append.stream_id, append.events, NO_STREAM, tenant)
+        specs = [wf.nodes[r] for r in roots]
         began = time.perf_counter()
-        with wrap_exceptions(), self.store.statement_connection() as conn:
-            rows = queue.start_run(conn, run_id, wf.name, wf.version, [wf.nodes[r] for r in roots], params)
+        if in_flight is None:
+            with wrap_exceptions(), self.store.statement_connection() as conn:
+                rows = queue.start_run(conn, run_id, wf.name, wf.version, specs, params)
+        else:
+            assert self.quotas is not None
+            with (
+                self.quotas.refusal(tenant, in_flight),  # outermost: a pipeline's error surfaces late
+                wrap_exceptions(),
+                self.store.pool.connection() as conn,
+                queue.pipelined_transaction(conn),
+            ):
+                self.quotas.admit_run(conn, tenant, in_flight)
+                rows = queue.start_run(conn, run_id, wf.name, wf.version, specs, params)
         self.store.notify_appended()
         return self.store.appended(rows, tenant, began)
 
@@ -283,9 +303,12 @@ class Engine:
         same transaction, which a refusal rolls back)."""
         # In the caller's transaction, a savepoint: a lost race (WrongExpectedVersionError) undoes this
         # start alone and leaves the caller's transaction usable.
-        with self.pipelined_transaction() if caller_conn is None else _savepoint(caller_conn) as conn:
-            if in_flight is not None:
-                assert self.quotas is not None
+        refusal = self.quotas.refusal(tenant, in_flight) if self.quotas and in_flight else nullcontext()
+        with (
+            refusal,  # outermost: a pipeline's error surfaces late
+            self.pipelined_transaction() if caller_conn is None else _savepoint(caller_conn) as conn,
+        ):
+            if self.quotas is not None and in_flight is not None:
                 self.quotas.admit_run(conn, tenant, in_flight)
             result = self.store.append_many(
                 appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn

@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,8 @@ log = structlog.get_logger(__name__)
 Q = load_queries("workflows", "quotas.sql")
 #: What a refused start under the runs-in-flight quota is told to wait: how long a run takes is unknown.
 IN_FLIGHT_RETRY_AFTER = 1.0
+#: The SQLSTATE of ledgerflow.wf_admit_run's refusal (migrations/0032_tenant_quotas.sql).
+IN_FLIGHT_REFUSED = "LFQ01"
 #: Where each quota's default comes from, for the messages that name it.
 SETTINGS = {
     "max_runs_in_flight": "LEDGERFLOW_TENANT_MAX_RUNS_IN_FLIGHT",
@@ -168,24 +171,34 @@ class TenantQuotas:
                 bucket = self._buckets[tenant, quota] = _Bucket(rate, max(1.0, rate * self.burst), now)
             wait = bucket.take(now)
         if wait > 0:
-            self._refuse(tenant, quota, rate, wait)
+            raise self._refusal(tenant, quota, rate, wait)
 
     def max_runs_in_flight(self, tenant: str) -> int | None:
         return self.quota(tenant).max_runs_in_flight
 
     def admit_run(self, conn: psycopg.Connection[Any], tenant: str, limit: int) -> None:
         """In the transaction that starts a run of `tenant`, before it writes: admit the run under the
-        tenant's quota of `limit` runs in flight, or raise QuotaExceededError (the caller's transaction then
-        rolls back). Holds the tenant's admission lock until that transaction ends."""
-        with wrap_exceptions():
-            row = conn.execute(Q["runs_in_flight"], {"tenant": tenant, "at_most": limit}).fetchone()
-        assert row is not None
-        if row[0] >= limit:
-            self._refuse(tenant, "max_runs_in_flight", limit, IN_FLIGHT_RETRY_AFTER)
+        tenant's quota of `limit` runs in flight. A refusal is an error of the statement (the transaction
+        then rolls back), which `refusal()` turns into QuotaExceededError wherever it surfaces: sent in a
+        pipeline, the statement costs no round trip of its own. Holds the tenant's admission lock until
+        that transaction ends."""
+        conn.execute(Q["admit_run"], {"tenant": tenant, "at_most": limit})
 
-    def _refuse(self, tenant: str, quota: str, limit: float, retry_after: float) -> None:
+    @contextmanager
+    def refusal(self, tenant: str, limit: int) -> Iterator[None]:
+        """Around a start that `admit_run` admits: its refusal becomes QuotaExceededError, also when it
+        surfaced inside another boundary that translated it (its `__cause__` is the driver's error)."""
+        try:
+            yield
+        except Exception as exc:
+            cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+            if isinstance(cause, psycopg.Error) and cause.sqlstate == IN_FLIGHT_REFUSED:
+                raise self._refusal(tenant, "max_runs_in_flight", limit, IN_FLIGHT_RETRY_AFTER) from None
+            raise
+
+    def _refusal(self, tenant: str, quota: str, limit: float, retry_after: float) -> QuotaExceededError:
         log.info("tenant_quota_exceeded", tenant=tenant, quota=quota, limit=limit, retry_after=retry_after)
-        raise QuotaExceededError(tenant, quota, limit, retry_after, self._source(tenant, quota))
+        return QuotaExceededError(tenant, quota, limit, retry_after, self._source(tenant, quota))
 
 
 def set_tenant_quota(store: EventStore, tenant: str, quota: Quota) -> None:

@@ -5,9 +5,10 @@
 -- whole every few seconds, never per request.
 SELECT tenant, max_runs_in_flight, starts_per_second, appends_per_second FROM ledgerflow.tenant_quotas
 
--- name: runs_in_flight
--- Exact across processes: see ledgerflow.wf_runs_in_flight (a lock per tenant until this start commits).
-SELECT ledgerflow.wf_runs_in_flight(%(tenant)s, %(at_most)s)
+-- name: admit_run
+-- Exact across processes: see ledgerflow.wf_admit_run (a lock per tenant until this start commits). Fails
+-- with LFQ01 when the tenant has `at_most` runs in flight already.
+SELECT ledgerflow.wf_admit_run(%(tenant)s, %(at_most)s)
 
 -- name: set_tenant_quota
 INSERT INTO ledgerflow.tenant_quotas AS t (tenant, max_runs_in_flight, starts_per_second, appends_per_second)

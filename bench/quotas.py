@@ -1,0 +1,121 @@
+"""What per-tenant quotas and debounced starts cost.
+
+    python -m bench.quotas [--runs 3] [--starts 300]
+
+Starts of a one-node workflow from one thread, in rounds that alternate, on one database:
+- without quotas (the baseline);
+- under a runs-in-flight quota (admitted: the tenant's lock and a count of its runs, up to the quota, in
+  the start's transaction), with the tenant already holding `--in-flight` runs;
+- under a starts-per-second quota (admitted: a process's token bucket);
+and, on a second database without the `workflow_queue_by_tenant` index, the baseline again: what the index
+costs starts that no quota bounds. Then bursts of debounced starts fired by a `DebounceKeeper`: the delay
+from a burst's due time to its run's start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from collections.abc import Callable
+
+from bench._common import default_admin_url, fresh_database, median, print_table, quiet_logs
+from eventstore import EventStore, open_store
+from workflows import Debounce, Engine, NodeContext, Quota, TenantQuotas, Workflow, WorkflowRegistry
+from workflows.debounce import DebounceKeeper
+
+registry = WorkflowRegistry()
+one = Workflow("one")
+
+
+@one.node()
+def only(ctx: NodeContext) -> None:
+    return None
+
+
+registry.register(one)
+
+
+def rate(start: Callable[[], object], n: int) -> float:
+    began = time.perf_counter()
+    for _ in range(n):
+        start()
+    return n / (time.perf_counter() - began)
+
+
+def starts(store: EventStore, args: argparse.Namespace) -> dict[str, list[float]]:
+    plain = Engine(store, registry)
+    in_flight = Engine(store, registry, quotas=TenantQuotas(store, Quota(max_runs_in_flight=10**6)))
+    per_second = Engine(store, registry, quotas=TenantQuotas(store, Quota(starts_per_second=10**9)))
+    for _ in range(args.in_flight):
+        plain.start("one", tenant="busy")
+    modes: dict[str, Callable[[], object]] = {
+        "no quota": lambda: plain.start("one", tenant="busy"),
+        "runs in flight": lambda: in_flight.start("one", tenant="busy"),
+        "starts per second": lambda: per_second.start("one", tenant="busy"),
+    }
+    found: dict[str, list[float]] = {m: [] for m in modes}
+    for _ in range(args.runs):
+        for mode, start in modes.items():
+            found[mode].append(rate(start, args.starts))
+    return found
+
+
+def debounce_delays(store: EventStore, bursts: int) -> list[float]:
+    engine = Engine(store, registry)
+    keeper = DebounceKeeper(engine, ["one"], worker_id="bench")
+    keeper.start()
+    try:
+        due = {}
+        for b in range(bursts):
+            for _ in range(5):
+                s = engine.start("one", tenant="deb", debounce=Debounce(f"b{b}", 0.2))
+            due[str(s.run_id)] = s.debounced_until
+            threading.Event().wait(0.05)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with store.pool.connection() as conn:
+                rows = conn.execute(
+                    "SELECT data->>'run_id', recorded_at FROM ledgerflow.events "
+                    "WHERE event_type = 'wf.RunStarted' AND tenant = 'deb'"
+                ).fetchall()
+            if len(rows) == bursts:
+                return [(at - due[r]).total_seconds() * 1000 for r, at in rows]
+            threading.Event().wait(0.1)
+        raise TimeoutError("the bursts did not all fire within 60 s")
+    finally:
+        keeper.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--starts", type=int, default=300)
+    parser.add_argument("--in-flight", type=int, default=200, help="the tenant's runs before the rounds")
+    parser.add_argument("--bursts", type=int, default=40)
+    args = parser.parse_args()
+    quiet_logs()
+    admin = default_admin_url()
+    with fresh_database(admin, "bench_quotas") as url, open_store(url=url, migrate=True) as store:
+        found = starts(store, args)
+        delays = sorted(debounce_delays(store, args.bursts))
+    with fresh_database(admin, "bench_quotas") as url, open_store(url=url, migrate=True) as store:
+        with store.pool.connection() as conn:
+            conn.execute("DROP INDEX ledgerflow.workflow_queue_by_tenant")
+        found["no quota, no tenant index"] = starts(store, args)["no quota"]
+    base = median(found["no quota"])
+    rows = [[m, f"{median(v):.0f}", f"{median(v) / base:.2f}"] for m, v in found.items()]
+    print(
+        f"medians of {args.runs} rounds of {args.starts} starts, the tenant holding {args.in_flight}+ runs:"
+    )
+    print_table(["mode", "starts/s", "÷ no quota"], rows)
+    p = lambda q: delays[min(len(delays) - 1, int(len(delays) * q))]  # noqa: E731
+    print(
+        f"\n{args.bursts} debounced bursts: due time to run start p50 {p(0.5):.0f} ms, p99 {p(0.99):.0f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
