@@ -266,8 +266,8 @@ class Engine:
     ) -> AppendResult:
         """The commonest start, without a run key or an idempotency key: its events and its first nodes
         queued in one statement, so one transaction and one round trip (see ledgerflow.wf_start_run).
-        Under a quota of runs in flight (`in_flight`), the admission goes first in a pipelined transaction
-        with that statement: two round trips."""
+        Under a quota of runs in flight (`in_flight`), the admission goes first, in a pipelined
+        transaction with that statement: one round trip too."""
         params = self.store.one_stream_params(append.stream_id, append.events, NO_STREAM, tenant)
         specs = [wf.nodes[r] for r in roots]
         began = time.perf_counter()
@@ -280,10 +280,11 @@ class Engine:
                 self.quotas.refusal(tenant, in_flight),  # outermost: a pipeline's error surfaces late
                 wrap_exceptions(),
                 self.store.pool.connection() as conn,
-                queue.pipelined_transaction(conn),
             ):
-                self.quotas.admit_run(conn, tenant, in_flight)
-                rows = queue.start_run(conn, run_id, wf.name, wf.version, specs, params)
+                with queue.pipelined_transaction(conn):
+                    self.quotas.admit_run(conn, tenant, in_flight)
+                    sent = queue.send_start_run(conn, run_id, wf.name, wf.version, specs, params)
+                rows = sent.fetchall()  # once committed: BEGIN to COMMIT in one round trip
         self.store.notify_appended()
         return self.store.appended(rows, tenant, began)
 
