@@ -38,6 +38,10 @@ log = structlog.get_logger(__name__)
 Q = load_queries("workflows", "debounce.sql")
 #: A worker looks for due bursts at least this often (seconds): the most a run starts after it is due.
 _LONGEST_WAIT = 0.5
+#: How long a worker waits when every due burst is locked by another worker firing it.
+_LOCKED_WAIT = 0.05
+#: A burst whose run failed to start (other than for a quota) is tried again this much later.
+_FAILED_WAIT = 30.0
 #: The longest window or max_wait (seconds): one day.
 MAX_WINDOW = 86_400.0
 _MAX_KEY = 200
@@ -162,6 +166,13 @@ def fire_due(engine: Engine, workflows: list[str], quotas: TenantQuotas | None =
                 conn.execute(Q["postpone"], {**where, "delay": exc.retry_after})
                 log.info("debounce_postponed", **_fields(row), retry_after=exc.retry_after)
                 continue
+            except Exception as exc:
+                if is_unavailable(exc):
+                    raise
+                # One burst that cannot start must not hold up the others behind it.
+                conn.execute(Q["postpone"], {**where, "delay": _FAILED_WAIT})
+                log.exception("debounce_fire_failed", **_fields(row), retry_in=_FAILED_WAIT)
+                continue
             conn.execute(Q["fired"], where)
         engine.store.notify_appended()  # workers claim the run's first nodes now, not at their next poll
         fired += 1
@@ -209,8 +220,12 @@ class DebounceKeeper:
         structlog.contextvars.bind_contextvars(worker=self.worker_id)  # this thread's log lines
         while not self.stopping.is_set():
             try:
-                fire_due(self.engine, self.workflows, self.quotas)
+                # One query while nothing is due: the soonest due time (and how long to sleep).
                 wait = seconds_to_next_due(self.engine, self.workflows)
+                if wait <= 0:
+                    if fire_due(self.engine, self.workflows, self.quotas):
+                        continue
+                    wait = _LOCKED_WAIT  # the due bursts are another worker's to fire at this moment
             except Exception as exc:
                 if not is_unavailable(exc):
                     log.exception("debounce_check_failed")

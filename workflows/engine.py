@@ -68,6 +68,7 @@ def fingerprint(value: Any) -> str:
 class Started:
     run_id: uuid.UUID
     #: False when an active run for the key, or an earlier start with the idempotency key, was returned.
+    #: A debounced start: True for the start that opened its burst.
     created: bool
     #: Where the start landed in the log: `projector.wait_for(store, workflow_tables, started.cursor)`
     #: waits until the run tables show the run. None when an existing run was returned (its start is

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from eventstore import EventStore, InvalidInputError, QuotaExceededError
 from tests.flows import registry
@@ -149,3 +150,20 @@ def test_a_burst_over_its_tenants_runs_in_flight_waits(store: EventStore) -> Non
     assert len(runs_started(store)) == 1
     with pytest.raises(QuotaExceededError):  # the same refusal a start would get now
         Engine(store, registry, quotas=quotas).start("linear", tenant="acme")
+
+
+def test_a_burst_that_cannot_start_holds_up_no_other(store: EventStore) -> None:
+    engine = Engine(store, registry)
+    engine.start("linear", input={"burst": "a"}, tenant="acme", debounce=Debounce("a", 0.05))
+    [a] = pending_debounces(store)
+    # A run already holds the burst's idempotency key with other input: its start can only conflict.
+    engine.start("linear", input={"other": True}, idempotency_key=f"debounce:{a.burst}", tenant="acme")
+    engine.start("linear", input={"burst": "b"}, tenant="acme", debounce=Debounce("b", 0.05))
+    wait_until(lambda: all_due(store), timeout=30, what="both bursts to be due")
+    with capture_logs() as logs:
+        assert fire_due(engine, ["linear"]) == 1
+    assert [e["key"] for e in logs if e["event"] == "debounce_fire_failed"] == ["a"]
+    assert [r["input"] for r in runs_started(store)] == [{"other": True}, {"burst": "b"}]
+    [left] = pending_debounces(store)
+    assert left.key == "a"
+    assert not all_due(store)  # looked at again later
