@@ -114,7 +114,8 @@ class StartedOut(BaseModel):
     )
     debounced_until: datetime | None = Field(
         default=None,
-        description="A debounced start: when the burst's run starts at the earliest, as of this start.",
+        description="Only for a debounced start: when the burst's run starts at the earliest, as of this "
+        "start.",
     )
 
 
@@ -122,6 +123,7 @@ class StartedOut(BaseModel):
     "/workflows/{workflow}/runs",
     status_code=201,
     response_model=StartedOut,
+    response_model_exclude_none=True,  # `debounced_until` only for a debounced start
     responses={
         200: {"model": StartedOut, "description": "An existing run was returned."},
         **NOT_FOUND,
