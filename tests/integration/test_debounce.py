@@ -167,3 +167,12 @@ def test_a_burst_that_cannot_start_holds_up_no_other(store: EventStore) -> None:
     [left] = pending_debounces(store)
     assert left.key == "a"
     assert not all_due(store)  # looked at again later
+
+
+def test_a_debounced_start_over_the_start_rate_writes_nothing(store: EventStore) -> None:
+    engine = Engine(store, registry, quotas=TenantQuotas(store, Quota(starts_per_second=0.01)))
+    engine.start("linear", input={"n": 1}, tenant="acme", debounce=Debounce("k", 60))
+    with pytest.raises(QuotaExceededError):
+        engine.start("linear", input={"n": 2}, tenant="acme", debounce=Debounce("k", 60))
+    [burst] = pending_debounces(store)
+    assert burst.starts == 1
