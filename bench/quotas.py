@@ -5,12 +5,13 @@
 Starts of a one-node workflow from one thread, in rounds that alternate, on one database:
 - without quotas (the baseline);
 - under a runs-in-flight quota (admitted: the tenant's lock and a count of its runs, up to the quota, in
-  the start's transaction), with the tenant already holding `--in-flight` runs, and more each round;
+  the start's transaction), for a tenant new each round, and for one that held `--in-flight` runs before
+  the first round and holds more each round;
 - under a starts-per-second quota (admitted: a process's token bucket);
 - without quotas on a second database without the `workflow_queue_by_tenant` index: what the index costs
   starts that no quota bounds.
-Then bursts of debounced starts fired by a `DebounceKeeper`: the delay
-from a burst's due time to its run's start.
+Then bursts of debounced starts fired by a `DebounceKeeper`: the delay from a burst's due time to its
+run's start.
 """
 
 from __future__ import annotations
@@ -53,14 +54,24 @@ def starts(store: EventStore, bare: EventStore, args: argparse.Namespace) -> dic
     per_second = Engine(store, registry, quotas=TenantQuotas(store, Quota(starts_per_second=10**9)))
     for _ in range(args.in_flight):  # the tenant's runs before the rounds: each start counts them
         plain.start("one", tenant="busy")
+    fresh = iter(range(10**6))  # a new tenant each round: it holds only that round's runs
+    tenant = ["t0"]
+
+    def in_flight_fresh() -> object:
+        return in_flight.start("one", tenant=tenant[0])
+
     modes: dict[str, Callable[[], object]] = {
         "no quota": lambda: plain.start("one", tenant="other"),
-        f"runs in flight (quota {args.quota})": lambda: in_flight.start("one", tenant="busy"),
+        f"runs in flight (quota {args.quota}), tenant holding 0+": in_flight_fresh,
+        f"runs in flight (quota {args.quota}), tenant holding {args.in_flight}+": lambda: in_flight.start(
+            "one", tenant="busy"
+        ),
         "starts per second": lambda: per_second.start("one", tenant="other"),
         "no quota, no tenant index": lambda: Engine(bare, registry).start("one", tenant="other"),
     }
     found: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(args.runs):
+        tenant[0] = f"t{next(fresh)}"
         for mode, start in modes.items():
             found[mode].append(rate(start, args.starts))
     return found
@@ -116,10 +127,7 @@ def main() -> None:
         delays = sorted(debounce_delays(store, args.bursts))
     base = median(found["no quota"])
     rows = [[m, f"{median(v):.0f}", f"{median(v) / base:.2f}"] for m, v in found.items()]
-    held = f"{args.in_flight} to {args.in_flight + args.runs * args.starts}"
-    print(
-        f"medians of {args.runs} rounds of {args.starts} starts; the tenant under a quota holds {held} runs:"
-    )
+    print(f"medians of {args.runs} rounds of {args.starts} starts; each round adds to what a tenant holds:")
     print_table(["mode", "starts/s", "÷ no quota"], rows)
     p = lambda q: delays[min(len(delays) - 1, int(len(delays) * q))]  # noqa: E731
     print(
