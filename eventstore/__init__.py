@@ -22,6 +22,7 @@ from eventstore.errors import (
     LedgerflowError,
     MigrationError,
     NotFoundError,
+    QuotaExceededError,
     WrongExpectedVersionError,
 )
 from eventstore.events import (
@@ -97,6 +98,7 @@ __all__ = [
     "Outage",
     "OutageState",
     "Partition",
+    "QuotaExceededError",
     "ReadPage",
     "RecordedEvent",
     "StreamAppend",

@@ -113,3 +113,23 @@ class ArchiveRefusedError(LedgerflowError):
     """A partition of the log cannot be archived or restored now; the message says why and what to do."""
 
     code = "archive_refused"
+
+
+class QuotaExceededError(LedgerflowError):
+    """A tenant is over one of its quotas (runs in flight, starts or appends per second); nothing was
+    written. `retry_after`: seconds after which the same request may be admitted."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, tenant: str, quota: str, limit: float, retry_after: float, source: str) -> None:
+        self.tenant = tenant
+        self.quota = quota
+        self.limit = limit
+        self.retry_after = retry_after
+        super().__init__(
+            f"tenant {tenant!r} is over its quota of {limit:g} {quota.replace('_', ' ')} ({source}); "
+            f"nothing was written. Retry after {retry_after:.2f} s."
+        )
+
+    def details(self) -> dict[str, Any]:
+        return {"quota": self.quota, "limit": self.limit, "retry_after": round(self.retry_after, 3)}

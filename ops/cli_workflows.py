@@ -18,11 +18,12 @@ from eventstore import InvalidInputError, json_loads, open_store
 from ops.cli_common import ICONS, console, emit_json, err_console, settings_of
 from ops.cli_outputs import node_outputs, print_outputs
 from ops.process_exit import exit_past_stuck_threads
-from ops.services import open_store_when_available
+from ops.services import open_store_when_available, tenant_quotas
 from ops.settings import Settings
 from workflows import (
     PRIORITY_MAX,
     PRIORITY_MIN,
+    Debounce,
     Engine,
     NodeState,
     RunState,
@@ -72,7 +73,11 @@ def worker_command(ctx: click.Context, name: str | None) -> None:
         settings.model_copy(update={"idle_in_transaction_timeout": timeout}), name="ledgerflow-worker"
     ) as store:
         worker = WorkflowWorker(
-            Engine(store, registry), registry, worker_settings(settings), name=name or settings.worker_name
+            Engine(store, registry),
+            registry,
+            worker_settings(settings),
+            name=name or settings.worker_name,
+            quotas=tenant_quotas(settings, store),  # a debounced burst over its tenant's quota waits
         )
 
         def stop(signum: int, frame: FrameType | None) -> None:
@@ -115,6 +120,19 @@ def _json_arg(text: str | None) -> Any:
 @click.option("--key", default=None, help="At most one active run per key.")
 @click.option("--idempotency-key", default=None)
 @click.option("--tenant", default="default", show_default=True)
+@click.option("--debounce-key", default=None, help="One run per burst of starts with this key.")
+@click.option(
+    "--debounce-window",
+    type=float,
+    default=None,
+    help="With --debounce-key: the run starts this many seconds after the burst's last start.",
+)
+@click.option(
+    "--debounce-max-wait",
+    type=float,
+    default=None,
+    help="With --debounce-key: ...or this many seconds after its first start, whichever comes first.",
+)
 @click.option(
     "--priority",
     type=click.IntRange(PRIORITY_MIN, PRIORITY_MAX),
@@ -133,10 +151,21 @@ def start(
     idempotency_key: str | None,
     tenant: str,
     priority: int | None,
+    debounce_key: str | None,
+    debounce_window: float | None,
+    debounce_max_wait: float | None,
     print_id: bool,
 ) -> None:
-    """Start a run of WORKFLOW (workers pick it up); with --key, at most one active run per key."""
+    """Start a run of WORKFLOW (workers pick it up); with --key, at most one active run per key; with
+    --debounce-key and --debounce-window, one run per burst of starts, after the burst."""
     settings = settings_of(ctx)
+    debounce = None
+    if (debounce_key is None) != (debounce_window is None) or (debounce_max_wait and not debounce_key):
+        raise click.UsageError(
+            "--debounce-key and --debounce-window go together (--debounce-max-wait with them)"
+        )
+    if debounce_key is not None and debounce_window is not None:
+        debounce = Debounce(debounce_key, debounce_window, debounce_max_wait)
     with open_store(settings) as store:
         started = Engine(store, registry_of(settings)).start(
             workflow,
@@ -145,9 +174,18 @@ def start(
             idempotency_key=idempotency_key,
             tenant=tenant,
             priority=priority,
+            debounce=debounce,
         )
     if print_id:
         click.echo(str(started.run_id))
+        return
+    if started.debounced_until is not None:
+        opened = "opened a burst" if started.created else "joined its burst"
+        console.print(
+            f"run {started.run_id}: {opened}; it starts at {started.debounced_until.isoformat()} at the "
+            "earliest",
+            highlight=False,
+        )
         return
     what = "started" if started.created else "already active (returned the existing run)"
     console.print(f"run {started.run_id} {what}", highlight=False)

@@ -24,7 +24,7 @@ from ops.settings import Settings
 from ops.telemetry import configure_telemetry
 from projector import ProjectorWorker
 from projector import WorkerSettings as ProjectorSettings
-from workflows import WorkflowWorker
+from workflows import Engine, WorkflowWorker
 
 log = structlog.get_logger(__name__)
 _GRACE_SECONDS = 10
@@ -88,8 +88,13 @@ def _workflow_worker(services: Services) -> WorkflowWorker:
     from ops.cli_workflows import worker_settings
 
     settings = services.settings
+    # An engine without quotas: triggers, schedules and the starts of nodes are the server's own work.
     return WorkflowWorker(
-        services.engine, services.registry, worker_settings(settings), name=settings.worker_name
+        Engine(services.store, services.registry),
+        services.registry,
+        worker_settings(settings),
+        name=settings.worker_name,
+        quotas=services.quotas,  # a debounced burst over its tenant's quota waits
     )
 
 

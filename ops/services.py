@@ -24,7 +24,7 @@ from ops.cli_errors import explain_connect_failure
 from ops.settings import Settings
 from ops.startup import MisconfiguredDatabaseError, check_database_url, is_permanent
 from projector import Projection, load_projections
-from workflows import Engine, WorkflowRegistry, load_workflows, workflow_tables
+from workflows import Engine, Quota, TenantQuotas, WorkflowRegistry, load_workflows, workflow_tables
 
 if TYPE_CHECKING:
     from ops.roles import Role
@@ -43,13 +43,32 @@ class Services:
     projections: list[Projection] = field(default_factory=list)
     #: The worker roles this process runs (`ledgerflow serve`), for health reports.
     roles: list[Role] = field(default_factory=list)
+    #: The process's per-tenant quotas: one set of rate buckets, whatever the number of requests.
+    quotas: TenantQuotas = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.quotas = tenant_quotas(self.settings, self.store)
 
     @property
     def engine(self) -> Engine:
-        return Engine(self.store, self.registry)
+        return Engine(self.store, self.registry, quotas=self.quotas)
 
     def close(self) -> None:
         self.store.close()
+
+
+def tenant_quotas(settings: Settings, store: EventStore) -> TenantQuotas:
+    """The per-tenant quotas the settings define (unbounded by default)."""
+    return TenantQuotas(
+        store,
+        Quota(
+            settings.tenant_max_runs_in_flight,
+            settings.tenant_starts_per_second,
+            settings.tenant_appends_per_second,
+        ),
+        burst=settings.tenant_rate_burst,
+        refresh=settings.tenant_quotas_refresh,
+    )
 
 
 def open_store_when_available(

@@ -39,6 +39,16 @@ class Settings(DatabaseSettings):
     recovery: bool = True
     recovery_interval: float = Field(default=2.0, gt=0)
 
+    #: Per-tenant quotas (None: unbounded); a tenant's row in ledgerflow.tenant_quotas overrides them (see
+    #: workflows.quotas). Runs in flight hold across processes; the rates are per process.
+    tenant_max_runs_in_flight: int | None = Field(default=None, ge=1)
+    tenant_starts_per_second: float | None = Field(default=None, gt=0)
+    tenant_appends_per_second: float | None = Field(default=None, gt=0)
+    #: Seconds' worth of a rate a tenant may use at once after a quiet spell (at least one request).
+    tenant_rate_burst: float = Field(default=1.0, gt=0)
+    #: How long a process keeps what it read of ledgerflow.tenant_quotas (seconds).
+    tenant_quotas_refresh: float = Field(default=5.0, gt=0)
+
     @property
     def projection_paths(self) -> list[str]:
         return _split(self.projections)

@@ -8,6 +8,9 @@ require_ledgerflow_packages("eventstore", "projector")
 from workflows.async_context import AsyncNodeContext  # noqa: E402
 from workflows.caps import RunCaps  # noqa: E402
 from workflows.context import NodeContext  # noqa: E402
+from workflows.debounce import MAX_WINDOW as MAX_DEBOUNCE_WINDOW  # noqa: E402
+from workflows.debounce import Debounce, PendingBurst  # noqa: E402
+from workflows.debounce import pending as pending_debounces  # noqa: E402
 from workflows.definition import (  # noqa: E402
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -49,6 +52,13 @@ from workflows.metrics import watch_limit_usage  # noqa: E402
 from workflows.projections import workflow_tables  # noqa: E402
 from workflows.queue import QueueSummary, Recovery, recent_recoveries  # noqa: E402
 from workflows.queue import summary as queue_summary  # noqa: E402
+from workflows.quotas import (  # noqa: E402
+    Quota,
+    TenantQuotas,
+    clear_tenant_quota,
+    set_tenant_quota,
+    tenant_quota_rows,
+)
 from workflows.read import list_runs, run_nodes  # noqa: E402
 from workflows.recovery import sweep  # noqa: E402
 from workflows.scheduler import NodeStatus  # noqa: E402
@@ -61,6 +71,7 @@ from workflows.worker import WorkerSettings, WorkflowWorker  # noqa: E402
 __ledgerflow_package__ = True
 
 __all__ = [
+    "MAX_DEBOUNCE_WINDOW",
     "NODE_CHECKPOINT",
     "NODE_RECLAIMED",
     "ONTOLOGY_EXTRACTED",
@@ -70,6 +81,7 @@ __all__ = [
     "RESERVED_TYPE_PREFIX",
     "STEP_RECORDED",
     "AsyncNodeContext",
+    "Debounce",
     "DefinitionError",
     "Engine",
     "LimitUsage",
@@ -81,7 +93,9 @@ __all__ = [
     "NodeStuckError",
     "NodeTimeout",
     "PayloadTooLargeError",
+    "PendingBurst",
     "QueueSummary",
+    "Quota",
     "Recovery",
     "RetryPolicy",
     "RunCancelled",
@@ -93,6 +107,7 @@ __all__ = [
     "ScheduleRow",
     "SignalTimeout",
     "Started",
+    "TenantQuotas",
     "Trigger",
     "VersionWait",
     "WorkerSettings",
@@ -101,19 +116,23 @@ __all__ = [
     "WorkflowEventError",
     "WorkflowRegistry",
     "WorkflowWorker",
+    "clear_tenant_quota",
     "demo_registry",
     "limit_usage",
     "list_runs",
     "list_schedules",
     "load_workflows",
     "next_tick",
+    "pending_debounces",
     "queue_summary",
     "recent_recoveries",
     "run_nodes",
     "run_started_by",
     "run_stream",
     "sample_schema",
+    "set_tenant_quota",
     "sweep",
+    "tenant_quota_rows",
     "versions_without_worker",
     "watch_limit_usage",
     "workflow_tables",

@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -39,8 +39,11 @@ from eventstore.errors import ConflictError, NotFoundError
 from workflows import events as ev
 from workflows import queue, snapshots
 from workflows.caps import RunCaps
+from workflows.debounce import Debounce, record_start
+from workflows.debounce import idempotency_key as debounce_idempotency_key
 from workflows.definition import Workflow, WorkflowRegistry, check_priority
 from workflows.errors import RunSignalLimitError, RunStateError, wrap_exceptions
+from workflows.quotas import TenantQuotas
 from workflows.scheduler import NodeStatus, nodes_to_rerun, retry_from_failed, runnable_nodes
 from workflows.state import RunState, apply
 
@@ -66,11 +69,15 @@ def fingerprint(value: Any) -> str:
 class Started:
     run_id: uuid.UUID
     #: False when an active run for the key, or an earlier start with the idempotency key, was returned.
+    #: A debounced start: True for the start that opened its burst.
     created: bool
     #: Where the start landed in the log: `projector.wait_for(store, workflow_tables, started.cursor)`
     #: waits until the run tables show the run. None when an existing run was returned (its start is
     #: older: `store.committed_so_far()` lies beyond it).
     cursor: Cursor | None = None
+    #: A debounced start (`debounce=`): when the burst's run starts at the earliest, as of this start (its
+    #: id is `run_id`; it exists once a worker fires the burst). None for other starts.
+    debounced_until: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -83,12 +90,26 @@ class SignalSent:
     duplicate: bool
 
 
+def run_id_for(tenant: str, idempotency_key: str) -> uuid.UUID:
+    """The id of the run started with `idempotency_key`."""
+    return uuid.uuid5(_RUN_IDS, f"{tenant}\x00{idempotency_key}")
+
+
 class Engine:
-    def __init__(self, store: EventStore, registry: WorkflowRegistry, caps: RunCaps | None = None) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        registry: WorkflowRegistry,
+        caps: RunCaps | None = None,
+        *,
+        quotas: TenantQuotas | None = None,
+    ) -> None:
         self.store = store
         self.registry = registry
         #: What one run may hold (LEDGERFLOW_MAX_SIGNALS_PER_RUN, ...): from the environment by default.
         self.caps = caps if caps is not None else RunCaps()
+        #: Per-tenant quotas on starts (None: none); see workflows.quotas.
+        self.quotas = quotas
 
     # -- reading --------------------------------------------------------------------------------------
 
@@ -136,6 +157,7 @@ class Engine:
         triggered_by: ev.TriggeringEvent | None = None,
         conn: psycopg.Connection[Any] | None = None,
         priority: int | None = None,
+        debounce: Debounce | None = None,
     ) -> Started:
         """Start a run. With `key`, at most one run per key is active: a second start returns the active
         run. With `idempotency_key`, a repeat returns the first run; other input under it conflicts.
@@ -143,18 +165,25 @@ class Engine:
         `conn`: start inside the caller's transaction (in a savepoint), so that the run exists if and only
         if that transaction commits; the caller wakes the workers after its commit (see
         `EventStore.notify_appended`). `priority`: higher is claimed first among the tenant's ready nodes
-        (default: the workflow's); recorded in RunStarted."""
+        (default: the workflow's); recorded in RunStarted.
+        `debounce`: one run per burst of starts with its key, after the burst (see workflows.debounce);
+        the run has the workflow's priority.
+        With `quotas`, a start over the tenant's quota raises QuotaExceededError, having written nothing."""
         check_tenant(tenant)
         wf = self.registry.get(workflow)
         priority = wf.priority if priority is None else check_priority(priority)
         input_fp = fingerprint(input)
         self.caps.check_input(input)
+        if self.quotas is not None:
+            self.quotas.take_start(tenant)
+        if debounce is not None:
+            return self._debounce(wf, input, key, idempotency_key, tenant, triggered_by, conn, debounce)
         if key is not None and (
             not isinstance(key, str) or not 0 < len(key) <= _MAX_KEY or not key.isprintable()
         ):
             raise InvalidInputError(f"run key must be 1-{_MAX_KEY} printable characters")
         if idempotency_key is not None:
-            run_id = uuid.uuid5(_RUN_IDS, f"{tenant}\x00{idempotency_key}")
+            run_id = run_id_for(tenant, idempotency_key)
             existing = self.store.read_stream(ev.run_stream(run_id), tenant=tenant, limit=1)
             if existing:
                 return self._same_request(
@@ -233,11 +262,12 @@ class Engine:
                     key_version if key_version is not None else NO_STREAM,
                 )
             )
+        in_flight = self.quotas.max_runs_in_flight(tenant) if self.quotas is not None else None
         if len(appends) == 1 and idempotency_key is None and caller_conn is None:
-            result = self._start_alone(wf, run_id, appends[0], roots, tenant, priority)
+            result = self._start_alone(wf, run_id, appends[0], roots, tenant, priority, in_flight)
         else:
             result = self._start_with(
-                wf, run_id, appends, roots, idempotency_key, tenant, caller_conn, priority
+                wf, run_id, appends, roots, idempotency_key, tenant, caller_conn, priority, in_flight
             )
         if not result.duplicate:
             log.info("workflow_started", run_id=str(run_id), workflow=wf.name, key=key, tenant=tenant)
@@ -255,15 +285,31 @@ class Engine:
         roots: list[str],
         tenant: str,
         priority: int,
+        in_flight: int | None = None,
     ) -> AppendResult:
         """The commonest start, without a run key or an idempotency key: its events and its first nodes
-        queued in one statement, so one transaction and one round trip (see ledgerflow.wf_start_run)."""
+        queued in one statement, so one transaction and one round trip (see ledgerflow.wf_start_run).
+        Under a quota of runs in flight (`in_flight`), the admission goes first, in a pipelined
+        transaction with that statement: one round trip too."""
         params = self.store.one_stream_params(append.stream_id, append.events, NO_STREAM, tenant)
+        specs = [wf.nodes[r] for r in roots]
         began = time.perf_counter()
-        with wrap_exceptions(), self.store.statement_connection() as conn:
-            rows = queue.start_run(
-                conn, run_id, wf.name, wf.version, [wf.nodes[r] for r in roots], params, priority=priority
-            )
+        if in_flight is None:
+            with wrap_exceptions(), self.store.statement_connection() as conn:
+                rows = queue.start_run(conn, run_id, wf.name, wf.version, specs, params, priority=priority)
+        else:
+            assert self.quotas is not None
+            with (
+                self.quotas.refusal(tenant, in_flight),  # outermost: a pipeline's error surfaces late
+                wrap_exceptions(),
+                self.store.pool.connection() as conn,
+            ):
+                with queue.pipelined_transaction(conn):
+                    self.quotas.admit_run(conn, tenant, in_flight)
+                    sent = queue.send_start_run(
+                        conn, run_id, wf.name, wf.version, specs, params, priority=priority
+                    )
+                rows = sent.fetchall()  # once committed: BEGIN to COMMIT in one round trip
         self.store.notify_appended()
         return self.store.appended(rows, tenant, began)
 
@@ -277,12 +323,20 @@ class Engine:
         tenant: str,
         caller_conn: psycopg.Connection[Any] | None,
         priority: int,
+        in_flight: int | None = None,
     ) -> AppendResult:
-        """Any other start: with a key (its stream is appended to as well), an idempotency key, or in the
-        caller's transaction."""
+        """Any other start: with a key (its stream is appended to as well), an idempotency key, in the
+        caller's transaction, or under a quota of runs in flight (`in_flight`: admitted first, in the
+        same transaction, which a refusal rolls back)."""
         # In the caller's transaction, a savepoint: a lost race (WrongExpectedVersionError) undoes this
         # start alone and leaves the caller's transaction usable.
-        with self.pipelined_transaction() if caller_conn is None else _savepoint(caller_conn) as conn:
+        refusal = self.quotas.refusal(tenant, in_flight) if self.quotas and in_flight else nullcontext()
+        with (
+            refusal,  # outermost: a pipeline's error surfaces late
+            self.pipelined_transaction() if caller_conn is None else _savepoint(caller_conn) as conn,
+        ):
+            if self.quotas is not None and in_flight is not None:
+                self.quotas.admit_run(conn, tenant, in_flight)
             result = self.store.append_many(
                 appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn
             )
@@ -291,6 +345,38 @@ class Engine:
                     conn, run_id, tenant, wf.name, wf.version, [wf.nodes[r] for r in roots], priority=priority
                 )
         return result
+
+    def _debounce(
+        self,
+        wf: Workflow,
+        input: Any,
+        key: str | None,
+        idempotency_key: str | None,
+        tenant: str,
+        triggered_by: ev.TriggeringEvent | None,
+        conn: psycopg.Connection[Any] | None,
+        debounce: Debounce,
+    ) -> Started:
+        """A debounced start: recorded in its burst; the run starts when a worker fires the burst."""
+        if key is not None or idempotency_key is not None or triggered_by is not None or conn is not None:
+            raise InvalidInputError(
+                "a debounced start takes no run key, idempotency key, trigger or connection: "
+                "the burst's debounce key already makes its starts one run"
+            )
+        if not isinstance(debounce, Debounce):
+            raise InvalidInputError("debounce must be a workflows.Debounce")
+        burst = record_start(self.store, tenant, wf.name, input, debounce)
+        run_id = run_id_for(tenant, debounce_idempotency_key(burst.burst))
+        log.info(
+            "workflow_start_debounced",
+            run_id=str(run_id),
+            workflow=wf.name,
+            debounce_key=debounce.key,
+            starts=burst.starts,
+            due_at=burst.due_at.isoformat(),
+            tenant=tenant,
+        )
+        return Started(run_id, created=burst.starts == 1, debounced_until=burst.due_at)
 
     def _same_request(
         self,

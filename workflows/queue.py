@@ -102,6 +102,21 @@ def start_run(
 ) -> list[tuple[Any, ...]]:
     """A new run's events (`append`: see `EventStore.one_stream_params`) and `specs` queued as ready, as
     one statement on an autocommit connection (see ledgerflow.wf_start_run); returns the append's rows."""
+    return send_start_run(conn, run_id, workflow, version, specs, append, priority=priority).fetchall()
+
+
+def send_start_run(
+    conn: Conn,
+    run_id: uuid.UUID,
+    workflow: str,
+    version: str,
+    specs: Sequence[NodeSpec],
+    append: Mapping[str, Any],
+    *,
+    priority: int = 0,
+) -> psycopg.Cursor[Any]:
+    """`start_run`'s statement, its answer not fetched: in a pipeline, fetched after the COMMIT went out
+    with it, a start in a transaction costs one round trip."""
     params = {
         **append,
         "run_id": run_id,
@@ -110,7 +125,7 @@ def start_run(
         "priority": priority,
         **_node_params(specs),
     }
-    return conn.execute(Q["start_run"], params).fetchall()
+    return conn.execute(Q["start_run"], params)
 
 
 #: A workflow's name and one of its versions, as a worker has them (`WorkflowRegistry.definitions`).

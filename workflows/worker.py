@@ -36,12 +36,14 @@ from eventstore.telemetry import span_if_traced
 from workflows import limits, metrics, queue, versions
 from workflows.aio import Body, Kinds, NodeLoop, StartedTogether, is_async, run_in_thread
 from workflows.context import NodeContext
+from workflows.debounce import DebounceKeeper
 from workflows.definition import NodeSpec, WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeLeaseLost, NodeSuspended, RunCancelled, WorkerStopping, wrap_exceptions
 from workflows.lifecycle import Lifecycle, record_appended
 from workflows.presence import Presence
 from workflows.queue import Claim, Claimant
+from workflows.quotas import TenantQuotas
 from workflows.recovery import take_back
 from workflows.schedules import ScheduleKeeper
 from workflows.state import RunState
@@ -105,8 +107,11 @@ class WorkflowWorker:
         settings: WorkerSettings | None = None,
         *,
         name: str | None = None,
+        quotas: TenantQuotas | None = None,
     ) -> None:
         self.engine = engine
+        #: The tenants' quotas a debounced burst's run is admitted under when it fires (None: none).
+        self.quotas = quotas
         self.registry = registry
         self.settings = settings or WorkerSettings()
         self.name = name or socket.gethostname()
@@ -170,10 +175,12 @@ class WorkflowWorker:
             application_name="ledgerflow-workflow-listener",
         )
         keepalive.start()
-        # Runs started by events of the log and by schedules: each in its own thread, shared with peers.
-        starts: list[TriggerConsumer | ScheduleKeeper] = [
+        # Runs started by events of the log, by schedules and by debounced bursts: each in its own thread,
+        # shared with peers.
+        starts: list[TriggerConsumer | ScheduleKeeper | DebounceKeeper] = [
             TriggerConsumer(self.engine, self.registry, worker_id=self.id, lease_ttl=self.settings.lease_ttl),
             ScheduleKeeper(self.engine, self.registry, worker_id=self.id),
+            DebounceKeeper(self.engine, self.registry.names(), worker_id=self.id, quotas=self.quotas),
         ]
         for s in starts:
             s.start()

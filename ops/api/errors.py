@@ -7,6 +7,7 @@ translated here with `eventstore.db.translate`, so a lost database is a 503 and 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import psycopg
@@ -24,6 +25,7 @@ from eventstore import (
     LedgerflowError,
     MigrationError,
     NotFoundError,
+    QuotaExceededError,
     translate,
 )
 from ops.api.jobs import JobQueueFullError
@@ -58,6 +60,7 @@ NEXT: dict[str, str] = {
     "database_unavailable": "retry once the database answers",
     "migration_error": "apply the pending migrations",
     "job_queue_full": "ask again after Retry-After seconds, once some of your queued runs have ended",
+    "quota_exceeded": "wait as long as Retry-After says (details.retry_after), then send it again",
 }
 
 
@@ -95,6 +98,12 @@ CONFLICT: Responses = {409: _response("The request conflicts with what is record
 TOO_MANY_REQUESTS: Responses = {
     429: _response("Too many of the caller's jobs are waiting; nothing was recorded (see Retry-After).")
 }
+QUOTA: Responses = {
+    429: _response(
+        "The tenant is over a quota (details.quota); nothing was written. Retry after the seconds the "
+        "Retry-After header says."
+    )
+}
 
 
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -122,6 +131,8 @@ def status_of(exc: LedgerflowError) -> int:
         return 429
     if isinstance(exc, NotFoundError):
         return 404
+    if isinstance(exc, QuotaExceededError):
+        return 429
     if isinstance(exc, ConflictError):
         return 409
     if isinstance(exc, PayloadTooLargeError):
@@ -142,6 +153,8 @@ def ledgerflow_error_response(exc: LedgerflowError) -> JSONResponse:
         headers["Retry-After"] = "1"
     elif isinstance(exc, JobQueueFullError):
         headers["Retry-After"] = str(exc.retry_after)
+    elif isinstance(exc, QuotaExceededError):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))  # whole seconds (RFC 9110)
     if status == 500:
         # The message may carry internals (SQL state, driver text): logged, not shown.
         log.error("api_request_failed", code=exc.code, error=str(exc), exc_info=exc)

@@ -36,7 +36,7 @@ from eventstore import (
     json_loads,
 )
 from ops.api.deps import Appender, Reader, ServicesDep
-from ops.api.errors import CONFLICT, NOT_FOUND
+from ops.api.errors import CONFLICT, NOT_FOUND, QUOTA
 from workflows import RESERVED_CATEGORIES, RESERVED_TYPE_PREFIX
 
 
@@ -256,6 +256,7 @@ IdempotencyKey = Annotated[
     responses={
         200: {"model": AppendResponse, "description": "An idempotent repeat."},
         **CONFLICT,
+        **QUOTA,
         **NOT_FOUND,  # a stream id the route cannot carry (a line break)
     },
 )
@@ -280,6 +281,7 @@ def append_events(
     expected = parse_if_match(if_match)
     _refuse_reserved(stream_id, body.events)
     events = [e.to_new_event() for e in body.events]
+    services.quotas.take_append(principal.tenant)  # after the checks of content: bad input costs no token
     result = services.store.append(
         stream_id,
         events,

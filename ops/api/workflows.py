@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Response
@@ -10,8 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from eventstore import IDEMPOTENCY_KEY_PATTERN
 from ops.api.deps import Reader, ServicesDep, Starter
-from ops.api.errors import CONFLICT, NOT_FOUND
-from workflows import PRIORITY_MAX, PRIORITY_MIN, NodeSpec, Workflow
+from ops.api.errors import CONFLICT, NOT_FOUND, QUOTA
+from workflows import MAX_DEBOUNCE_WINDOW as MAX_WINDOW
+from workflows import PRIORITY_MAX, PRIORITY_MIN, Debounce, NodeSpec, Workflow
 
 router = APIRouter(tags=["workflows"])
 
@@ -71,6 +73,21 @@ def list_workflows(principal: Reader, services: ServicesDep) -> WorkflowList:
     )
 
 
+class DebounceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1, max_length=200, description="Starts with this key make one burst.")
+    window: float = Field(
+        gt=0, le=MAX_WINDOW, description="The run starts this many seconds after the burst's last start."
+    )
+    max_wait: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_WINDOW,
+        description="...or this many seconds after its first start, whichever comes first.",
+    )
+
+
 class StartRunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -84,6 +101,12 @@ class StartRunRequest(BaseModel):
         le=PRIORITY_MAX,
         description="Higher is claimed first among the tenant's ready nodes; default: the workflow's.",
     )
+    debounce: DebounceIn | None = Field(
+        default=None,
+        description="One run per burst of starts with this key, with the latest start's input, once the "
+        "burst pauses for `window` seconds (not with `key` or an Idempotency-Key). The answer names the "
+        "run to come; it exists from `debounced_until` on (a worker starts it within a second).",
+    )
 
 
 class StartedOut(BaseModel):
@@ -95,16 +118,23 @@ class StartedOut(BaseModel):
         description="A log cursor at or beyond the run's start: pass it as `min_cursor` to GET /api/v1/runs "
         "to read the run list with this run in it."
     )
+    debounced_until: datetime | None = Field(
+        default=None,
+        description="Only for a debounced start: when the burst's run starts at the earliest, as of this "
+        "start.",
+    )
 
 
 @router.post(
     "/workflows/{workflow}/runs",
     status_code=201,
     response_model=StartedOut,
+    response_model_exclude_none=True,  # `debounced_until` only for a debounced start
     responses={
         200: {"model": StartedOut, "description": "An existing run was returned."},
         **NOT_FOUND,
         **CONFLICT,
+        **QUOTA,
     },
 )
 def start_run(
@@ -123,6 +153,9 @@ def start_run(
     ] = None,
 ) -> StartedOut:
     """Start a run of `workflow` for the token's tenant."""
+    debounce = None
+    if body.debounce is not None:
+        debounce = Debounce(body.debounce.key, body.debounce.window, body.debounce.max_wait)
     started = services.engine.start(
         workflow,
         input=body.input,
@@ -130,9 +163,15 @@ def start_run(
         idempotency_key=idempotency_key,
         tenant=principal.tenant,
         priority=body.priority,
+        debounce=debounce,
     )
     if not started.created:
         response.status_code = 200
     # An existing run's start is older than anything committed before now.
     cursor = started.cursor or services.store.committed_so_far()
-    return StartedOut(run_id=started.run_id, created=started.created, cursor=str(cursor))
+    return StartedOut(
+        run_id=started.run_id,
+        created=started.created,
+        cursor=str(cursor),
+        debounced_until=started.debounced_until,
+    )

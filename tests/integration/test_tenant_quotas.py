@@ -1,0 +1,164 @@
+"""Per-tenant quotas: starts and appends per second (a process's token buckets) and runs in flight (exact
+across processes sharing the database). Each refusal is a QuotaExceededError carrying `retry_after`, and
+leaves the log and the queue as they were."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from eventstore import EventStore, QuotaExceededError, open_store
+from eventstore.settings import DatabaseSettings
+from tests.flows import registry
+from tests.waiting import wait_until
+from workflows import Engine, Quota, TenantQuotas, clear_tenant_quota, set_tenant_quota
+
+
+class Clock:
+    """A clock the test moves: token buckets refill only when it says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def written(store: EventStore) -> tuple[int, int]:
+    """Events in the log and rows in the queue: what a refused request must not change."""
+    with store.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM ledgerflow.events), "
+            "(SELECT count(*) FROM ledgerflow.workflow_queue)"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+@pytest.fixture
+def second_store(database_url: str) -> Iterator[EventStore]:
+    """Another process's store: its own pool, sessions and quota buckets."""
+    other = open_store(DatabaseSettings(database_url=database_url))
+    try:
+        yield other
+    finally:
+        other.close()
+
+
+def test_starts_per_second_refuse_with_retry_after_and_write_nothing(store: EventStore) -> None:
+    clock = Clock()
+    quotas = TenantQuotas(store, Quota(starts_per_second=2), clock=clock)
+    engine = Engine(store, registry, quotas=quotas)
+    engine.start("linear", tenant="acme")
+    engine.start("linear", tenant="acme")  # a bucket holds one second's worth: two starts
+    before = written(store)
+    with pytest.raises(QuotaExceededError) as refused:
+        engine.start("linear", tenant="acme")
+    assert refused.value.quota == "starts_per_second"
+    assert refused.value.retry_after == pytest.approx(0.5)
+    assert "LEDGERFLOW_TENANT_STARTS_PER_SECOND" in str(refused.value)
+    assert refused.value.details() == {"quota": "starts_per_second", "limit": 2, "retry_after": 0.5}
+    assert written(store) == before
+    engine.start("linear", tenant="globex")  # another tenant has its own bucket
+    clock.now += 0.5
+    assert engine.start("linear", tenant="acme").created
+
+
+def test_appends_per_second(store: EventStore) -> None:
+    clock = Clock()
+    quotas = TenantQuotas(store, Quota(appends_per_second=10), burst=0.2, clock=clock)
+    quotas.take_append("acme")
+    quotas.take_append("acme")
+    with pytest.raises(QuotaExceededError) as refused:
+        quotas.take_append("acme")
+    assert refused.value.quota == "appends_per_second"
+    assert refused.value.retry_after == pytest.approx(0.1)
+    quotas.take_append("globex")
+    clock.now += 0.1
+    quotas.take_append("acme")
+
+
+def test_no_quota_costs_nothing(store: EventStore) -> None:
+    quotas = TenantQuotas(store)
+    engine = Engine(store, registry, quotas=quotas)
+    for _ in range(50):
+        engine.start("linear", tenant="acme")
+        quotas.take_append("acme")
+
+
+def test_runs_in_flight_refused_until_one_ends(store: EventStore) -> None:
+    engine = Engine(store, registry, quotas=TenantQuotas(store, Quota(max_runs_in_flight=2)))
+    first = engine.start("linear", tenant="acme")
+    engine.start("linear", tenant="acme", key="k")  # every kind of start is admitted the same way
+    before = written(store)
+    with pytest.raises(QuotaExceededError) as refused:
+        engine.start("linear", tenant="acme", idempotency_key="third")
+    assert refused.value.quota == "max_runs_in_flight"
+    assert refused.value.retry_after > 0
+    assert "LEDGERFLOW_TENANT_MAX_RUNS_IN_FLIGHT" in str(refused.value)
+    assert written(store) == before
+    # An active run returned for its key or idempotency key is no new run: no quota refuses it.
+    assert not engine.start("linear", tenant="acme", key="k").created
+    engine.start("linear", tenant="globex")  # another tenant's runs do not count
+    engine.cancel(first.run_id, tenant="acme")  # nothing running: the run ends now
+    assert engine.start("linear", tenant="acme").created
+
+
+def test_runs_in_flight_hold_across_processes(store: EventStore, second_store: EventStore) -> None:
+    """16 starts at once from two processes' engines, 5 places: exactly 5 runs."""
+    engines = [
+        Engine(s, registry, quotas=TenantQuotas(s, Quota(max_runs_in_flight=5)))
+        for s in (store, second_store)
+    ]
+    barrier = threading.Barrier(16)
+
+    def start(i: int) -> bool:
+        barrier.wait(timeout=30)
+        try:
+            engines[i % 2].start("linear", tenant="acme")
+        except QuotaExceededError:
+            return False
+        return True
+
+    with ThreadPoolExecutor(16) as pool:
+        outcomes = list(pool.map(start, range(16)))
+    assert sum(outcomes) == 5
+    with store.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(DISTINCT run_id) FROM ledgerflow.workflow_queue WHERE tenant = 'acme'"
+        ).fetchone()
+    assert row is not None
+    assert row[0] == 5
+
+
+def test_admission_of_one_tenant_never_waits_for_another(store: EventStore, second_store: EventStore) -> None:
+    """A start of acme holding its admission lock (its transaction still open) does not delay globex."""
+    quotas = TenantQuotas(store, Quota(max_runs_in_flight=5))
+    with store.pool.connection() as conn, conn.transaction():
+        quotas.admit_run(conn, "acme", 5)
+        other = Engine(second_store, registry, quotas=TenantQuotas(second_store, Quota(max_runs_in_flight=5)))
+        done = threading.Event()
+
+        def start_globex() -> None:
+            other.start("linear", tenant="globex")
+            done.set()
+
+        threading.Thread(target=start_globex, daemon=True).start()
+        wait_until(done.is_set, timeout=30, what="globex's start while acme's admission is open")
+
+
+def test_a_tenants_own_row_overrides_the_settings(store: EventStore) -> None:
+    set_tenant_quota(store, "acme", Quota(max_runs_in_flight=1))
+    quotas = TenantQuotas(store, Quota(max_runs_in_flight=100), refresh=0.0)
+    engine = Engine(store, registry, quotas=quotas)
+    engine.start("linear", tenant="acme")
+    with pytest.raises(QuotaExceededError) as refused:
+        engine.start("linear", tenant="acme")
+    assert "tenant_quotas" in str(refused.value)
+    engine.start("linear", tenant="globex")
+    engine.start("linear", tenant="globex")
+    clear_tenant_quota(store, "acme")
+    engine.start("linear", tenant="acme")  # back to the setting's 100

@@ -1,0 +1,237 @@
+"""Per-tenant quotas: runs in flight, starts per second and appends per second.
+
+    quotas = TenantQuotas(store, Quota(max_runs_in_flight=100, starts_per_second=20))
+    engine = Engine(store, registry, quotas=quotas)
+
+The defaults come from settings (`LEDGERFLOW_TENANT_*`); a row of `ledgerflow.tenant_quotas` overrides
+them for one tenant (`set_tenant_quota`). Each process reads that table as a whole at most every
+`refresh` seconds, so a change takes effect within that time.
+
+- **Runs in flight** hold across every process sharing the database: a start of a tenant with this quota
+  counts the tenant's runs in the queue, under a lock of that tenant only, in the transaction that starts
+  the run (ledgerflow.wf_runs_in_flight). A run is in flight from its start until it ends (succeeded,
+  failed or cancelled); a waiting or parked run is in flight.
+- **Starts and appends per second** are token buckets held by each process: `n` API processes admit up
+  to `n` times the rate between them. A bucket holds `burst` seconds' worth of tokens (at least one), so
+  a quiet tenant may send a short burst at once.
+
+A refusal raises `QuotaExceededError` (HTTP 429 with `Retry-After`) before anything is written. Tenants
+without any quota pay nothing: no lock, no count, no bucket.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
+from psycopg.rows import class_row
+
+from eventstore import EventStore, InvalidInputError, QuotaExceededError
+from eventstore._validation import check_tenant
+from eventstore.sqlfile import load_queries
+from workflows.errors import wrap_exceptions
+
+log = structlog.get_logger(__name__)
+Q = load_queries("workflows", "quotas.sql")
+#: What a refused start under the runs-in-flight quota is told to wait: how long a run takes is unknown.
+IN_FLIGHT_RETRY_AFTER = 1.0
+#: The SQLSTATE of ledgerflow.wf_admit_run's refusal (migrations/0032_tenant_quotas.sql).
+IN_FLIGHT_REFUSED = "LFQ01"
+#: Where each quota's default comes from, for the messages that name it.
+SETTINGS = {
+    "max_runs_in_flight": "LEDGERFLOW_TENANT_MAX_RUNS_IN_FLIGHT",
+    "starts_per_second": "LEDGERFLOW_TENANT_STARTS_PER_SECOND",
+    "appends_per_second": "LEDGERFLOW_TENANT_APPENDS_PER_SECOND",
+}
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A tenant's bounds; None: unbounded."""
+
+    max_runs_in_flight: int | None = None
+    starts_per_second: float | None = None
+    appends_per_second: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_runs_in_flight is not None and self.max_runs_in_flight < 1:
+            raise InvalidInputError("max_runs_in_flight must be at least 1 (or None: unbounded)")
+        for name in ("starts_per_second", "appends_per_second"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise InvalidInputError(f"{name} must be a positive number (or None: unbounded)")
+
+
+@dataclass(frozen=True)
+class _TenantRow:
+    tenant: str
+    max_runs_in_flight: int | None
+    starts_per_second: float | None
+    appends_per_second: float | None
+
+
+class _Bucket:
+    """A token bucket: `rate` tokens a second, at most `capacity` kept."""
+
+    def __init__(self, rate: float, capacity: float, now: float) -> None:
+        self.rate = rate
+        self.capacity = capacity
+        self.tokens = capacity
+        self.at = now
+
+    def take(self, now: float) -> float:
+        """0 when a token was taken; else the seconds until one will be there (nothing taken)."""
+        self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+class TenantQuotas:
+    """The quotas of every tenant, as one process enforces them (see the module's docstring)."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        defaults: Quota = Quota(),
+        *,
+        burst: float = 1.0,
+        refresh: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.defaults = defaults
+        self.burst = burst
+        self.refresh = refresh
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._rows: dict[str, _TenantRow] = {}
+        self._read_at: float | None = None
+        self._buckets: dict[tuple[str, str], _Bucket] = {}
+
+    # -- what applies -------------------------------------------------------------------------------
+
+    def quota(self, tenant: str) -> Quota:
+        """`tenant`'s quotas now: its row's, where set, else the defaults."""
+        row = self._tenant_rows().get(tenant)
+        if row is None:
+            return self.defaults
+        d = self.defaults
+        return Quota(
+            row.max_runs_in_flight if row.max_runs_in_flight is not None else d.max_runs_in_flight,
+            row.starts_per_second if row.starts_per_second is not None else d.starts_per_second,
+            row.appends_per_second if row.appends_per_second is not None else d.appends_per_second,
+        )
+
+    def _source(self, tenant: str, quota: str) -> str:
+        row = self._rows.get(tenant)
+        if row is not None and getattr(row, quota) is not None:
+            return "the tenant's own, in ledgerflow.tenant_quotas; see `ledgerflow quotas list`"
+        return f"setting {SETTINGS[quota]}"
+
+    def _tenant_rows(self) -> dict[str, _TenantRow]:
+        now = self.clock()
+        with self._lock:
+            if self._read_at is not None and now - self._read_at < self.refresh:
+                return self._rows
+        rows = {
+            tenant: _TenantRow(tenant, q.max_runs_in_flight, q.starts_per_second, q.appends_per_second)
+            for tenant, q in tenant_quota_rows(self.store).items()
+        }
+        with self._lock:
+            self._rows, self._read_at = rows, now
+            return rows
+
+    # -- admission ----------------------------------------------------------------------------------
+
+    def take_start(self, tenant: str) -> None:
+        """Admit a start of `tenant` under its starts-per-second quota, or raise QuotaExceededError."""
+        self._take(tenant, "starts_per_second", self.quota(tenant).starts_per_second)
+
+    def take_append(self, tenant: str) -> None:
+        """Admit an append of `tenant` under its appends-per-second quota, or raise QuotaExceededError."""
+        self._take(tenant, "appends_per_second", self.quota(tenant).appends_per_second)
+
+    def _take(self, tenant: str, quota: str, rate: float | None) -> None:
+        if rate is None:
+            return
+        now = self.clock()
+        with self._lock:
+            bucket = self._buckets.get((tenant, quota))
+            if bucket is None or bucket.rate != rate:  # new, or its rate changed
+                bucket = self._buckets[tenant, quota] = _Bucket(rate, max(1.0, rate * self.burst), now)
+            wait = bucket.take(now)
+        if wait > 0:
+            raise self._refusal(tenant, quota, rate, wait)
+
+    def max_runs_in_flight(self, tenant: str) -> int | None:
+        return self.quota(tenant).max_runs_in_flight
+
+    def admit_run(self, conn: psycopg.Connection[Any], tenant: str, limit: int) -> None:
+        """In the transaction that starts a run of `tenant`, before it writes: admit the run under the
+        tenant's quota of `limit` runs in flight. A refusal is an error of the statement (the transaction
+        then rolls back), which `refusal()` turns into QuotaExceededError wherever it surfaces: sent in a
+        pipeline, the statement costs no round trip of its own. Holds the tenant's admission lock until
+        that transaction ends."""
+        conn.execute(Q["admit_run"], {"tenant": tenant, "at_most": limit})
+
+    @contextmanager
+    def refusal(self, tenant: str, limit: int) -> Iterator[None]:
+        """Around a start that `admit_run` admits: its refusal becomes QuotaExceededError, also when it
+        surfaced inside another boundary that translated it (its `__cause__` is the driver's error)."""
+        try:
+            yield
+        except Exception as exc:
+            cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+            if isinstance(cause, psycopg.Error) and cause.sqlstate == IN_FLIGHT_REFUSED:
+                raise self._refusal(tenant, "max_runs_in_flight", limit, IN_FLIGHT_RETRY_AFTER) from None
+            raise
+
+    def _refusal(self, tenant: str, quota: str, limit: float, retry_after: float) -> QuotaExceededError:
+        log.info("tenant_quota_exceeded", tenant=tenant, quota=quota, limit=limit, retry_after=retry_after)
+        return QuotaExceededError(tenant, quota, limit, retry_after, self._source(tenant, quota))
+
+
+def set_tenant_quota(store: EventStore, tenant: str, quota: Quota) -> None:
+    """Give `tenant` quotas of its own (None in a field: the setting applies), in every process within
+    its refresh interval."""
+    check_tenant(tenant)
+    with wrap_exceptions(), store.pool.connection() as conn:
+        conn.execute(
+            Q["set_tenant_quota"],
+            {
+                "tenant": tenant,
+                "max_runs_in_flight": quota.max_runs_in_flight,
+                "starts_per_second": quota.starts_per_second,
+                "appends_per_second": quota.appends_per_second,
+            },
+        )
+    log.info("tenant_quota_set", tenant=tenant, **quota.__dict__)
+
+
+def tenant_quota_rows(store: EventStore) -> dict[str, Quota]:
+    """The tenants with quotas of their own, as their rows say (None: the setting applies)."""
+    with (
+        wrap_exceptions(),
+        store.pool.connection() as conn,
+        conn.cursor(row_factory=class_row(_TenantRow)) as cur,
+    ):
+        rows = cur.execute(Q["tenant_quotas"]).fetchall()
+    return {r.tenant: Quota(r.max_runs_in_flight, r.starts_per_second, r.appends_per_second) for r in rows}
+
+
+def clear_tenant_quota(store: EventStore, tenant: str) -> None:
+    """`tenant` goes back to the settings' quotas."""
+    check_tenant(tenant)
+    with wrap_exceptions(), store.pool.connection() as conn:
+        conn.execute(Q["clear_tenant_quota"], {"tenant": tenant})
+    log.info("tenant_quota_cleared", tenant=tenant)

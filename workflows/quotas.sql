@@ -1,0 +1,21 @@
+-- Per-tenant quotas (migrations/0032_tenant_quotas.sql).
+
+-- name: tenant_quotas
+-- Every tenant's own quotas: the table is small (one row per tenant with a quota of its own) and read as a
+-- whole every few seconds, never per request.
+SELECT tenant, max_runs_in_flight, starts_per_second, appends_per_second FROM ledgerflow.tenant_quotas
+
+-- name: admit_run
+-- Exact across processes: see ledgerflow.wf_admit_run (a lock per tenant until this start commits). Fails
+-- with LFQ01 when the tenant has `at_most` runs in flight already.
+SELECT ledgerflow.wf_admit_run(%(tenant)s, %(at_most)s)
+
+-- name: set_tenant_quota
+INSERT INTO ledgerflow.tenant_quotas AS t (tenant, max_runs_in_flight, starts_per_second, appends_per_second)
+VALUES (%(tenant)s, %(max_runs_in_flight)s, %(starts_per_second)s, %(appends_per_second)s)
+ON CONFLICT (tenant) DO UPDATE
+   SET max_runs_in_flight = excluded.max_runs_in_flight, starts_per_second = excluded.starts_per_second,
+       appends_per_second = excluded.appends_per_second, updated_at = clock_timestamp()
+
+-- name: clear_tenant_quota
+DELETE FROM ledgerflow.tenant_quotas WHERE tenant = %(tenant)s
