@@ -61,6 +61,7 @@ def _worker_settings(ctx: click.Context) -> WorkerSettings:
         heartbeat_interval=s.projector_heartbeat_interval,
         batch_size=s.projector_batch_size,
         abandoned_after=s.abandoned_after,
+        shutdown_database_timeout=s.shutdown_database_timeout,
     )
 
 

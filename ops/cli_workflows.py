@@ -49,6 +49,7 @@ def worker_settings(settings: Settings) -> WorkerSettings:
         recovery=settings.recovery,
         recovery_interval=settings.recovery_interval,
         shutdown_grace=settings.worker_shutdown_grace,
+        shutdown_database_timeout=settings.shutdown_database_timeout,
     )
 
 

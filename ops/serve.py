@@ -78,6 +78,7 @@ def _projector(services: Services) -> ProjectorWorker:
             heartbeat_interval=settings.projector_heartbeat_interval,
             batch_size=settings.projector_batch_size,
             abandoned_after=settings.abandoned_after,
+            shutdown_database_timeout=settings.shutdown_database_timeout,
         ),
     )
     p.prepare()

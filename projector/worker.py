@@ -30,6 +30,7 @@ from eventstore import ConflictError, Cursor, EventStore
 from eventstore.frozen import end_frozen_sessions
 from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
+from eventstore.pooling import bounded_waits
 from projector import state, tables
 from projector.projection import Projection
 from projector.rebuild import rebuild
@@ -53,6 +54,9 @@ class WorkerSettings:
     batch_size: int = 1000
     poll_interval: float = 1.0
     retry: RetrySettings = field(default_factory=RetrySettings)
+    #: On stop, how long releasing the leases (and closing their runs) may wait for the database; skipped
+    #: after that: the leases lapse by themselves, and a standby takes over.
+    shutdown_database_timeout: float = 3.0
 
 
 def _cursor_of(conn: psycopg.Connection[Any], name: str) -> Cursor:
@@ -120,9 +124,12 @@ class ProjectorWorker:
         finally:
             self.stopping.set()
             self._wake.set()
-            keepalive.stop()
-            self.release_all()
-            log.info("projector_worker_stopped", worker=self.id)
+            began = time.monotonic()
+            # Whether the database answers or not: no step waits the pool's timeout for a connection.
+            with bounded_waits(self.store.pool, self.settings.shutdown_database_timeout):
+                keepalive.stop(timeout=self.settings.shutdown_database_timeout)
+                self.release_all()
+            log.info("projector_worker_stopped", worker=self.id, seconds=round(time.monotonic() - began, 3))
 
     def stop(self) -> None:
         self.stopping.set()
@@ -334,6 +341,11 @@ class ProjectorWorker:
         with self._lock:
             held = dict(self._leases)
         for name, epoch in held.items():
+            if self.outage.failing():
+                # The database is away: each release would only wait for it. The leases lapse instead.
+                log.warning("projection_lease_not_released", projection=name, worker=self.id)
+                self._lost(name)
+                continue
             self._release(name, epoch)
             self._drop(name, "stopped")
             log.info("projection_lease_released", projection=name, worker=self.id)
