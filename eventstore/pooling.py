@@ -17,9 +17,11 @@ Two behaviours on top of psycopg_pool's `ConnectionPool`:
   pool cannot grow (a server without free slots).
 - **Bounded waits while stopping.** Inside `bounded_waits(seconds)`, every checkout of every thread
   waits at most until that deadline (and a moment past it, so that a connection that is free is still
-  taken): a stopping process's last steps (hand nodes back, release leases, a last heartbeat) give up
-  once the database has not answered in time instead of waiting the pool's timeout for each; the leases
-  they would have released then lapse by themselves.
+  taken), also a checkout that began waiting before (it is woken and waits on within the deadline): a
+  stopping process's last steps (hand nodes back, release leases, a last heartbeat) give up once the
+  database has not answered in time instead of waiting the pool's timeout for each; the leases they
+  would have released then lapse by themselves. `bounded_once_stopping` sets such a deadline when a
+  worker is asked to stop.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ _RECLAIM_EVERY = 0.1
 _PAST_DEADLINE = 0.05
 
 
+class _NewDeadline(Exception):
+    """Wakes a checkout that waits: a deadline was set meanwhile (see `Pool.bounded_waits`)."""
+
+
 class Pool(psycopg_pool.ConnectionPool[psycopg.Connection[Any]]):
     """A `ConnectionPool` with the store's two additions (see the module's documentation)."""
 
@@ -65,29 +71,38 @@ class Pool(psycopg_pool.ConnectionPool[psycopg.Connection[Any]]):
             hook()
         timeout = self._bounded(timeout)
         if reclaim is None or timeout <= _FIRST_TRY:
-            return super().getconn(timeout)
+            return self._wait(timeout)
         deadline = time.monotonic() + timeout
         try:
-            return super().getconn(_FIRST_TRY)
+            return self._wait(_FIRST_TRY)
         except psycopg_pool.PoolTimeout:
             pass
         if self.get_stats().get("pool_size", 0) < self.max_size:
             grow = min(_GROW_WAIT, deadline - time.monotonic())
             if grow > 0:
                 try:
-                    return super().getconn(grow)
+                    return self._wait(grow)
                 except psycopg_pool.PoolTimeout:
                     pass
         # In slices: a pin given back may go to a thread that pins it again (its append) and then sits
         # idle with it; each slice takes such pins back again.
         while True:
             reclaim()
-            left = deadline - time.monotonic()
+            left = self._bounded(deadline - time.monotonic())
             try:
-                return super().getconn(max(min(left, _RECLAIM_EVERY), _PAST_DEADLINE))
+                return self._wait(max(min(left, _RECLAIM_EVERY), _PAST_DEADLINE))
             except psycopg_pool.PoolTimeout:
                 if left <= _RECLAIM_EVERY:
                     raise
+
+    def _wait(self, timeout: float) -> psycopg.Connection[Any]:
+        """psycopg_pool's checkout; woken by a new deadline, it waits on within it."""
+        while True:
+            began = time.monotonic()
+            try:
+                return super().getconn(timeout)
+            except _NewDeadline:
+                timeout = self._bounded(timeout - (time.monotonic() - began))
 
     @contextmanager
     def bounded_waits(self, seconds: float) -> Iterator[None]:
@@ -95,6 +110,13 @@ class Pool(psycopg_pool.ConnectionPool[psycopg.Connection[Any]]):
         deadline = time.monotonic() + seconds
         with self._deadlines_lock:
             self._deadlines.append(deadline)
+        # Checkouts already waiting (with the pool's timeout, 30 s) wake and wait on within the deadline.
+        # psycopg_pool has no public way to wake its waiters: its queue of them is private (3.2 and
+        # later), and `fail` is how its own close() ends their waits.
+        with self._lock:
+            waiting = list(self._waiting)
+        for client in waiting:
+            client.fail(_NewDeadline())
         try:
             yield
         finally:
@@ -118,3 +140,29 @@ def bounded_waits(pool: psycopg_pool.ConnectionPool[Any], seconds: float) -> Ite
             yield
     else:
         yield
+
+
+@contextmanager
+def bounded_once_stopping(
+    pool: psycopg_pool.ConnectionPool[Any], stopping: threading.Event, seconds: float
+) -> Iterator[None]:
+    """For the block (a worker's run): from the moment `stopping` is set, every checkout of `pool`,
+    those already waiting included, waits at most `seconds` from then. A thread of its own watches for
+    it: the stop is usually asked by a signal handler, which must not take the pool's locks (the thread
+    it interrupts may hold them)."""
+    done = threading.Event()
+
+    def watch() -> None:
+        stopping.wait()
+        if not done.is_set():
+            with bounded_waits(pool, seconds):
+                done.wait()
+
+    watcher = threading.Thread(target=watch, name="ledgerflow-stop-deadline", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        stopping.set()  # the run is over: the watcher ends
+        watcher.join(timeout=1.0)

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
 import time
 import uuid
 from datetime import UTC
-from types import FrameType
 from typing import Any
 
 import click
 from rich.table import Table
 
 from eventstore import InvalidInputError, json_loads, open_store
+from ops.budget import budget, log_connection_budget
 from ops.cli_common import ICONS, console, emit_json, err_console, settings_of
 from ops.process_exit import exit_past_stuck_threads
-from ops.services import open_store_when_available
+from ops.services import StopSignal, open_until_stopped
 from ops.settings import Settings
 from workflows import (
     Engine,
@@ -66,18 +65,19 @@ def worker_command(ctx: click.Context, name: str | None) -> None:
         raise click.UsageError("no workflows to run: set LEDGERFLOW_WORKFLOWS=package.module:registry")
     # A frozen worker's open transaction would keep its rows locked past its lease: end it by then.
     timeout = min(settings.idle_in_transaction_timeout, settings.workflow_lease_ttl)
-    with open_store_when_available(
-        settings.model_copy(update={"idle_in_transaction_timeout": timeout}), name="ledgerflow-worker"
-    ) as store:
+    stopping = StopSignal.install()  # also while it waits for the database to start
+    store = open_until_stopped(
+        settings.model_copy(update={"idle_in_transaction_timeout": timeout}), "ledgerflow-worker", stopping
+    )
+    if store is None:
+        return
+    with store:
         worker = WorkflowWorker(
             Engine(store, registry), registry, worker_settings(settings), name=name or settings.worker_name
         )
-
-        def stop(signum: int, frame: FrameType | None) -> None:
-            worker.stop()
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        own = WorkflowWorker.dedicated_connections(registry, worker.settings)
+        log_connection_budget(budget("worker", settings, own))
+        stopping.then(worker.stop)
         worker.run()
     exit_past_stuck_threads()  # a node body stuck past the grace period was handed back: do not wait on it
 

@@ -17,6 +17,7 @@ from types import FrameType
 
 import structlog
 
+from ops.budget import budget, log_connection_budget
 from ops.process_exit import exit_past_stuck_threads
 from ops.roles import Role
 from ops.services import Services, open_services
@@ -47,6 +48,14 @@ def serve(settings: Settings, *, api: bool, projector: bool, worker: bool, host:
     services = open_services(
         settings.model_copy(update={"idle_in_transaction_timeout": idle}), name="ledgerflow-serve"
     )
+    own = []
+    if projector:
+        own.append(ProjectorWorker.dedicated_connections())
+    if worker:
+        from ops.cli_workflows import worker_settings
+
+        own.append(WorkflowWorker.dedicated_connections(services.registry, worker_settings(settings)))
+    log_connection_budget(budget("serve", settings, *own))
     if projector:
         services.roles.append(Role("projector", lambda: _projector(services)))
     if worker:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import TYPE_CHECKING
 
+import structlog
 import tenacity
 
 from eventstore import EventStore, Outage, backoff, is_unavailable, open_store, sleeper, wrap_exceptions
@@ -16,6 +20,8 @@ from workflows import Engine, WorkflowRegistry, load_workflows, workflow_tables
 
 if TYPE_CHECKING:
     from ops.roles import Role
+
+log = structlog.get_logger(__name__)
 
 #: How long one start-up attempt waits for a first connection before backing off and trying again.
 _STARTUP_ATTEMPT_TIMEOUT = 2.0
@@ -71,6 +77,44 @@ def open_store_when_available(
     outage.succeeded()
     outage.settle(confirmed=True)  # the store is open: this start-up's wait is over
     return store
+
+
+class StopSignal:
+    """SIGTERM and SIGINT, noted from the start of the process: a process still waiting for the
+    database to open its store stops too, instead of dying by the signal's default action."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._then: list[Callable[[], None]] = []
+
+    @classmethod
+    def install(cls) -> StopSignal:
+        stop = cls()
+        signal.signal(signal.SIGTERM, stop._received)
+        signal.signal(signal.SIGINT, stop._received)
+        return stop
+
+    def then(self, fn: Callable[[], None]) -> None:
+        """Call `fn` on the signal (at once if it came already)."""
+        self._then.append(fn)
+        if self.event.is_set():
+            fn()
+
+    def _received(self, signum: int, frame: FrameType | None) -> None:
+        self.event.set()  # only events are set here: a signal handler must not take locks
+        for fn in list(self._then):
+            fn()
+
+
+def open_until_stopped(settings: Settings, name: str, stopping: StopSignal) -> EventStore | None:
+    """`open_store_when_available`, or None when the process is stopped while it waits."""
+    try:
+        return open_store_when_available(settings, name=name, stopping=stopping.event)
+    except Exception as exc:
+        if stopping.event.is_set() and is_unavailable(exc):
+            log.info("stopped_before_start", role=name)
+            return None
+        raise
 
 
 def open_services(

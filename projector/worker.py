@@ -30,7 +30,7 @@ from eventstore import ConflictError, Cursor, EventStore
 from eventstore.frozen import end_frozen_sessions
 from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
-from eventstore.pooling import bounded_waits
+from eventstore.pooling import bounded_once_stopping
 from projector import state, tables
 from projector.projection import Projection
 from projector.rebuild import rebuild
@@ -95,7 +95,13 @@ class ProjectorWorker:
     # -- the loop -------------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Work until `stop()`; then release every lease."""
+        """Work until `stop()`; then release every lease. From the stop on, no step waits for a pooled
+        connection longer than the database's allowance, whether the database answers or not."""
+        seconds = self.settings.shutdown_database_timeout
+        with bounded_once_stopping(self.store.pool, self.stopping, seconds):
+            self._run()
+
+    def _run(self) -> None:
         keepalive = Keepalive(
             self.store.url,
             self._wake,
@@ -125,15 +131,19 @@ class ProjectorWorker:
             self.stopping.set()
             self._wake.set()
             began = time.monotonic()
-            # Whether the database answers or not: no step waits the pool's timeout for a connection.
-            with bounded_waits(self.store.pool, self.settings.shutdown_database_timeout):
-                keepalive.stop(timeout=self.settings.shutdown_database_timeout)
-                self.release_all()
+            keepalive.stop(timeout=self.settings.shutdown_database_timeout)
+            self.release_all()
             log.info("projector_worker_stopped", worker=self.id, seconds=round(time.monotonic() - began, 3))
 
     def stop(self) -> None:
         self.stopping.set()
         self._wake.set()
+
+    @staticmethod
+    def dedicated_connections() -> dict[str, int]:
+        """The connections a projector worker opens beside its store's pool, by purpose: batches, leases
+        and heartbeats share the pool."""
+        return {"listener": 1}
 
     def database_state(self) -> OutageState:
         """Whether this worker is waiting for the database, for health reports."""

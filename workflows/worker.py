@@ -33,7 +33,7 @@ from eventstore._validation import dump_json_object
 from eventstore.frozen import end_frozen_sessions
 from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
-from eventstore.pooling import bounded_waits
+from eventstore.pooling import bounded_once_stopping, bounded_waits
 from eventstore.telemetry import span_if_traced
 from workflows import limits, metrics, queue, versions
 from workflows.aio import Body, Kinds, NodeLoop, StartedTogether, is_async, run_in_thread
@@ -152,10 +152,30 @@ class WorkflowWorker:
     def id(self) -> str:
         return f"{self.name}/{self.instance}"
 
+    @staticmethod
+    def dedicated_connections(registry: WorkflowRegistry, settings: WorkerSettings) -> dict[str, int]:
+        """The connections a worker opens beside its store's pool, by purpose: everything else (node
+        threads, claims, heartbeats, recovery, schedules, `async def` nodes' database calls) shares the
+        pool, and no thread holds one pooled connection while it waits for another."""
+        wanted = {"listener": 1, "notifier": 1}
+        if settings.recovery:
+            wanted["presence"] = 1  # and, for a moment when it registers, a second one to check it
+        if any(registry.get(n).triggers for n in registry.names()):
+            wanted["trigger_listener"] = 1  # the trigger projections' projector worker
+        return wanted
+
     # -- the loop -------------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Work until `stop()`."""
+        """Work until `stop()`. Whether the database answers or not, the stop ends within the grace plus
+        the database's allowance: from the stop on, no step waits longer than that allowance for a pooled
+        connection (a database that answers hands one out in milliseconds; one that is away would keep
+        each step waiting the pool's timeout)."""
+        seconds = self.settings.shutdown_database_timeout
+        with bounded_once_stopping(self.engine.store.pool, self.stopping, seconds):
+            self._run()
+
+    def _run(self) -> None:
         log.info("workflow_worker_started", worker=self.id, workflows=self.registry.names())
         self._start_threads()
         with self.engine.transaction() as conn:  # before the first claim: its limits are the ones enforced
@@ -190,18 +210,14 @@ class WorkflowWorker:
                     self._wake.wait(self._idle_wait())
                     self._wake.clear()
         finally:
-            # Whether the database answers or not, the stop ends within the grace plus the database's
-            # allowance: no step waits the pool's timeout for a connection that will not come.
             began = time.monotonic()
-            allowance = self.settings.shutdown_grace + self.settings.shutdown_database_timeout
-            with bounded_waits(self.engine.store.pool, allowance):
-                self.stopping.set()  # before the starts stop: nothing new is claimed meanwhile
-                for s in starts:
-                    s.stop(timeout=self.settings.shutdown_database_timeout)
-                self._shutdown()
-                keepalive.stop()
-                if self.settings.recovery:
-                    self.presence.stop()  # after the hand-back: a clean stop is not read as a crash
+            self.stopping.set()  # before the starts stop: nothing new is claimed meanwhile
+            for s in starts:
+                s.stop(timeout=self.settings.shutdown_database_timeout)
+            self._shutdown()
+            keepalive.stop()
+            if self.settings.recovery:
+                self.presence.stop()  # after the hand-back: a clean stop is not read as a crash
             log.info("workflow_worker_stop_took", worker=self.id, seconds=round(time.monotonic() - began, 3))
 
     def _start_threads(self) -> None:
