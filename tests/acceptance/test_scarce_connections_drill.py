@@ -137,9 +137,12 @@ def test_a_fleet_short_of_connection_slots_completes_every_run(tmp_path: Path) -
         assert exited == {}, f"processes exited: {exited}"
         assert codes == {p.name: 0 for p in processes}, codes
         assert attempts / window < ATTEMPTS_PER_SECOND, (attempts, window)
+        assert lost == {p.name: 0 for p in processes}, f"leases lost while waiting for connections: {lost}"
         for p in processes:
             text = p.log.read_text(errors="replace")
             assert "Traceback" not in text, f"{p.name} logged a traceback:\n{text[-4000:]}"
+            if "_worker_started" in text:
+                assert '"connection_budget"' in text, f"{p.name} did not state its connection budget"
 
 
 def _free_port() -> int:
