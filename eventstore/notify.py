@@ -17,7 +17,7 @@ import psycopg
 import structlog
 
 from eventstore.db import connect
-from eventstore.outage import is_unavailable, retry_delay
+from eventstore.outage import is_unavailable, retry_delay, slots_full
 from eventstore.sqlfile import load_queries
 
 log = structlog.get_logger(__name__)
@@ -89,9 +89,9 @@ class Notifier:
                 if conn is not None:
                     conn.close()
                 conn = None
-                # Backing off (a full server is not asked for a connection at every append's wake-up).
-                failures += 1
-                self._stopping.wait(max(0.5, retry_delay(failures, exc)))
+                # A full server is not asked for a connection at every append's wake-up: back off.
+                failures = failures + 1 if slots_full(exc) else 0
+                self._stopping.wait(max(0.5, retry_delay(failures, exc)) if failures else 0.5)
         if conn is not None:
             conn.close()
 

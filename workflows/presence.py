@@ -36,7 +36,7 @@ import structlog
 from psycopg.rows import class_row
 
 from eventstore.db import connect
-from eventstore.outage import is_unavailable, retry_delay
+from eventstore.outage import is_unavailable, retry_delay, slots_full
 from eventstore.sqlfile import load_queries
 
 log = structlog.get_logger(__name__)
@@ -133,9 +133,11 @@ class Presence:
             failures = failures + 1 if self._unavailable else 0
 
     def _next_wait(self, failures: int) -> float:
-        """The watch interval; after failures in a row, the outage back-off: a full server is not asked
-        for a connection five times a second (peers rely on this process's leases meanwhile)."""
-        if not failures:
+        """The watch interval; after failures in a row for want of a free slot, the back-off of a full
+        server (see `retry_delay`): it is not asked for a connection five times a second (peers rely on
+        this process's leases meanwhile). A server that is away is tried every interval, so that the
+        presence is back as soon as it is."""
+        if not failures or not slots_full(self._last_error):
             return self._interval
         return max(self._interval, retry_delay(failures, self._last_error))
 
