@@ -30,6 +30,7 @@ from eventstore.errors import (
     MissingRelationError,
     WrongExpectedVersionError,
 )
+from eventstore.pooling import Pool
 from eventstore.settings import DatabaseSettings
 
 log = structlog.get_logger(__name__)
@@ -168,10 +169,10 @@ def connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
 
 def open_pool(
     url: str, settings: DatabaseSettings, *, name: str = "ledgerflow"
-) -> psycopg_pool.ConnectionPool:
+) -> psycopg_pool.ConnectionPool[Any]:
     """An open pool of autocommit connections; fails with a clear error if the database does not answer."""
     idle_ms = int(settings.idle_in_transaction_timeout * 1000)
-    pool = psycopg_pool.ConnectionPool(
+    pool = Pool(
         with_network_timeouts(url),
         min_size=settings.pool_min_size,
         max_size=settings.pool_max_size,

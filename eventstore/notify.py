@@ -17,7 +17,7 @@ import psycopg
 import structlog
 
 from eventstore.db import connect
-from eventstore.outage import is_unavailable
+from eventstore.outage import is_unavailable, retry_delay, slots_full
 from eventstore.sqlfile import load_queries
 
 log = structlog.get_logger(__name__)
@@ -62,6 +62,7 @@ class Notifier:
 
     def _run(self) -> None:
         conn: psycopg.Connection[object] | None = None
+        failures = 0
         while not self._stopping.is_set():
             self._pending.wait(timeout=1.0)
             if self._stopping.is_set() or not self._pending.is_set():
@@ -77,6 +78,7 @@ class Notifier:
                     conn = connect(self._url, autocommit=True, application_name="ledgerflow-notifier")
                     conn.execute("SET synchronous_commit = off")
                 _notify(conn)
+                failures = 0
             except psycopg.Error as exc:
                 # Subscribers poll as a fallback, so a failed wake-up delays them but loses nothing; an
                 # unavailable database is reported by whoever waits for it, not once per wake-up here.
@@ -87,7 +89,9 @@ class Notifier:
                 if conn is not None:
                     conn.close()
                 conn = None
-                self._stopping.wait(0.5)
+                # A full server is not asked for a connection at every append's wake-up: back off.
+                failures = failures + 1 if slots_full(exc) else 0
+                self._stopping.wait(max(0.5, retry_delay(failures, exc)) if failures else 0.5)
         if conn is not None:
             conn.close()
 

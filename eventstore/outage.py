@@ -10,6 +10,7 @@ database answers or the worker stops.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,8 @@ Q = load_queries("eventstore", "outage.sql")
 
 #: Back-off between attempts to reach the database: 50 ms, doubling, at most this many seconds.
 MAX_BACKOFF = 2.0
+#: ...and at most this many when it refused for want of a free connection slot (see `retry_delay`).
+SLOTS_BACKOFF_MAX = 15.0
 _PROBE_TIMEOUT = 2.0
 #: How long every channel must answer before an outage is logged as over.
 CONFIRM = 1.5
@@ -147,9 +150,48 @@ class Outage:
             )
 
 
+#: Messages of a server that refuses a connection for want of a free slot (libpq gives no SQLSTATE).
+_SLOTS_FULL = (
+    "too many clients already",
+    "remaining connection slots are reserved",
+    "too many connections for role",
+    "too many connections for database",
+)
+
+
+def slots_full(exc: BaseException | None) -> bool:
+    """Whether `exc` (or an error it was raised from) says the server has no free connection slot."""
+    while exc is not None:
+        if any(words in str(exc) for words in _SLOTS_FULL):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def retry_delay(attempt: int, exc: BaseException | None) -> float:
+    """How long to wait before the `attempt`th (1, 2, ...) try to reach the database again after `exc`.
+
+    A server that is away is tried again soon (50 ms, doubling up to `MAX_BACKOFF`, with a little
+    jitter), so that work resumes quickly once it is back. A server that answers but has no free slot is
+    full because other processes hold its connections: they are working, and a tight loop of attempts
+    only costs the server a fork each. Such attempts back off further (`SLOTS_BACKOFF_MAX`) and with full
+    jitter, so that the processes that wait spread out instead of retrying together."""
+    step: float = 0.05 * 2.0 ** min(attempt - 1, 16)
+    if slots_full(exc):
+        return random.uniform(0.0, min(step * 10, SLOTS_BACKOFF_MAX))
+    return min(step, MAX_BACKOFF) + random.uniform(0.0, 0.05)
+
+
+class _Backoff(tenacity.wait.wait_base):
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None and outcome.failed else None
+        return retry_delay(retry_state.attempt_number, exc)
+
+
 def backoff() -> tenacity.wait.wait_base:
-    """The wait between attempts to reach the database again."""
-    return tenacity.wait_exponential_jitter(multiplier=0.05, max=MAX_BACKOFF, jitter=0.05)
+    """The wait between attempts to reach the database again (see `retry_delay`)."""
+    return _Backoff()
 
 
 def sleeper(stopping: threading.Event) -> Callable[[float], None]:

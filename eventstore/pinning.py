@@ -12,6 +12,8 @@ caches cold. So a thread that appends keeps the connection it took, on these ter
   sat idle (a terminated backend, a restart) is replaced before anything is sent, so that case never
   makes an append fail. A connection that breaks during an append is given back (the pool discards it)
   and the error raised as usual: whether that append committed cannot be known, exactly as without pins.
+- A thread that checks a connection out of the pool gives its idle pin back first, so that no thread
+  holds one connection while it waits for another (see `eventstore.pooling`).
 - Connections never cross a fork: in a child process the parent's pins are neither used nor closed
   (closing would end the parent's session), and the child checks out per call.
 - Pinned connections are autocommit connections that only ever run single statements: they never hold a
@@ -134,6 +136,40 @@ class PinnedConnections:
                 pin.last_used = time.monotonic()
         finally:
             pin.lock.release()
+
+    def give_back_idle(self) -> None:
+        """Give this thread's pinned connection back to the pool unless it is in use: the thread is about
+        to check another out, and must not keep one while it waits for a second (see
+        `eventstore.pooling`). Its next append pins again."""
+        owner: _Owner | None = getattr(self._local, "owner", None)
+        if owner is None or owner.pin.conn is None or os.getpid() != self._pid:
+            return
+        pin = owner.pin
+        # Not blocking: this thread itself may hold the lock (it is taking a connection for the pin).
+        if not pin.lock.acquire(blocking=False):
+            return
+        try:
+            if pin.conn is not None:
+                self._unpin(pin)
+        finally:
+            pin.lock.release()
+
+    def give_back_all_idle(self) -> int:
+        """Give back every pinned connection not in use (another thread waits for a connection and none is
+        free); returns how many. Their threads pin again at their next append."""
+        with self._lock:
+            pins = list(self._held)
+        given = 0
+        for pin in pins:
+            if not pin.lock.acquire(blocking=False):
+                continue  # in use: its append ends soon, and gives it back to its thread, not the pool
+            try:
+                if pin.conn is not None:
+                    self._unpin(pin)
+                    given += 1
+            finally:
+                pin.lock.release()
+        return given
 
     def _lock_pin(self) -> Pin | None:
         """This thread's pin, locked and holding a live connection; None when it cannot have one."""

@@ -47,6 +47,7 @@ from eventstore.jsonvalue import loads
 from eventstore.notify import Notifier
 from eventstore.partitions import ensure_partitions
 from eventstore.pinning import PinnedConnections
+from eventstore.pooling import Pool
 from eventstore.sqlfile import load_queries
 
 if TYPE_CHECKING:
@@ -172,6 +173,9 @@ class EventStore:
         #: pool, so that other work always finds connections.
         pinned = pool.max_size // 2 if pinned_connections is None else pinned_connections
         self._pins = PinnedConnections(pool, limit=min(pinned, pool.max_size))
+        if isinstance(pool, Pool):
+            pool.before_checkout = self._pins.give_back_idle  # no hold-and-wait (see eventstore.pooling)
+            pool.reclaim_idle = self._pins.give_back_all_idle
         #: Where the log's last partition ends and how wide partitions are, as last seen (0: not yet).
         self._log_end = 0
         self._partition_size = 0

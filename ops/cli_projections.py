@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import signal
 import time
 from datetime import datetime
-from types import FrameType
 from typing import Any
 
 import click
@@ -20,8 +18,9 @@ from rich.progress import (
 from rich.table import Table
 
 from eventstore import Cursor, EventStore, NotFoundError, open_store
+from ops.budget import budget, log_connection_budget
 from ops.cli_common import console, emit_json, err_console, settings_of
-from ops.services import all_projections, open_store_when_available
+from ops.services import StopSignal, all_projections, open_until_stopped
 from projector import (
     PendingRun,
     Projection,
@@ -61,6 +60,7 @@ def _worker_settings(ctx: click.Context) -> WorkerSettings:
         heartbeat_interval=s.projector_heartbeat_interval,
         batch_size=s.projector_batch_size,
         abandoned_after=s.abandoned_after,
+        shutdown_database_timeout=s.shutdown_database_timeout,
     )
 
 
@@ -71,16 +71,16 @@ def projector_command(ctx: click.Context) -> None:
     projections = _projections(ctx)
     settings = settings_of(ctx)
     timeout = min(settings.idle_in_transaction_timeout, settings.projector_lease_ttl)
-    with open_store_when_available(
-        settings.model_copy(update={"idle_in_transaction_timeout": timeout}), name="ledgerflow-projector"
-    ) as store:
+    stopping = StopSignal.install()  # also while it waits for the database to start
+    store = open_until_stopped(
+        settings.model_copy(update={"idle_in_transaction_timeout": timeout}), "ledgerflow-projector", stopping
+    )
+    if store is None:
+        return
+    with store:
         worker = ProjectorWorker(store, projections, _worker_settings(ctx))
-
-        def stop(signum: int, frame: FrameType | None) -> None:
-            worker.stop()
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        log_connection_budget(budget("projector", settings, worker.dedicated_connections()))
+        stopping.then(worker.stop)
         worker.run()
 
 

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
 import time
 import uuid
 from datetime import UTC
-from types import FrameType
 from typing import Any
 
 import click
 from rich.table import Table
 
 from eventstore import InvalidInputError, json_loads, open_store
+from ops.budget import budget, log_connection_budget
 from ops.cli_common import ICONS, console, emit_json, err_console, settings_of
 from ops.cli_outputs import node_outputs, print_outputs
 from ops.process_exit import exit_past_stuck_threads
-from ops.services import open_store_when_available, tenant_quotas
+from ops.services import StopSignal, open_until_stopped, tenant_quotas
 from ops.settings import Settings
 from workflows import (
     PRIORITY_MAX,
@@ -53,6 +52,7 @@ def worker_settings(settings: Settings) -> WorkerSettings:
         recovery=settings.recovery,
         recovery_interval=settings.recovery_interval,
         shutdown_grace=settings.worker_shutdown_grace,
+        shutdown_database_timeout=settings.shutdown_database_timeout,
     )
 
 
@@ -69,9 +69,13 @@ def worker_command(ctx: click.Context, name: str | None) -> None:
         raise click.UsageError("no workflows to run: set LEDGERFLOW_WORKFLOWS=package.module:registry")
     # A frozen worker's open transaction would keep its rows locked past its lease: end it by then.
     timeout = min(settings.idle_in_transaction_timeout, settings.workflow_lease_ttl)
-    with open_store_when_available(
-        settings.model_copy(update={"idle_in_transaction_timeout": timeout}), name="ledgerflow-worker"
-    ) as store:
+    stopping = StopSignal.install()  # also while it waits for the database to start
+    store = open_until_stopped(
+        settings.model_copy(update={"idle_in_transaction_timeout": timeout}), "ledgerflow-worker", stopping
+    )
+    if store is None:
+        return
+    with store:
         worker = WorkflowWorker(
             Engine(store, registry),
             registry,
@@ -79,12 +83,9 @@ def worker_command(ctx: click.Context, name: str | None) -> None:
             name=name or settings.worker_name,
             quotas=tenant_quotas(settings, store),  # a debounced burst over its tenant's quota waits
         )
-
-        def stop(signum: int, frame: FrameType | None) -> None:
-            worker.stop()
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        own = WorkflowWorker.dedicated_connections(registry, worker.settings)
+        log_connection_budget(budget("worker", settings, own))
+        stopping.then(worker.stop)
         worker.run()
     exit_past_stuck_threads()  # a node body stuck past the grace period was handed back: do not wait on it
 

@@ -17,9 +17,11 @@ from types import FrameType
 
 import structlog
 
+from eventstore import is_unavailable
+from ops.budget import budget, log_connection_budget
 from ops.process_exit import exit_past_stuck_threads
 from ops.roles import Role
-from ops.services import Services, open_services
+from ops.services import Services, StopSignal, open_services
 from ops.settings import Settings
 from ops.telemetry import configure_telemetry
 from projector import ProjectorWorker
@@ -44,9 +46,29 @@ def serve(settings: Settings, *, api: bool, projector: bool, worker: bool, host:
     idle = min(
         settings.idle_in_transaction_timeout, settings.workflow_lease_ttl, settings.projector_lease_ttl
     )
-    services = open_services(
-        settings.model_copy(update={"idle_in_transaction_timeout": idle}), name="ledgerflow-serve"
-    )
+    stopping = StopSignal.install()  # while it waits for the database to start, SIGTERM stops it too
+    try:
+        services = open_services(
+            settings.model_copy(update={"idle_in_transaction_timeout": idle}),
+            name="ledgerflow-serve",
+            stopping=stopping.event,
+        )
+    except Exception as exc:
+        if stopping.event.is_set() and is_unavailable(exc):
+            log.info("stopped_before_start", role="ledgerflow-serve")
+            return
+        raise
+    if stopping.event.is_set():  # the signal came as the store opened
+        services.close()
+        return
+    own = []
+    if projector:
+        own.append(ProjectorWorker.dedicated_connections())
+    if worker:
+        from ops.cli_workflows import worker_settings
+
+        own.append(WorkflowWorker.dedicated_connections(services.registry, worker_settings(settings)))
+    log_connection_budget(budget("serve", settings, *own))
     if projector:
         services.roles.append(Role("projector", lambda: _projector(services)))
     if worker:
@@ -78,6 +100,7 @@ def _projector(services: Services) -> ProjectorWorker:
             heartbeat_interval=settings.projector_heartbeat_interval,
             batch_size=settings.projector_batch_size,
             abandoned_after=settings.abandoned_after,
+            shutdown_database_timeout=settings.shutdown_database_timeout,
         ),
     )
     p.prepare()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import TYPE_CHECKING
 
 import structlog
@@ -112,6 +115,44 @@ def open_store_when_available(
     outage.succeeded()
     outage.settle(confirmed=True)  # the store is open: this start-up's wait is over
     return store
+
+
+class StopSignal:
+    """SIGTERM and SIGINT, noted from the start of the process: a process still waiting for the
+    database to open its store stops too, instead of dying by the signal's default action."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._then: list[Callable[[], None]] = []
+
+    @classmethod
+    def install(cls) -> StopSignal:
+        stop = cls()
+        signal.signal(signal.SIGTERM, stop._received)
+        signal.signal(signal.SIGINT, stop._received)
+        return stop
+
+    def then(self, fn: Callable[[], None]) -> None:
+        """Call `fn` on the signal (at once if it came already)."""
+        self._then.append(fn)
+        if self.event.is_set():
+            fn()
+
+    def _received(self, signum: int, frame: FrameType | None) -> None:
+        self.event.set()  # only events are set here: a signal handler must not take locks
+        for fn in list(self._then):
+            fn()
+
+
+def open_until_stopped(settings: Settings, name: str, stopping: StopSignal) -> EventStore | None:
+    """`open_store_when_available`, or None when the process is stopped while it waits."""
+    try:
+        return open_store_when_available(settings, name=name, stopping=stopping.event)
+    except Exception as exc:
+        if stopping.event.is_set() and is_unavailable(exc):
+            log.info("stopped_before_start", role=name)
+            return None
+        raise
 
 
 def open_services(

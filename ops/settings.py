@@ -34,6 +34,10 @@ class Settings(DatabaseSettings):
     #: On SIGTERM, how long running nodes have to reach a context call (which hands them back) before
     #: the worker hands back whatever still runs and exits.
     worker_shutdown_grace: float = Field(default=10.0, gt=0)
+    #: On SIGTERM, how long the steps that need the database (a last heartbeat, handing nodes back,
+    #: releasing leases) may wait for it; past that they are skipped and the leases lapse by themselves,
+    #: so that every role ends within its grace whether the database answers or not.
+    shutdown_database_timeout: float = Field(default=3.0, gt=0, le=60)
     workflow_lease_ttl: float = Field(default=10.0, gt=0)
     workflow_heartbeat_interval: float = Field(default=2.0, gt=0)
     recovery: bool = True

@@ -30,6 +30,7 @@ from eventstore import ConflictError, Cursor, EventStore
 from eventstore.frozen import end_frozen_sessions
 from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
+from eventstore.pooling import bounded_once_stopping
 from projector import state, tables
 from projector.projection import Projection
 from projector.rebuild import rebuild
@@ -53,6 +54,9 @@ class WorkerSettings:
     batch_size: int = 1000
     poll_interval: float = 1.0
     retry: RetrySettings = field(default_factory=RetrySettings)
+    #: On stop, how long releasing the leases (and closing their runs) may wait for the database; skipped
+    #: after that: the leases lapse by themselves, and a standby takes over.
+    shutdown_database_timeout: float = 3.0
 
 
 def _cursor_of(conn: psycopg.Connection[Any], name: str) -> Cursor:
@@ -91,7 +95,13 @@ class ProjectorWorker:
     # -- the loop -------------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Work until `stop()`; then release every lease."""
+        """Work until `stop()`; then release every lease. From the stop on, no step waits for a pooled
+        connection longer than the database's allowance, whether the database answers or not."""
+        seconds = self.settings.shutdown_database_timeout
+        with bounded_once_stopping(self.store.pool, self.stopping, seconds):
+            self._run()
+
+    def _run(self) -> None:
         keepalive = Keepalive(
             self.store.url,
             self._wake,
@@ -120,13 +130,20 @@ class ProjectorWorker:
         finally:
             self.stopping.set()
             self._wake.set()
-            keepalive.stop()
+            began = time.monotonic()
+            keepalive.stop(timeout=self.settings.shutdown_database_timeout)
             self.release_all()
-            log.info("projector_worker_stopped", worker=self.id)
+            log.info("projector_worker_stopped", worker=self.id, seconds=round(time.monotonic() - began, 3))
 
     def stop(self) -> None:
         self.stopping.set()
         self._wake.set()
+
+    @staticmethod
+    def dedicated_connections() -> dict[str, int]:
+        """The connections a projector worker opens beside its store's pool, by purpose: batches, leases
+        and heartbeats share the pool."""
+        return {"listener": 1}
 
     def database_state(self) -> OutageState:
         """Whether this worker is waiting for the database, for health reports."""
@@ -334,6 +351,11 @@ class ProjectorWorker:
         with self._lock:
             held = dict(self._leases)
         for name, epoch in held.items():
+            if self.outage.failing():
+                # The database is away: each release would only wait for it. The leases lapse instead.
+                log.warning("projection_lease_not_released", projection=name, worker=self.id)
+                self._lost(name)
+                continue
             self._release(name, epoch)
             self._drop(name, "stopped")
             log.info("projection_lease_released", projection=name, worker=self.id)

@@ -36,7 +36,7 @@ import structlog
 from psycopg.rows import class_row
 
 from eventstore.db import connect
-from eventstore.outage import is_unavailable
+from eventstore.outage import is_unavailable, retry_delay, slots_full
 from eventstore.sqlfile import load_queries
 
 log = structlog.get_logger(__name__)
@@ -92,6 +92,7 @@ class Presence:
         self._registration: _Registration | None = None
         self._pooled = False
         self._unavailable = False
+        self._last_error: BaseException | None = None
 
     @property
     def mode(self) -> PresenceMode:
@@ -125,9 +126,20 @@ class Presence:
     # -- the watch ------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while not self._stopping.wait(self._interval):
+        failures = 0
+        while not self._stopping.wait(self._next_wait(failures)):
             if self._try(self.watch_once):
                 self._take_over()
+            failures = failures + 1 if self._unavailable else 0
+
+    def _next_wait(self, failures: int) -> float:
+        """The watch interval; after failures in a row for want of a free slot, the back-off of a full
+        server (see `retry_delay`): it is not asked for a connection five times a second (peers rely on
+        this process's leases meanwhile). A server that is away is tried every interval, so that the
+        presence is back as soon as it is."""
+        if not failures or not slots_full(self._last_error):
+            return self._interval
+        return max(self._interval, retry_delay(failures, self._last_error))
 
     def watch_once(self) -> bool:
         """One check: register again if the presence was lost; True when there are orphans to take
@@ -177,6 +189,7 @@ class Presence:
             elif not self._unavailable:
                 log.warning("workflow_presence_unavailable", instance=self._instance, error=str(exc))
             self._unavailable = True
+            self._last_error = exc
             self._drop_connection()
             return False
 

@@ -32,6 +32,7 @@ from eventstore import ConflictError, NotFoundError
 from eventstore.frozen import end_frozen_sessions
 from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
+from eventstore.pooling import bounded_once_stopping, bounded_waits
 from eventstore.telemetry import span_if_traced
 from workflows import limits, metrics, queue, versions
 from workflows.aio import Body, Kinds, NodeLoop, StartedTogether, is_async, run_in_thread
@@ -93,6 +94,9 @@ class WorkerSettings:
     poll_interval: float = 0.5
     #: On stop, how long running nodes get to reach a context call before their leases are handed back.
     shutdown_grace: float = 10.0
+    #: On stop, how long the steps that need the database (a last heartbeat, handing nodes back) may wait
+    #: for it past the grace; skipped after that: the leases lapse by themselves, and peers take over.
+    shutdown_database_timeout: float = 3.0
     #: `async def` nodes run at once on the worker's event loop, apart from the `concurrency` threads.
     async_concurrency: int = 100
     #: Threads that make the database calls of `async def` nodes, so the event loop never waits for one.
@@ -152,10 +156,30 @@ class WorkflowWorker:
     def id(self) -> str:
         return f"{self.name}/{self.instance}"
 
+    @staticmethod
+    def dedicated_connections(registry: WorkflowRegistry, settings: WorkerSettings) -> dict[str, int]:
+        """The connections a worker opens beside its store's pool, by purpose: everything else (node
+        threads, claims, heartbeats, recovery, schedules, `async def` nodes' database calls) shares the
+        pool, and no thread holds one pooled connection while it waits for another."""
+        wanted = {"listener": 1, "notifier": 1}
+        if settings.recovery:
+            wanted["presence"] = 1  # and, for a moment when it registers, a second one to check it
+        if any(registry.get(n).triggers for n in registry.names()):
+            wanted["trigger_listener"] = 1  # the trigger projections' projector worker
+        return wanted
+
     # -- the loop -------------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Work until `stop()`."""
+        """Work until `stop()`. Whether the database answers or not, the stop ends within the grace plus
+        the database's allowance: from the stop on, no step waits longer than that allowance for a pooled
+        connection (a database that answers hands one out in milliseconds; one that is away would keep
+        each step waiting the pool's timeout)."""
+        seconds = self.settings.shutdown_database_timeout
+        with bounded_once_stopping(self.engine.store.pool, self.stopping, seconds):
+            self._run()
+
+    def _run(self) -> None:
         log.info("workflow_worker_started", worker=self.id, workflows=self.registry.names())
         self._start_threads()
         with self.engine.transaction() as conn:  # before the first claim: its limits are the ones enforced
@@ -192,12 +216,15 @@ class WorkflowWorker:
                     self._wake.wait(self._idle_wait())
                     self._wake.clear()
         finally:
+            began = time.monotonic()
+            self.stopping.set()  # before the starts stop: nothing new is claimed meanwhile
             for s in starts:
-                s.stop()
+                s.stop(timeout=self.settings.shutdown_database_timeout)
             self._shutdown()
             keepalive.stop()
             if self.settings.recovery:
                 self.presence.stop()  # after the hand-back: a clean stop is not read as a crash
+            log.info("workflow_worker_stop_took", worker=self.id, seconds=round(time.monotonic() - began, 3))
 
     def _start_threads(self) -> None:
         """Start every node thread now, before any node is claimed. The pool would otherwise start one per
@@ -556,12 +583,13 @@ class WorkflowWorker:
 
     # -- leases and recovery --------------------------------------------------------------------------
 
-    def heartbeat(self) -> None:
+    def heartbeat(self, timeout: float | None = None) -> None:
+        """Renew the leases of the running nodes; `timeout`: the longest wait for a connection."""
         with self._lock:
             tokens = list(self._running)
         if not tokens:
             return
-        with self.engine.store.pool.connection() as conn:
+        with self.engine.store.pool.connection(timeout=timeout) as conn:
             alive = queue.heartbeat(conn, self.instance, tokens, self.settings.lease_ttl)
         with self._lock:
             still_running = set(self._running) - self._ending
@@ -615,7 +643,9 @@ class WorkflowWorker:
         deadline = time.monotonic() + self.settings.shutdown_grace
         while self._running and time.monotonic() < deadline:
             try:
-                self.heartbeat()
+                # Never past the grace, and never for longer than the database's allowance.
+                wait = min(self.settings.shutdown_database_timeout, max(deadline - time.monotonic(), 0.05))
+                self.heartbeat(timeout=wait)
             except Exception as exc:
                 if not is_unavailable(exc):
                     raise
@@ -626,13 +656,15 @@ class WorkflowWorker:
         self._loop.interrupt_all(lambda: WorkerStopping(f"worker {self.id} stopped after its grace period"))
         with self._lock:
             leftover = [claim for claim, _ in self._running.values()]
-        for claim in leftover:
-            try:
-                self.lifecycle.release(claim, self.id)
-            except Exception as exc:
-                if not is_unavailable(exc):
-                    raise
-                log.warning("workflow_node_not_released", run_id=str(claim.run_id), node=claim.node)
+        with bounded_waits(self.engine.store.pool, self.settings.shutdown_database_timeout):
+            for claim in leftover:
+                try:
+                    self.lifecycle.release(claim, self.id)
+                except Exception as exc:
+                    if not is_unavailable(exc):
+                        raise
+                    # Its lease lapses by itself; a peer (or this worker's next start) takes it back.
+                    log.warning("workflow_node_not_released", run_id=str(claim.run_id), node=claim.node)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._loop.stop(timeout=self.settings.shutdown_grace)
         log.info("workflow_worker_stopped", worker=self.id, released=len(leftover))

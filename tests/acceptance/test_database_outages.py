@@ -70,6 +70,10 @@ class Cluster:
     bin: Path
     root: Path
     port: int = field(default_factory=_free_port)
+    max_connections: int = MAX_CONNECTIONS
+    reserved: int = RESERVED
+    #: More server settings, as `-c name=value` options.
+    options: str = ""
 
     @property
     def data(self) -> Path:
@@ -82,8 +86,9 @@ class Cluster:
     def _options(self) -> str:
         return (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-            f"-c max_connections={MAX_CONNECTIONS} -c superuser_reserved_connections={RESERVED}"
-        )
+            f"-c max_connections={self.max_connections} -c superuser_reserved_connections={self.reserved} "
+            f"{self.options}"
+        ).strip()
 
     def init(self) -> None:
         if os.geteuid() == 0:
@@ -121,10 +126,18 @@ class Cluster:
 
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
+    with throwaway_cluster() as c:
+        yield c
+
+
+@contextlib.contextmanager
+def throwaway_cluster(**settings: Any) -> Iterator[Cluster]:
+    """A started cluster with the workers' role and database (`settings`: Cluster's fields); always
+    stopped and removed afterwards."""
     pg_bin = _pg_bin()
     if pg_bin is None:
         pytest.skip("no PostgreSQL server binaries in /usr/lib/postgresql to start a throwaway cluster")
-    c = Cluster(pg_bin, Path(tempfile.mkdtemp(prefix="lf-outage-")))
+    c = Cluster(pg_bin, Path(tempfile.mkdtemp(prefix="lf-outage-")), **settings)
     try:
         c.init()
         c.pg_ctl("start")
@@ -156,7 +169,8 @@ class Process:
         return lines
 
 
-def start(cluster: Cluster, tmp: Path, name: str, *args: str) -> Process:
+def start(cluster: Cluster, tmp: Path, name: str, *args: str, env: dict[str, str] | None = None) -> Process:
+    more = env or {}
     env = os.environ | {
         "LEDGERFLOW_DATABASE_URL": cluster.url(WORKER_ROLE),
         "LEDGERFLOW_PROJECTIONS": "tests.projections:counter,workflows:workflow_tables",
@@ -169,6 +183,7 @@ def start(cluster: Cluster, tmp: Path, name: str, *args: str) -> Process:
         "LEDGERFLOW_POOL_MAX_SIZE": "4",
         "LEDGERFLOW_LOG_FORMAT": "json",
         "LEDGERFLOW_WORKER_SHUTDOWN_GRACE": DRILL_SHUTDOWN_GRACE,
+        **more,
     }
     log = tmp / f"{name}.log"
     with log.open("ab") as out:

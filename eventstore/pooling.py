@@ -1,0 +1,168 @@
+"""The store's connection pool: no thread waits for a connection while it keeps one, and a stopping
+process waits for none longer than it may.
+
+Two behaviours on top of psycopg_pool's `ConnectionPool`:
+
+- **No hold-and-wait.** A thread that appends keeps a pooled connection between appends (see
+  `eventstore.pinning`). When that thread then asks the pool for a connection (a node's next read, its
+  end's transaction), it would hold one while it waits for another; with every other thread of every
+  other process doing the same on a server with few free slots, nobody gets a second one and everybody
+  waits out the pool's timeout (hold-and-wait across processes). So before each checkout the thread's
+  idle pinned connection goes back to the pool first (`before_checkout`): a thread holds at most one
+  connection at a time, and the one it gave back is usually the one it gets. And when no connection is
+  free and the pool cannot grow (it is at its size, or the server did not give it one within
+  `_GROW_WAIT`), the idle pins of every other thread go back too (`reclaim_idle`) before the thread
+  waits on: a thread that appended once and then went quiet (a node thread between nodes, a caller's
+  thread) would otherwise keep a connection that a heartbeat or a claim waits for, for as long as the
+  pool cannot grow (a server without free slots).
+- **Bounded waits while stopping.** Inside `bounded_waits(seconds)`, every checkout of every thread
+  waits at most until that deadline (and a moment past it, so that a connection that is free is still
+  taken), also a checkout that began waiting before (it is woken and waits on within the deadline): a
+  stopping process's last steps (hand nodes back, release leases, a last heartbeat) give up once the
+  database has not answered in time instead of waiting the pool's timeout for each; the leases they
+  would have released then lapse by themselves. `bounded_once_stopping` sets such a deadline when a
+  worker is asked to stop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import psycopg_pool
+
+#: How long a checkout first waits before idle pins are taken back: a connection given back meanwhile is
+#: taken as it is.
+_FIRST_TRY = 0.02
+#: How long a checkout then waits for the pool to grow before idle pins are taken back: opening a
+#: connection takes milliseconds, unless the server has no free slot.
+_GROW_WAIT = 1.0
+#: While it waits on, idle pins are taken back this often.
+_RECLAIM_EVERY = 0.1
+#: Past a `bounded_waits` deadline, a checkout still waits this long: a free connection is taken, and
+#: an unavailable database answers PoolTimeout at once.
+_PAST_DEADLINE = 0.05
+
+
+class _NewDeadline(Exception):
+    """Wakes a checkout that waits: a deadline was set meanwhile (see `Pool.bounded_waits`)."""
+
+
+class Pool(psycopg_pool.ConnectionPool[psycopg.Connection[Any]]):
+    """A `ConnectionPool` with the store's two additions (see the module's documentation)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        #: Called before every checkout, in the thread that checks out (the store sets it to give back
+        #: that thread's idle pinned connection).
+        self.before_checkout: Callable[[], None] | None = None
+        #: Called when no connection is free at once: gives back the connections threads keep idle.
+        self.reclaim_idle: Callable[[], object] | None = None
+        self._deadlines: list[float] = []
+        self._deadlines_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def getconn(self, timeout: float | None = None) -> psycopg.Connection[Any]:
+        hook, reclaim = self.before_checkout, self.reclaim_idle
+        if hook is not None:
+            hook()
+        timeout = self._bounded(timeout)
+        if reclaim is None or timeout <= _FIRST_TRY:
+            return self._wait(timeout)
+        deadline = time.monotonic() + timeout
+        try:
+            return self._wait(_FIRST_TRY)
+        except psycopg_pool.PoolTimeout:
+            pass
+        if self.get_stats().get("pool_size", 0) < self.max_size:
+            grow = min(_GROW_WAIT, deadline - time.monotonic())
+            if grow > 0:
+                try:
+                    return self._wait(grow)
+                except psycopg_pool.PoolTimeout:
+                    pass
+        # In slices: a pin given back may go to a thread that pins it again (its append) and then sits
+        # idle with it; each slice takes such pins back again.
+        while True:
+            reclaim()
+            left = self._bounded(deadline - time.monotonic())
+            try:
+                return self._wait(max(min(left, _RECLAIM_EVERY), _PAST_DEADLINE))
+            except psycopg_pool.PoolTimeout:
+                if left <= _RECLAIM_EVERY:
+                    raise
+
+    def _wait(self, timeout: float) -> psycopg.Connection[Any]:
+        """psycopg_pool's checkout; woken by a new deadline, it waits on within it."""
+        while True:
+            began = time.monotonic()
+            try:
+                return super().getconn(timeout)
+            except _NewDeadline:
+                timeout = self._bounded(timeout - (time.monotonic() - began))
+
+    @contextmanager
+    def bounded_waits(self, seconds: float) -> Iterator[None]:
+        """Within the block, no checkout waits past `seconds` from now (see the module)."""
+        deadline = time.monotonic() + seconds
+        with self._deadlines_lock:
+            self._deadlines.append(deadline)
+        # Checkouts already waiting (with the pool's timeout, 30 s) wake and wait on within the deadline.
+        # psycopg_pool has no public way to wake its waiters: its queue of them is private (3.2 and
+        # later), and `fail` is how its own close() ends their waits.
+        with self._lock:
+            waiting = list(self._waiting)
+        for client in waiting:
+            client.fail(_NewDeadline())
+        try:
+            yield
+        finally:
+            with self._deadlines_lock:
+                self._deadlines.remove(deadline)
+
+    def _bounded(self, timeout: float | None) -> float:
+        wanted = self.timeout if timeout is None else timeout
+        with self._deadlines_lock:
+            deadline = min(self._deadlines, default=None)
+        if deadline is None:
+            return wanted
+        return min(wanted, max(deadline - time.monotonic(), _PAST_DEADLINE))
+
+
+@contextmanager
+def bounded_waits(pool: psycopg_pool.ConnectionPool[Any], seconds: float) -> Iterator[None]:
+    """`Pool.bounded_waits` for any pool (another kind of pool is left as it is)."""
+    if isinstance(pool, Pool):
+        with pool.bounded_waits(seconds):
+            yield
+    else:
+        yield
+
+
+@contextmanager
+def bounded_once_stopping(
+    pool: psycopg_pool.ConnectionPool[Any], stopping: threading.Event, seconds: float
+) -> Iterator[None]:
+    """For the block (a worker's run): from the moment `stopping` is set, every checkout of `pool`,
+    those already waiting included, waits at most `seconds` from then. A thread of its own watches for
+    it: the stop is usually asked by a signal handler, which must not take the pool's locks (the thread
+    it interrupts may hold them)."""
+    done = threading.Event()
+
+    def watch() -> None:
+        stopping.wait()
+        if not done.is_set():
+            with bounded_waits(pool, seconds):
+                done.wait()
+
+    watcher = threading.Thread(target=watch, name="ledgerflow-stop-deadline", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        stopping.set()  # the run is over: the watcher ends
+        watcher.join(timeout=1.0)

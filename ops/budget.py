@@ -1,0 +1,70 @@
+"""The connections a long-running process may hold, stated at its start (`connection_budget`).
+
+Every role works within its pool (`LEDGERFLOW_POOL_MIN_SIZE` kept open, up to `LEDGERFLOW_POOL_MAX_SIZE`)
+plus a few connections of its own: a workflow worker's listener, presence and notifier (and a listener for
+its trigger projections when a workflow has triggers), a projector's listener. No thread holds a pooled
+connection while it waits for another (see `eventstore.pooling`), so a process that holds even one pooled
+connection makes progress; one that has none waits, backing off with jitter, until the server has a slot.
+Size `max_connections` from these figures: the sum of `most` over every process, plus the operators'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import structlog
+
+from ops.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class ConnectionBudget:
+    role: str
+    pool_min: int
+    pool_max: int
+    #: Of the pool's connections, how many appending threads may keep between appends.
+    pinned_max: int
+    #: Connections outside the pool, by purpose.
+    dedicated: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def most(self) -> int:
+        """The most connections the process holds at once."""
+        return self.pool_max + sum(self.dedicated.values())
+
+    @property
+    def least(self) -> int:
+        """The connections it needs to work at all: one pooled connection (the rest may wait)."""
+        return max(self.pool_min, 1)
+
+
+def budget(role: str, settings: Settings, *dedicated: dict[str, int]) -> ConnectionBudget:
+    pinned = (
+        settings.pool_max_size // 2 if settings.pinned_connections is None else settings.pinned_connections
+    )
+    merged: dict[str, int] = {}
+    for part in dedicated:
+        for purpose, count in part.items():
+            merged[purpose] = merged.get(purpose, 0) + count
+    return ConnectionBudget(
+        role=role,
+        pool_min=settings.pool_min_size,
+        pool_max=settings.pool_max_size,
+        pinned_max=min(pinned, settings.pool_max_size),
+        dedicated=merged,
+    )
+
+
+def log_connection_budget(b: ConnectionBudget) -> None:
+    log.info(
+        "connection_budget",
+        role=b.role,
+        most=b.most,
+        least=b.least,
+        pool_min=b.pool_min,
+        pool_max=b.pool_max,
+        pinned_max=b.pinned_max,
+        **{f"own_{purpose}": count for purpose, count in sorted(b.dedicated.items())},
+    )
