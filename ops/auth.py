@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
 import structlog
+from psycopg import Connection
 from psycopg.rows import kwargs_row
 
 from eventstore import (
@@ -46,7 +47,9 @@ __all__ = [
     "check_secret_format",
     "create_token",
     "has_server_admin_token",
+    "hash_secret",
     "list_tokens",
+    "look_up_token",
     "revoke_token",
 ]
 
@@ -274,10 +277,18 @@ def check_secret_format(secret: str) -> re.Match[str]:
 
 def authenticate(store: EventStore, secret: str) -> Principal:
     """The principal a bearer secret stands for; AuthenticationError if it is not a live token's."""
+    check_secret_format(secret)
+    with wrap_exceptions(), store.pool.connection() as conn:
+        return look_up_token(conn, secret)[0]
+
+
+def look_up_token(conn: Connection[Any], secret: str) -> tuple[Principal, datetime | None]:
+    """The principal a bearer secret stands for and when its token expires (None: never), looked up on
+    `conn`; AuthenticationError if it is not a live token's. For callers that keep a connection of their
+    own for lookups (`ops.api.token_lookups`); psycopg errors are the caller's to translate."""
     match = check_secret_format(secret)
     token_hash = hash_secret(secret)
-    with wrap_exceptions(), store.pool.connection() as conn:
-        row = conn.execute(Q["authenticate"], {"id": match[1], "token_hash": token_hash}).fetchone()
+    row = conn.execute(Q["authenticate"], {"id": match[1], "token_hash": token_hash}).fetchone()
     # compare_digest: the answer takes as long whichever character of the hash differs.
     if row is None or not hmac.compare_digest(str(row[2]), token_hash):
         raise AuthenticationError("the bearer token is not valid")
@@ -289,4 +300,5 @@ def authenticate(store: EventStore, secret: str) -> Principal:
             f"the bearer token expired at {expires_at.isoformat(timespec='seconds')}; "
             "create a new one with `ledgerflow tokens create`"
         )
-    return Principal(match[1], str(tenant), frozenset(scopes), server_admin=role == "server")
+    principal = Principal(match[1], str(tenant), frozenset(scopes), server_admin=role == "server")
+    return principal, expires_at

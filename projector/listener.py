@@ -115,16 +115,22 @@ class ProjectionWaiters:
             await asyncio.to_thread(self._listener.join, _LISTEN_ROUND + _CONNECT_TIMEOUT)
         self._looks.shutdown(wait=False, cancel_futures=True)
 
-    async def wait_for(
-        self, projection: Projection, wanted: Cursor, *, timeout: float, tenant: str
-    ) -> Cursor:
-        """The projection's cursor once it has passed `wanted`; ProjectionBehindError after `timeout`
-        seconds, TooManyWaitersError at once when the caps are reached."""
+    def check_room(self, tenant: str) -> None:
+        """TooManyWaitersError if one more wait of `tenant` would pass a cap now: lets a caller refuse a
+        read before it spends a look on it (`wait_for` checks again)."""
         # The tenant's own cap first: a tenant at its cap hears that it is its own doing.
         if self._per_tenant[tenant] >= self._max_per_tenant:
             raise TooManyWaitersError("tenant", self._max_per_tenant, tenant)
         if self.waiting >= self._max_total:
             raise TooManyWaitersError("total", self._max_total, tenant)
+
+    async def wait_for(
+        self, projection: Projection, wanted: Cursor, *, timeout: float, tenant: str
+    ) -> Cursor:
+        """The projection's cursor once it has passed `wanted`; ProjectionBehindError after `timeout`
+        seconds, TooManyWaitersError at once when the caps are reached. A waiter cancelled (its caller went
+        away) gives its place back at once."""
+        self.check_room(tenant)
         waiter = _Waiter(projection, wanted, tenant, asyncio.get_running_loop().create_future())
         self._waiting.setdefault(projection.name, set()).add(waiter)
         self._per_tenant[tenant] += 1

@@ -21,10 +21,12 @@ from ops.api.deps import SECURITY_SCHEME
 from ops.api.docs import mount_docs
 from ops.api.errors import COMMON_RESPONSES
 from ops.api.guard import RequestGuardMiddleware
+from ops.api.in_flight import RequestsInFlight
 from ops.api.jobs import BackgroundJobs
 from ops.api.middleware import BodyLimitMiddleware, RequestContextMiddleware, SecurityHeadersMiddleware
 from ops.api.probes import DatabaseMonitor
 from ops.api.settings import ApiSettings
+from ops.api.token_lookups import TokenLookups
 from ops.console import mount_console
 from ops.services import Services
 from projector import ProjectionWaiters
@@ -45,6 +47,8 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
         max_waiters_per_tenant=settings.max_projection_waiters_per_tenant,
         name="ledgerflow-api-listener",
     )
+    tokens = TokenLookups(services.store, ttl=settings.token_cache_seconds, size=settings.token_cache_size)
+    in_flight = RequestsInFlight(settings.max_requests_per_tenant)
     monitor = DatabaseMonitor(
         services.store.url, interval=settings.health_check_interval, timeout=settings.probe_timeout
     )
@@ -55,6 +59,7 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
             "api_started", workflows=services.registry.names(), max_request_bytes=settings.max_request_bytes
         )
         waiters.start()
+        tokens.start()
         monitor.start()
         # The first probe answers from a check, not from "not checked yet".
         await asyncio.to_thread(monitor.wait_checked, settings.probe_timeout + 1)
@@ -63,6 +68,7 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
                 yield
         finally:
             await waiters.stop()
+            await tokens.stop()
             await asyncio.to_thread(monitor.stop)
             jobs.shutdown()
             log.info("api_stopped")
@@ -84,13 +90,15 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
     app.state.jobs = jobs
     app.state.waiters = waiters
     app.state.monitor = monitor
+    app.state.tokens = tokens
+    app.state.in_flight = in_flight
     errors.install(app)
     # The last added runs first: the request id is bound before the size check, so a 413 is logged with
     # it, and the security headers go on every answer, the 413 included. The token is checked before the
     # body is read (counted, buffered, checked for UTF-8) or parsed.
     app.add_middleware(RequestGuardMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
-    app.add_middleware(AuthenticateFirstMiddleware, services=services)
+    app.add_middleware(AuthenticateFirstMiddleware, tokens=tokens, in_flight=in_flight)
     app.add_middleware(RequestContextMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)
 

@@ -14,12 +14,12 @@ from typing import Annotated, Any, Final
 import structlog
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from starlette.concurrency import run_in_threadpool
 
 from ops.api.authn import PRINCIPAL_KEY
 from ops.api.jobs import BackgroundJobs
 from ops.api.settings import ApiSettings
-from ops.auth import SERVER_ADMIN, AuthenticationError, Principal, authenticate
+from ops.api.token_lookups import TokenLookups
+from ops.auth import SERVER_ADMIN, AuthenticationError, Principal
 from ops.services import Services
 
 log = structlog.get_logger(__name__)
@@ -61,7 +61,6 @@ JobsDep = Annotated[BackgroundJobs, Depends(get_jobs)]
 
 async def current_principal(
     request: Request,
-    services: ServicesDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     # Guarded paths were authenticated before their body was read (ops.api.authn).
@@ -71,7 +70,9 @@ async def current_principal(
     try:
         if credentials is None:
             raise AuthenticationError("this request needs an API token: send 'Authorization: Bearer <token>'")
-        principal = await run_in_threadpool(authenticate, services.store, credentials.credentials)
+        tokens = request.app.state.tokens
+        assert isinstance(tokens, TokenLookups)
+        principal = await tokens.authenticate(credentials.credentials)
     except AuthenticationError as exc:
         log.info("api_authentication_failed", reason=str(exc))
         raise

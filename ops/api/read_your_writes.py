@@ -7,16 +7,21 @@ with the app) wakes it. Waiting reads are capped in total and per tenant (429 wi
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+from typing import Annotated, Any
 
+import structlog
 from fastapi import Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from eventstore import Cursor
 from ops.api.errors import ErrorBody, Responses, error_response
+from ops.api.in_flight import RequestsInFlight
 from ops.services import Services
 from projector import Projection, ProjectionBehindError, ProjectionWaiters, TooManyWaitersError, wait_for
+
+log = structlog.get_logger(__name__)
 
 #: Read your own writes: a read served from a projection's tables waits until they show the write.
 MinCursor = Annotated[
@@ -60,6 +65,44 @@ PROJECTION_BEHIND: Responses = {
 }
 
 
+def _too_many(exc: TooManyWaitersError) -> JSONResponse:
+    setting = WAITER_SETTINGS[exc.scope]
+    return error_response(
+        429,
+        exc.code,
+        f"{exc}; the limit is {setting}",
+        {**exc.details(), "setting": setting},
+        headers={"Retry-After": str(WAITERS_RETRY_AFTER)},
+    )
+
+
+async def _until_disconnected(request: Request) -> None:
+    """Returns once the client has gone away (a read's request has no body left to receive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _wait_unless_disconnected(
+    request: Request, waiters: ProjectionWaiters, projection: Projection, wanted: Cursor, **kw: Any
+) -> bool:
+    """Waits for `projection` to pass `wanted`; False (the wait given up, its place freed) if the client
+    went away first. A client that stops waiting must not keep a place under the caps for up to 30 s."""
+    waiting = asyncio.ensure_future(waiters.wait_for(projection, wanted, **kw))
+    gone = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait((waiting, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (waiting, gone):
+            if not task.done():
+                task.cancel()
+    if not waiting.done() or waiting.cancelled():
+        await asyncio.gather(waiting, return_exceptions=True)  # its `finally` frees the place
+        log.info("projection_wait_abandoned", projection=projection.name, wanted=str(wanted))
+        return False
+    waiting.result()  # ProjectionBehindError, TooManyWaitersError
+    return True
+
+
 async def projection_behind(
     request: Request,
     services: Services,
@@ -73,6 +116,12 @@ async def projection_behind(
     if min_cursor is None:
         return None
     wanted = Cursor.parse(min_cursor)
+    waiters = request.app.state.waiters
+    assert isinstance(waiters, ProjectionWaiters)
+    try:
+        waiters.check_room(tenant)  # refused before its look costs a thread and a connection
+    except TooManyWaitersError as exc:
+        return _too_many(exc)
     try:
         # One look first: a projection that no projector has ever run will not get there by waiting.
         await run_in_threadpool(wait_for, services.store, projection, wanted, timeout=0)
@@ -80,19 +129,18 @@ async def projection_behind(
     except ProjectionBehindError as exc:
         if exc.position is None:
             return error_response(409, exc.code, str(exc), exc.details())
-    waiters = request.app.state.waiters
-    assert isinstance(waiters, ProjectionWaiters)
+    in_flight = request.app.state.in_flight
+    assert isinstance(in_flight, RequestsInFlight)
     try:
-        await waiters.wait_for(projection, wanted, timeout=wait, tenant=tenant)
+        # While it waits it holds no thread and no connection: not one of the tenant's requests in flight.
+        with in_flight.set_aside(tenant):
+            waited = await _wait_unless_disconnected(
+                request, waiters, projection, wanted, timeout=wait, tenant=tenant
+            )
     except TooManyWaitersError as exc:
-        setting = WAITER_SETTINGS[exc.scope]
-        return error_response(
-            429,
-            exc.code,
-            f"{exc}; the limit is {setting}",
-            {**exc.details(), "setting": setting},
-            headers={"Retry-After": str(WAITERS_RETRY_AFTER)},
-        )
+        return _too_many(exc)
     except ProjectionBehindError as exc:
         return error_response(504, exc.code, str(exc), exc.details())
+    if not waited:  # nobody is left to read the answer
+        return error_response(499, "client_gone", "the client went away while the read waited")
     return None

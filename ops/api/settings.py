@@ -27,6 +27,14 @@ class ApiSettings(BaseSettings):
     #: Reads waiting for `min_cursor` at once, in total and per tenant; beyond them 429 with Retry-After.
     max_projection_waiters: int = Field(default=200, ge=1)
     max_projection_waiters_per_tenant: int = Field(default=20, ge=1)
+    #: Requests of one tenant in flight at once (a read waiting for `min_cursor` does not count while it
+    #: waits); beyond, 429 with Retry-After. Below the connection pool, so no tenant holds all of it.
+    max_requests_per_tenant: int = Field(default=8, ge=1)
+    #: Seconds the API keeps what a token lookup found (a live token, or a refusal); a revoked token stops
+    #: working within this time. 0: every request looks its token up.
+    token_cache_seconds: float = Field(default=5.0, ge=0, le=300)
+    #: Tokens kept at most (live ones, and refusals apart).
+    token_cache_size: int = Field(default=10_000, ge=1)
     #: How often the server checks the database on a connection of its own; `/api/healthz` answers from
     #: the last check.
     health_check_interval: float = Field(default=1.0, gt=0, le=60)

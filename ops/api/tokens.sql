@@ -8,7 +8,8 @@ VALUES (%(id)s, %(name)s, %(tenant)s, %(scopes)s, %(role)s,
 RETURNING created_at
 
 -- name: revoke_token
--- Revocation is effective for the very next request: `authenticate` reads the row every time, no cache.
+-- `authenticate` reads the row every time; the API keeps what it read for LEDGERFLOW_TOKEN_CACHE_SECONDS
+-- (ops/api/token_lookups.py), so a revoked token stops working there within that time.
 UPDATE ledgerflow.api_tokens SET revoked_at = now()
  WHERE id = %(id)s AND revoked_at IS NULL
 RETURNING id

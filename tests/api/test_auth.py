@@ -139,6 +139,8 @@ def test_a_revoked_token_gets_401_over_http(client: TestClient, services: Servic
     headers = {"Authorization": f"Bearer {secret}"}
     assert client.get("/api/v1/workflows", headers=headers).status_code == 200
     revoke_token(services.store, token_id)
+    # The API keeps a lookup for LEDGERFLOW_TOKEN_CACHE_SECONDS (test_tenant_fairness); past it, as here:
+    client.app.state.tokens.forget()  # type: ignore[attr-defined]
     response = client.get("/api/v1/workflows", headers=headers)
     assert response.status_code == 401
     assert "revoked" in response.json()["error"]["message"]
@@ -263,6 +265,7 @@ def test_tokens_expire(client: TestClient, services: Services, database_url: str
             "expires_at = expires_at - interval '31 days', last_used_at = NULL WHERE id = %s",
             (token_id,),
         )
+    client.app.state.tokens.forget()  # type: ignore[attr-defined]  # the lookup kept is from "then"
     response = client.get("/api/v1/runs", headers=headers)
     assert response.status_code == 401
     error = response.json()["error"]
@@ -300,6 +303,7 @@ def test_last_use_is_recorded_at_most_once_a_minute(
             "WHERE id = %s",
             (token_id,),
         )
+    client.app.state.tokens.forget()  # type: ignore[attr-defined]  # the lookup kept is from "then"
     assert client.get("/api/v1/runs", headers=headers).status_code == 200
     assert _token_row(database_url, token_id)[2] > first - timedelta(seconds=61)
     # A wrong secret for the same token id is refused and records nothing.
