@@ -41,7 +41,8 @@ from workflows.state import NodeState, ReceivedSignal, RunState, apply
 
 log = structlog.get_logger(__name__)
 Q = load_queries("workflows", "snapshots.sql")
-FORMAT = 1
+# 2: a node's held bytes (format 1 had none; its rows are left unread and replaced).
+FORMAT = 2
 #: Events read at a time.
 PAGE = 5000
 
@@ -89,6 +90,7 @@ def _node_json(n: NodeState) -> dict[str, Any]:
         "taken": _pairs(n.taken),
         "waiting_for": n.waiting_for,
         "wake_at": _at(n.wake_at),
+        "held_bytes": n.held_bytes,
     }
 
 
@@ -120,6 +122,7 @@ def _node_from(d: dict[str, Any]) -> NodeState:
         taken=dict(d["taken"]),
         waiting_for=d["waiting_for"],
         wake_at=_when(d["wake_at"]),
+        held_bytes=d["held_bytes"],
     )
 
 
