@@ -161,7 +161,7 @@ class NodeContext:
 
     def checkpoint(self, item: str, output: Any = None) -> None:
         """Record an item's output and its checkpoint together, in one event."""
-        self._engine.caps.check_output(f"checkpoint output of {item!r}", output)
+        self._engine.caps.check_output(f"checkpoint output of {item!r}", output, self._run.held_bytes)
         self._write(
             [
                 ev.event(
@@ -231,7 +231,7 @@ class NodeContext:
 
     def record_step(self, key: str, result: Any) -> None:
         """Record step `key`'s result (its fn ran), fenced: from now on it is answered from the log."""
-        self._engine.caps.check_output(f"result of step {key!r}", result)
+        self._engine.caps.check_output(f"result of step {key!r}", result, self._run.held_bytes)
         self._write(
             [
                 ev.event(

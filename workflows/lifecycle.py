@@ -31,13 +31,13 @@ import structlog
 from eventstore import ANY, AppendResult, EventStore, NewEvent, StreamAppend, WrongExpectedVersionError
 from eventstore.errors import ConflictError, LedgerflowError
 from workflows import events as ev
-from workflows import queue
+from workflows import queue, snapshots
 from workflows.definition import NodeSpec, Workflow
-from workflows.engine import RUN_PAGE, Engine, WrittenJson, advance, release_key_appends
+from workflows.engine import Engine, WrittenJson, advance, release_key_appends
 from workflows.errors import SQLSTATES, NodeSuspended, wrap_exceptions
 from workflows.queue import Claim, Claimant
 from workflows.scheduler import NodeStatus, run_outcome, runnable_nodes
-from workflows.state import RunState, fold
+from workflows.state import RunState, apply
 
 log = structlog.get_logger(__name__)
 _ATTEMPTS = 50
@@ -169,6 +169,10 @@ class Lifecycle:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.store = engine.store
+        # Events the hand-over of ledgerflow.wf_record_run_end reads after the claimed run's snapshot. The
+        # projection keeps snapshots within about `run_snapshot_every` events of a run's end; a run further
+        # behind (the projection stopped) is loaded by the worker itself, which writes a snapshot.
+        self._hand_over_reads = max(200, 2 * engine.caps.run_snapshot_every)
 
     def _commit(
         self,
@@ -235,24 +239,34 @@ class Lifecycle:
             if next_run is None:
                 outcome, rows = queue.record_node_end(conn, claim, append, **change)
             else:
-                ended = queue.record_run_end(conn, claim, append, next_run, read_limit=RUN_PAGE, **change)
+                ended = queue.record_run_end(
+                    conn, claim, append, next_run, read_limit=self._hand_over_reads, **change
+                )
                 outcome, rows = ended.outcome, ended.appended
         self.store.notify_appended()
         if ended is not None:
             # Its NodeClaimed was appended by the claim itself (see ledgerflow.wf_claim).
             record_appended(self.store, ended.claims, ended.claims_appended, began)
             if ended.claims:
-                successor = self._with_run(ended.claims[0], ended.next_run_events)
+                successor = self._with_run(ended.claims[0], ended.next_run_snapshot, ended.next_run_events)
         written = WrittenJson(append["data"], append["metadata"])
         return successor, outcome, self.store.appended(rows, claim.tenant, began), written
 
-    def _with_run(self, claim: Claim, rows: list[tuple[Any, ...]]) -> Claim:
-        """`claim` with its run's state, folded from the events the claiming statement read; without it if
-        the run is longer than that read (the worker reads it when the node starts: nothing here may fail
-        once the end has committed)."""
-        if len(rows) >= RUN_PAGE:
+    def _with_run(self, claim: Claim, snapshot: tuple[int, str] | None, rows: list[tuple[Any, ...]]) -> Claim:
+        """`claim` with its run's state: its snapshot with the events the claiming statement read after it
+        folded in; without it if more events follow the snapshot than that read takes, or the snapshot is
+        of a format this code does not read (the worker loads the run when the node starts: nothing here
+        may fail once the end has committed)."""
+        if len(rows) >= self._hand_over_reads:
             return claim
-        return dataclasses.replace(claim, loaded=fold(claim.run_id, claim.tenant, self.store.recorded(rows)))
+        run: RunState | None = RunState(claim.run_id, claim.tenant)
+        if snapshot is not None:
+            run = snapshots.from_json(claim.run_id, claim.tenant, snapshot[1])
+        if run is None:
+            return claim
+        for e in self.store.recorded(rows):
+            apply(run, e)
+        return dataclasses.replace(claim, loaded=run)
 
     def _transact(
         self,

@@ -6,6 +6,11 @@ as `workflows.state` folds it, written as columns: for each batch, the touched r
 their rows, the batch's events are applied with that same fold, and the rows that changed are written
 in one statement per table. So the tables and the worker cannot disagree about what an event means, and
 a rebuild gives the same rows (every value, times included, comes from the events): equal digests.
+
+The same batch keeps the runs' snapshots (`workflows.snapshots.keep_up`): a run that the batch moved
+`LEDGERFLOW_RUN_SNAPSHOT_EVERY` versions or more past its snapshot gets a new one, so loading a long run
+never waits for a fold of its whole history. Snapshots are a cache outside the projection's tables
+(migrations/0030): a rebuild rewrites none that are current, and its digests do not cover them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from psycopg.types.json import Jsonb
 from eventstore import RecordedEvent
 from projector import ApplyContext, Projection, Table
 from workflows import events as ev
+from workflows import snapshots
+from workflows.caps import RunCaps
 from workflows.scheduler import NodeStatus
 from workflows.state import NodeState, RunState, apply_event
 
@@ -336,6 +343,18 @@ def _apply_batch(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
         input_column = RUN_COLUMNS.index("input")
         runs_columns = _columns(changed_runs, len(RUN_COLUMNS), json_column=input_column)
         ctx.execute(_UPSERT, [*runs_columns, *_columns(changed_nodes, len(NODE_COLUMNS))])
+    snapshots.keep_up(ctx.conn, _heads(typed), RunCaps().run_snapshot_every)
+
+
+def _heads(typed: Sequence[tuple[ev.WorkflowEvent, RecordedEvent]]) -> dict[tuple[str, uuid.UUID], int]:
+    """The stream version this batch reached in each run's stream (events of key streams left out). The
+    batch reads only the types above; the versions count every event of the stream all the same."""
+    heads: dict[tuple[str, uuid.UUID], int] = {}
+    for event, e in typed:
+        if e.stream_id == ev.run_stream(event.run_id):
+            key = (e.tenant, event.run_id)
+            heads[key] = max(heads.get(key, 0), e.stream_version)
+    return heads
 
 
 def _runs_to_load(typed: Sequence[tuple[ev.WorkflowEvent, RecordedEvent]]) -> list[uuid.UUID]:

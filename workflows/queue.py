@@ -334,14 +334,16 @@ def record_node_end(
 @dataclass(frozen=True)
 class RunEnded:
     """What `record_run_end` did: the end's outcome and the rows of its appended events, the claim of a
-    node of another run (if one was ready) with the row of its NodeClaimed, and that run's events as a
-    stream read gives them (`EventStore.recorded` turns them into events)."""
+    node of another run (if one was ready) with the row of its NodeClaimed, and that run's snapshot, if it
+    has one (its version and JSON: `workflows.snapshots.from_json`), with the events after it as a stream
+    read gives them (`EventStore.recorded` turns them into events; signals without their payloads)."""
 
     outcome: NodeEnded
     appended: list[tuple[Any, ...]]
     claims: list[Claim]
     claims_appended: AppendedRows
     next_run_events: list[tuple[Any, ...]]
+    next_run_snapshot: tuple[int, str] | None = None
 
 
 def record_run_end(
@@ -358,9 +360,9 @@ def record_run_end(
     check_cancel: bool = False,
 ) -> RunEnded:
     """`record_node_end` for an end that finishes a run without a key, the claim of a ready node of another
-    run for `next_run` (one of its workflows) and the read of the first `read_limit` events of that run, as
-    one statement on an autocommit connection, so in one transaction and one round trip (see
-    ledgerflow.wf_record_run_end)."""
+    run for `next_run` (one of its workflows) and the read of that run's snapshot and of at most
+    `read_limit` events after it, as one statement on an autocommit connection, so in one transaction and
+    one round trip (see ledgerflow.wf_record_run_end)."""
     params = {
         **_end_params(claim, retry_in, ready, attempts, successor, check_cancel),
         **append,
@@ -374,7 +376,10 @@ def record_run_end(
     }
     rows = conn.execute(Q["record_run_end"], params).fetchall()
     ended = [r for r in rows if r[6] is None]
-    taken = [r for r in rows if r[6] is not None and r[15] is None]
+    taken = [r for r in rows if r[6] is not None and r[15] is None and r[7] is not None]
+    snapshot = next(
+        ((r[3], r[17]) for r in rows if r[6] is not None and r[15] is None and r[7] is None), None
+    )
     # In a stream read's columns (see read_stream_forward in eventstore's queries).
     events = [(0, r[4], r[5], r[8], r[2], r[3], *r[15:]) for r in rows if r[15] is not None]
     return RunEnded(
@@ -383,6 +388,7 @@ def record_run_end(
         [Claim(*r[6:15]) for r in taken],
         [r[2:6] for r in taken],
         events,
+        snapshot,
     )
 
 

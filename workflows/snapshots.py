@@ -5,15 +5,18 @@ state (`workflows.state.RunState`) as of a version of its stream. A load reads t
 only the events after it; the fold itself keeps signals by reference (their stream version), and the
 stream read leaves their payloads out, so neither grows with what was sent to the run.
 
-Who writes a snapshot: the load that folded `RunCaps.run_snapshot_every` events or more past the one it
-started from, in a statement of its own after the read. Not the node's end: a snapshot is a pure function
-of the first `version` events of an append-only stream, so whoever folded them may write it, and the end
-of a node (one statement, the engine's hot path: ledgerflow.wf_record_node_end) stays as it is. Not the
-`workflow_tables` projection either: it keeps rows, not whole states (no steps, checkpoints or outputs),
-and it trails the log. Every path that loads a run (the API's reads, cancel, retry, refresh, and the
-worker's claims) goes through here, so a run that grows is snapshotted by its own readers; a load never
-folds much more than `run_snapshot_every` events once one has happened. A lost or stale snapshot costs
-only time: the rows are a cache.
+Who writes a snapshot: the `workflow_tables` projection, as it applies a run's events (`keep_up`, in the
+batch's transaction): when a batch reaches a run's stream `RunCaps.run_snapshot_every` versions or more
+past its snapshot, it folds the snapshot and the events up to there and writes a new one. So every run
+that grows has a recent snapshot, paid for by the projector rather than by the first load after a burst
+of events; a load folds about `run_snapshot_every` events plus the projection's lag. A load that still
+folded `run_snapshot_every` events or more (the projection is behind or stopped) writes one too, in a
+statement of its own after the read. Not the node's end: a snapshot is a pure function of the first
+`version` events of an append-only stream, so whoever folded them may write it, and the end of a node
+(one statement, the engine's hot path: ledgerflow.wf_record_node_end) stays as it is. Every path that
+loads a run (the API's reads, cancel, retry, refresh, and the worker's claims, the hand-over of
+ledgerflow.wf_record_run_end included) starts from the snapshot. A lost or stale snapshot costs only
+time: the rows are a cache.
 
 The JSON is this module's: a version field lets a later format leave older rows unread (they are then
 replaced by the next load).
@@ -22,7 +25,7 @@ replaced by the next load).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -38,7 +41,8 @@ from workflows.state import NodeState, ReceivedSignal, RunState, apply
 
 log = structlog.get_logger(__name__)
 Q = load_queries("workflows", "snapshots.sql")
-FORMAT = 1
+# 2: a node's held bytes (format 1 had none; its rows are left unread and replaced).
+FORMAT = 2
 #: Events read at a time.
 PAGE = 5000
 
@@ -86,6 +90,7 @@ def _node_json(n: NodeState) -> dict[str, Any]:
         "taken": _pairs(n.taken),
         "waiting_for": n.waiting_for,
         "wake_at": _at(n.wake_at),
+        "held_bytes": n.held_bytes,
     }
 
 
@@ -117,6 +122,7 @@ def _node_from(d: dict[str, Any]) -> NodeState:
         taken=dict(d["taken"]),
         waiting_for=d["waiting_for"],
         wake_at=_when(d["wake_at"]),
+        held_bytes=d["held_bytes"],
     )
 
 
@@ -208,22 +214,28 @@ def catch_up(store: EventStore, runs: Iterable[RunState]) -> None:
     """Advance each of `runs` (of one tenant), in place, with the events after the version it knows, read
     without signal payloads."""
     by_stream = {ev.run_stream(run.run_id): run for run in runs}
-    if not by_stream:
-        return
-    tenant = next(iter(by_stream.values())).tenant
-    while True:
-        params = {
-            "tenant": tenant,
-            "streams": list(by_stream),
-            "after": [run.version for run in by_stream.values()],
-            "limit": PAGE,
-        }
+    while by_stream:
         with wrap_exceptions(), store.pool.connection() as conn:
-            rows = conn.execute(Q["read_runs_after"], params).fetchall()
-        for e in store.recorded(rows):
-            apply(by_stream[e.stream_id], e)
-        if len(rows) < PAGE:
+            more = _fold_page(conn, by_stream, {})
+        if not more:
             return
+
+
+def _fold_page(conn: psycopg.Connection[Any], by_stream: dict[str, RunState], upto: dict[str, int]) -> bool:
+    """Apply to the runs of `by_stream` (of one tenant) one page of the events after the version each
+    knows (up to `upto[stream]`, if given); whether there may be more."""
+    tenant = next(iter(by_stream.values())).tenant
+    params = {
+        "tenant": tenant,
+        "streams": list(by_stream),
+        "after": [run.version for run in by_stream.values()],
+        "upto": [upto.get(stream) for stream in by_stream],
+        "limit": PAGE,
+    }
+    rows = conn.execute(Q["read_runs_after"], params).fetchall()
+    for e in EventStore.recorded(rows):
+        apply(by_stream[e.stream_id], e)
+    return len(rows) == PAGE
 
 
 def write(store: EventStore, run: RunState) -> None:
@@ -235,6 +247,55 @@ def write(store: EventStore, run: RunState) -> None:
             conn.execute(Q["write_snapshot"], params)
     except Exception as exc:
         log.warning("workflow_run_snapshot_not_written", run_id=str(run.run_id), error=str(exc))
+
+
+def keep_up(conn: psycopg.Connection[Any], heads: Mapping[tuple[str, uuid.UUID], int], every: int) -> int:
+    """In a `workflow_tables` batch's transaction: for each run whose events the batch reached stream
+    version `heads[(tenant, run_id)]`, a snapshot at that version if the run's is `every` versions or more
+    behind it (or missing). Each is folded from the run's snapshot and the events after it up to that
+    version (no further: a batch's cost is that of its own events), read without signal payloads. Returns
+    how many were written. A run whose fold fails (an event or a snapshot this code cannot read) is logged
+    and left without one: its loads fold it themselves, and the tables' batch goes on."""
+    if not heads:
+        return 0
+    keys = sorted(heads)
+    params = {
+        "tenants": [t for t, _ in keys],
+        "run_ids": [r for _, r in keys],
+        "heads": [heads[k] for k in keys],
+        "every": every,
+    }
+    due = conn.execute(Q["read_snapshots_due"], params).fetchall()
+    by_tenant: dict[str, dict[str, RunState]] = {}
+    for tenant, run_id, text in due:
+        state = from_json(run_id, tenant, text) if text is not None else None
+        run = state if state is not None else RunState(run_id, tenant)
+        by_tenant.setdefault(tenant, {})[ev.run_stream(run_id)] = run
+    done: list[RunState] = []
+    for tenant, by_stream in by_tenant.items():
+        upto = {ev.run_stream(run.run_id): heads[(tenant, run.run_id)] for run in by_stream.values()}
+        try:
+            while _fold_page(conn, by_stream, upto):
+                pass
+        except psycopg.Error:
+            raise  # the transaction is lost: the batch is retried
+        except Exception as exc:
+            log.warning("workflow_run_snapshots_not_kept", tenant=tenant, runs=len(by_stream), error=str(exc))
+            continue
+        done.extend(by_stream.values())
+    done = [run for run in done if run.version > 0]
+    if done:
+        done.sort(key=lambda run: (run.tenant, run.run_id))
+        conn.execute(
+            Q["write_snapshots"],
+            {
+                "tenants": [run.tenant for run in done],
+                "run_ids": [run.run_id for run in done],
+                "versions": [run.version for run in done],
+                "states": [to_json(run) for run in done],
+            },
+        )
+    return len(done)
 
 
 def signal_payload(store: EventStore, run: RunState, index: int) -> Any:

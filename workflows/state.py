@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from eventstore import RecordedEvent
+from eventstore import RecordedEvent, jsonvalue
 from workflows import events as ev
 from workflows.scheduler import NodeStatus
 
@@ -60,6 +60,9 @@ class NodeState:
     #: While WAITING: the signal it waits for (None for a timer) and when it wakes at the latest.
     waiting_for: str | None = None
     wake_at: datetime | None = None
+    #: Bytes of JSON of what the node holds: its output (unless None), step results and checkpoint
+    #: outputs. Their sum over the run is bounded by LEDGERFLOW_MAX_RUN_STATE_BYTES (workflows.caps).
+    held_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,11 @@ class RunState:
         return self.status not in TERMINAL_RUN
 
     @property
+    def held_bytes(self) -> int:
+        """Bytes of JSON of the outputs, step results and checkpoint outputs the run's state holds."""
+        return sum(n.held_bytes for n in self.nodes.values())
+
+    @property
     def nodes_done(self) -> int:
         return sum(1 for n in self.nodes.values() if n.status == NodeStatus.SUCCEEDED)
 
@@ -168,6 +176,19 @@ def _on(model: type[E]) -> Callable[[Callable[[RunState, E, datetime], None]], C
         return fn
 
     return register
+
+
+def json_bytes(value: Any) -> int:
+    """The size of `value` as the log writes it (compact JSON, UTF-8), as the caps count it."""
+    return len(jsonvalue.dumps(value).encode())
+
+
+def _held(n: NodeState, held: dict[str, Any], key: str, value: Any) -> None:
+    """`held[key] = value` (a node's steps or checkpoints), counted in the node's held bytes."""
+    if key in held:
+        n.held_bytes -= json_bytes(held[key])
+    held[key] = value
+    n.held_bytes += json_bytes(value)
 
 
 def _touched(run: RunState, name: str, at: datetime) -> NodeState:
@@ -259,13 +280,14 @@ def _node_progress(run: RunState, e: ev.NodeProgress, at: datetime) -> None:
 @_on(ev.NodeCheckpoint)
 def _node_checkpoint(run: RunState, e: ev.NodeCheckpoint, at: datetime) -> None:
     n = _touched(run, e.node, at)
-    n.checkpoints[e.item] = e.output
+    _held(n, n.checkpoints, e.item, e.output)
     n.checkpoints_taken += 1
 
 
 @_on(ev.StepRecorded)
 def _step_recorded(run: RunState, e: ev.StepRecorded, at: datetime) -> None:
-    run.node(e.node).steps[e.key] = e.result
+    n = run.node(e.node)
+    _held(n, n.steps, e.key, e.result)
 
 
 @_on(ev.ChildStarted)
@@ -276,6 +298,9 @@ def _child_started(run: RunState, e: ev.ChildStarted, at: datetime) -> None:
 @_on(ev.NodeSucceeded)
 def _node_succeeded(run: RunState, e: ev.NodeSucceeded, at: datetime) -> None:
     n = _touched(run, e.node, at)
+    n.held_bytes += (json_bytes(e.output) if e.output is not None else 0) - (
+        json_bytes(n.output) if n.output is not None else 0
+    )
     n.status, n.output, n.generation, n.duration_ms = (
         NodeStatus.SUCCEEDED,
         e.output,

@@ -471,8 +471,10 @@ class WorkflowWorker:
                 try:
                     output = yield Body(spec.fn, ctx, claim.token)
                     ctx.check()
-                    # An output that cannot be recorded is the node's failure, not the worker's crash.
-                    self.engine.caps.check_output(f"output of node {claim.node!r}", output)
+                    # An output that cannot be recorded is the node's failure, not the worker's crash. A
+                    # None output is no output: the state holds nothing for it (workflows.state).
+                    in_state = held.held_bytes if output is not None else 0
+                    self.engine.caps.check_output(f"output of node {claim.node!r}", output, in_state)
                 except (NodeLeaseLost, RunCancelled, WorkerStopping):
                     raise
                 except NodeSuspended as suspended:

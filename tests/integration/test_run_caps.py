@@ -25,6 +25,7 @@ from workflows import (
     WorkflowWorker,
 )
 from workflows import events as ev
+from workflows.state import json_bytes
 
 registry = WorkflowRegistry()
 fat = Workflow("fat")
@@ -47,9 +48,26 @@ def wait(ctx: NodeContext) -> Any:
     return ctx.wait_for_signal("go")
 
 
+many = Workflow("many")
+
+
+@many.node()
+def record(ctx: NodeContext) -> Any:
+    for i in range(ctx.input["steps"]):
+        ctx.step(f"s{i}", lambda: "s" * 98)  # 100 bytes of JSON each
+    return None
+
+
 registry.register(fat)
 registry.register(waits)
-CAPS = RunCaps(max_signals_per_run=2, max_signal_bytes=100, max_input_bytes=200, max_output_bytes=300)
+registry.register(many)
+CAPS = RunCaps(
+    max_signals_per_run=2,
+    max_signal_bytes=100,
+    max_input_bytes=200,
+    max_output_bytes=300,
+    max_run_state_bytes=1000,
+)
 
 
 @pytest.fixture
@@ -105,6 +123,23 @@ def test_an_output_over_its_cap_fails_the_node(engine: Engine, worker: WorkflowW
     assert "LEDGERFLOW_MAX_OUTPUT_BYTES" in run.error
     assert not any(e.type == ev.NODE_SUCCEEDED for e in engine.store.read_stream(ev.run_stream(big)))
     assert run.node("produce").steps == {}
+
+
+def test_a_step_that_would_take_the_runs_state_over_its_cap_fails_the_node(
+    engine: Engine, worker: WorkflowWorker
+) -> None:
+    ok = engine.start("many", input={"steps": 10}).run_id  # 1,000 bytes held: within
+    big = engine.start("many", input={"steps": 11}).run_id
+    for run_id, status in ((ok, "succeeded"), (big, "failed")):
+        run = wait_until(lambda r=run_id: (s := engine.load(r)).active is False and s, what="the run to end")
+        assert run.status == status, run.error
+    run = engine.load(big)
+    assert run.error is not None
+    assert "LEDGERFLOW_MAX_RUN_STATE_BYTES" in run.error
+    assert "result of step 's10'" in run.error
+    # The step that was refused was not recorded; the state holds what the ten before it hold.
+    assert sorted(run.node("record").steps) == sorted(f"s{i}" for i in range(10))
+    assert run.held_bytes == 1000 == sum(json_bytes(v) for v in run.node("record").steps.values())
 
 
 def test_a_waiting_node_takes_the_signals_payload_by_reference(

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from eventstore import DatabaseSettings, EventStore, WrongExpectedVersionError, open_store
 from tests.flows import registry
 from tests.waiting import joined
-from workflows import Engine, WorkerSettings, WorkflowWorker, lifecycle, queue
+from workflows import Engine, WorkerSettings, WorkflowWorker, queue
 from workflows import events as ev
 from workflows.errors import wrap_exceptions
 from workflows.lifecycle import claimed_event
@@ -204,7 +204,7 @@ def test_a_run_longer_than_the_end_of_a_run_reads_is_read_when_its_node_starts(
     wf = registry.get("linear")
     handed: list[Claim] = []
     for page in (3, 4):  # RunStarted, NodesReady, NodeClaimed: more than a page of 3, less than 4
-        monkeypatch.setattr(lifecycle, "RUN_PAGE", page)
+        monkeypatch.setattr(worker.lifecycle, "_hand_over_reads", page)
         held, run = claimed(engine, worker, engine.start("linear").run_id)
         waiting = engine.start("linear").run_id
         for output in ({"n": 1}, {"n": 2}, {"n": 3}):
