@@ -60,6 +60,8 @@ class ShadowBuild:
                 types=self.projection.event_types,
                 conn=conn,
             )
+            if not page.events and not page.caught_up:
+                continue  # the transaction at the horizon ended while the page was read: read again
             events = [e for e in page.events if target is None or e.cursor <= target]
             if len(events) < len(page.events) or page.caught_up:
                 # Past the target, or everything readable is read: the build stands at the end.
