@@ -67,8 +67,6 @@ class ShadowBuild:
                 # Past the target, or everything readable is read: the build stands at the end.
                 reached = max(page.cursor, self.cursor)
                 end = reached if target is None else min(reached, target)
-            elif not events:
-                continue  # the transaction at the horizon ended while the page was read: read again
             else:
                 end = events[-1].cursor
             if not events and end <= self.cursor:
