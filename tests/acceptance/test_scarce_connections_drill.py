@@ -43,6 +43,8 @@ RUNS = 30
 RUNS_WITHIN = 120.0
 #: What a stopped server and SIGTERM leave each role: its grace (10 s for a worker's nodes) plus a margin.
 EXIT_WITHIN = 15.0
+#: What SIGTERM leaves the whole fleet of ten, the database up, to exit.
+FLEET_EXIT_WITHIN = 30.0
 #: Connection attempts the whole fleet may make per second of the drill (10 processes): a tight
 #: reconnect loop makes hundreds; backing off with jitter, a few each.
 ATTEMPTS_PER_SECOND = 25.0
@@ -122,21 +124,23 @@ def test_a_fleet_short_of_connection_slots_completes_every_run(tmp_path: Path) -
             started = sum(1 for p in processes if _count(p, "_worker_started"))
             lost = {p.name: _count(p, '"workflow_lease_lost"') for p in processes}
             no_connection = {p.name: _count(p, "no database connection became free") for p in processes}
+            codes, stopped_in = sigterm_and_time(processes)
         finally:
-            stop_began = time.monotonic()
-            codes = stop_all(processes)
-            stopped_in = time.monotonic() - stop_began
+            stop_all(processes)  # whatever is left, if the drill failed before its stop
             store.close()
         print(
             f"\n{RUNS} one-node runs done in {took:.1f} s; {started} of {len(processes)} processes started; "
             f"connection attempts {attempts} ({attempts / window:.1f}/s), refused {refused}, "
             f"in {window:.1f} s; "
             f"lease-lost warnings {sum(lost.values())}; connection waits that timed out "
-            f"{sum(no_connection.values())}; all stopped in {stopped_in:.1f} s"
+            f"{sum(no_connection.values())}; SIGTERM to exit (s): {stopped_in}"
         )
         assert statuses == ["succeeded"] * RUNS
         assert exited == {}, f"processes exited: {exited}"
         assert codes == {p.name: 0 for p in processes}, codes
+        # Ten processes stopping at once on a loaded 2-core machine: each logs its stop within a second of
+        # the signal, and the interpreters' exits share the cores.
+        assert all(t < FLEET_EXIT_WITHIN for t in stopped_in.values()), stopped_in
         assert attempts / window < ATTEMPTS_PER_SECOND, (attempts, window)
         assert lost == {p.name: 0 for p in processes}, f"leases lost while waiting for connections: {lost}"
         for p in processes:
@@ -144,6 +148,24 @@ def test_a_fleet_short_of_connection_slots_completes_every_run(tmp_path: Path) -
             assert "Traceback" not in text, f"{p.name} logged a traceback:\n{text[-4000:]}"
             if "_worker_started" in text:
                 assert '"connection_budget"' in text, f"{p.name} did not state its connection budget"
+
+
+def sigterm_and_time(processes: list[Process]) -> tuple[dict[str, int], dict[str, float]]:
+    """SIGTERM to every process at once; each one's exit code and seconds until it exited."""
+    sent = time.monotonic()
+    for p in processes:
+        p.popen.send_signal(signal.SIGTERM)
+    took: dict[str, float] = {}
+    codes: dict[str, int] = {}
+
+    def all_exited() -> bool:
+        for p in processes:
+            if p.name not in codes and (code := p.popen.poll()) is not None:
+                codes[p.name], took[p.name] = code, round(time.monotonic() - sent, 2)
+        return len(codes) == len(processes)
+
+    wait_until(all_exited, timeout=60, what="every process to exit")
+    return codes, took
 
 
 def _free_port() -> int:
@@ -183,19 +205,7 @@ def test_sigterm_ends_every_role_while_the_database_is_away(tmp_path: Path) -> N
                     timeout=30,
                     what=f"{p.name} to notice the database is away",
                 )
-            sent = time.monotonic()
-            for p in processes:
-                p.popen.send_signal(signal.SIGTERM)
-            took: dict[str, float] = {}
-            codes: dict[str, int | None] = {}
-
-            def all_exited() -> bool:
-                for p in processes:
-                    if p.name not in codes and (code := p.popen.poll()) is not None:
-                        codes[p.name], took[p.name] = code, round(time.monotonic() - sent, 2)
-                return len(codes) == len(processes)
-
-            wait_until(all_exited, timeout=60, what="every process to exit")
+            codes, took = sigterm_and_time(processes)
         finally:
             leftover = stop_all(processes, timeout=5)
         print(f"\nexit after SIGTERM with the database stopped (s): {took}; exit codes {codes}")
