@@ -196,13 +196,20 @@ class DebounceKeeper:
     """Fires due bursts of a registry's workflows, in a thread of the workflow worker, until stopped."""
 
     def __init__(
-        self, engine: Engine, workflows: list[str], *, worker_id: str, quotas: TenantQuotas | None = None
+        self,
+        engine: Engine,
+        workflows: list[str],
+        *,
+        worker_id: str,
+        quotas: TenantQuotas | None = None,
+        outage: Outage | None = None,
     ) -> None:
         self.engine = engine
         self.quotas = quotas
         self.workflows = workflows
         self.worker_id = worker_id
-        self.outage = Outage(worker=worker_id, role="debounces")
+        #: The worker's own, shared: an outage is the process's, reported once whoever meets it first.
+        self.outage = outage or Outage(worker=worker_id, role="debounces")
         self.stopping = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -204,7 +204,9 @@ class WorkflowWorker:
         starts: list[TriggerConsumer | ScheduleKeeper | DebounceKeeper] = [
             TriggerConsumer(self.engine, self.registry, worker_id=self.id, lease_ttl=self.settings.lease_ttl),
             ScheduleKeeper(self.engine, self.registry, worker_id=self.id),
-            DebounceKeeper(self.engine, self.registry.names(), worker_id=self.id, quotas=self.quotas),
+            DebounceKeeper(
+                self.engine, self.registry.names(), worker_id=self.id, quotas=self.quotas, outage=self.outage
+            ),
         ]
         for s in starts:
             s.start()
