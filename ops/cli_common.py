@@ -21,7 +21,11 @@ class _Console(Console):
     @property
     def size(self) -> ConsoleDimensions:
         size = super().size
-        if self.is_terminal or self._width is not None or "COLUMNS" in self._environ:
+        # COLUMNS as it is now, not as it was when this console was made at import (rich reads it once).
+        columns = self._environ.get("COLUMNS", "")
+        if columns.isdigit():
+            return ConsoleDimensions(int(columns), size.height)
+        if self.is_terminal:
             return size
         return ConsoleDimensions(PIPED_WIDTH, size.height)
 

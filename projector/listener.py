@@ -99,6 +99,9 @@ class ProjectionWaiters:
         return sum(self._per_tenant.values())
 
     def start(self) -> None:
+        # Afresh at every start: an app's lifespan may run again (a test client per test).
+        self._stopping.clear()
+        self._looks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="projection-looks")
         self._loop = asyncio.get_running_loop()
         self._checker = self._loop.create_task(self._check_forever())
         self._listener = threading.Thread(target=self._listen_forever, name=self._name, daemon=True)

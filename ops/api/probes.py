@@ -62,14 +62,19 @@ class DatabaseMonitor:
         self._checked = threading.Event()
         self._last_ok: float | None = None
         self._error: str | None = None
-        self._thread = threading.Thread(target=self._run, name="ledgerflow-health", daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Starts checking; an app whose lifespan runs again (a test client per test) starts afresh."""
+        self._stopping.clear()
+        self._checked.clear()
+        self._thread = threading.Thread(target=self._run, name="ledgerflow-health", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
-        self._thread.join(self._timeout + 1)
+        if self._thread is not None:
+            self._thread.join(self._timeout + 1)
 
     def wait_checked(self, timeout: float) -> bool:
         """Whether a first check has ended (within `timeout` seconds)."""

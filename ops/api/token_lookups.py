@@ -74,12 +74,17 @@ class TokenLookups:
         self._live: _Bounded[Principal] = _Bounded(size)
         self._refused: _Bounded[AuthenticationError] = _Bounded(size)
         self._pending: dict[str, asyncio.Future[tuple[Principal, datetime | None]]] = {}
+        self._thread_name = name
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._executor_stopped = False
         self._conn: psycopg.Connection[Any] | None = None  # only ever used on the executor's thread
         # Until `start` (the app's lifespan, which also stops it), a lookup's connection is not kept.
         self._keep = False
 
     def start(self) -> None:
+        if self._executor_stopped:  # the app's lifespan runs again (a test client per test)
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._thread_name)
+            self._executor_stopped = False
         self._keep = True
 
     async def authenticate(self, secret: str) -> Principal:
@@ -153,5 +158,8 @@ class TokenLookups:
             self._conn = None
 
     async def stop(self) -> None:
+        if self._executor_stopped:
+            return
         await asyncio.get_running_loop().run_in_executor(self._executor, self._close)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor_stopped = True

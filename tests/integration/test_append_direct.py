@@ -20,6 +20,11 @@ def test_values_arrive_exactly(store: EventStore) -> None:
     event = NewEvent("Priced", data, {"by": "ünïcode"}, correlation_id=correlation, causation_id=causation)
     result = store.append("bücher-1", [event], expected_version=NO_STREAM, tenant="acme")
     assert result.versions == {"bücher-1": 1}
+    # Looked at on the thread's pinned connection before anything else runs: a later checkout from the
+    # pool takes the pin back (eventstore.pooling).
+    with store._pins.connection() as conn:
+        prepared = {row[0] for row in conn.execute("SELECT name FROM pg_prepared_statements").fetchall()}
+    assert "ledgerflow_append_one_event_no_stream" in prepared, "the append took the direct path"
     (read,) = store.read_stream("bücher-1", tenant="acme")
     assert (read.event_id, read.type, read.data, read.metadata) == (
         event.event_id,
@@ -32,9 +37,6 @@ def test_values_arrive_exactly(store: EventStore) -> None:
         result.events[0].position,
         result.events[0].transaction_id,
     )
-    with store._pins.connection() as conn:
-        prepared = {row[0] for row in conn.execute("SELECT name FROM pg_prepared_statements").fetchall()}
-    assert "ledgerflow_append_one_event_no_stream" in prepared, "the append took the direct path"
 
 
 def test_refusals_are_the_same_typed_errors(store: EventStore) -> None:

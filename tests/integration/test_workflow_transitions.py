@@ -473,8 +473,10 @@ def test_the_claim_reads_a_bounded_number_of_entries_whatever_the_backlog(
         small = _claim_plan(conn, 1_000, plan_cache_mode)
         large = _claim_plan(conn, 10_000, plan_cache_mode)
     assert small["claimed"] == large["claimed"] == 8
-    # Only the claimed rows are read from the index, and one each for the probes of the tenant and its
-    # priority, whether 1,000 or 10,000 wait (and those of the other workflow are never stepped over).
-    assert small["index_rows"] == large["index_rows"] == 8 + 2
+    # Only the claimed rows are read from the index, and at most one each for the probes of the tenant
+    # and its priority, whether 1,000 or 10,000 wait (and those of the other workflow are never stepped
+    # over). (A probe the plan answers from the row it already holds reads none.)
+    assert 8 <= small["index_rows"] <= 8 + 2
+    assert 8 <= large["index_rows"] <= 8 + 2
     # A few more pages (a deeper index) for each of the walk's four probes, not more rows.
     assert large["buffers"] <= small["buffers"] + 15
