@@ -48,7 +48,11 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
         name="ledgerflow-api-listener",
     )
     tokens = TokenLookups(services.store, ttl=settings.token_cache_seconds, size=settings.token_cache_size)
-    in_flight = RequestsInFlight(settings.max_requests_per_tenant)
+    in_flight = RequestsInFlight(
+        settings.max_requests_per_tenant,
+        max_queued=settings.max_queued_requests_per_tenant,
+        max_wait=settings.request_queue_seconds,
+    )
     monitor = DatabaseMonitor(
         services.store.url, interval=settings.health_check_interval, timeout=settings.probe_timeout
     )

@@ -75,7 +75,7 @@ class AuthenticateFirstMiddleware:
         # Bound in the request's own context, so every later log line of the request carries them.
         structlog.contextvars.bind_contextvars(token_id=principal.token_id, tenant=principal.tenant)
         scope.setdefault("state", {})[PRINCIPAL_KEY] = principal
-        if not self.in_flight.enter(principal.tenant):
+        if not await self.in_flight.enter(principal.tenant):
             response = self.in_flight.refusal(principal.tenant)
             if _has_body(scope):
                 response.headers["connection"] = "close"

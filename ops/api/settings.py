@@ -28,8 +28,13 @@ class ApiSettings(BaseSettings):
     max_projection_waiters: int = Field(default=200, ge=1)
     max_projection_waiters_per_tenant: int = Field(default=20, ge=1)
     #: Requests of one tenant in flight at once (a read waiting for `min_cursor` does not count while it
-    #: waits); beyond, 429 with Retry-After. Below the connection pool, so no tenant holds all of it.
+    #: waits); beyond, a request waits in its tenant's line. Below the connection pool, so no tenant
+    #: holds all of it.
     max_requests_per_tenant: int = Field(default=8, ge=1)
+    #: Requests of one tenant that wait in its line, past its requests in flight; more are refused (429).
+    max_queued_requests_per_tenant: int = Field(default=256, ge=0)
+    #: Seconds a request waits in its tenant's line before it is refused (429).
+    request_queue_seconds: float = Field(default=30.0, gt=0, le=300)
     #: Seconds the API keeps what a token lookup found (a live token, or a refusal); a revoked token stops
     #: working within this time. 0: every request looks its token up.
     token_cache_seconds: float = Field(default=5.0, ge=0, le=300)

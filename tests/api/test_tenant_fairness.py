@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -60,18 +61,32 @@ def test_a_bogus_token_is_refused_from_what_was_kept(services: Services, databas
     assert event_count(database_url) == 0
 
 
-def test_a_tenant_past_its_requests_in_flight_gets_429_and_others_are_served(
+def _hold(client: TestClient, tenant: str, n: int) -> None:
+    """`n` of `tenant`'s requests in flight, as `n` slow requests would be."""
+    in_flight = client.app.state.in_flight  # type: ignore[attr-defined]
+
+    async def enter() -> None:
+        for _ in range(n):
+            assert await in_flight.enter(tenant)
+
+    client.portal.call(enter)  # type: ignore[union-attr]
+
+
+def _release(client: TestClient, tenant: str, n: int) -> None:
+    in_flight = client.app.state.in_flight  # type: ignore[attr-defined]
+    client.portal.call(lambda: [in_flight.leave(tenant) for _ in range(n)])  # type: ignore[union-attr]
+
+
+def test_a_tenant_past_its_requests_in_flight_and_its_line_gets_429_and_others_are_served(
     services: Services, make_token: MakeToken, database_url: str
 ) -> None:
     acme, other = make_token("admin", tenant="acme"), make_token("admin", tenant="other")
-    with _client(services, max_requests_per_tenant=2) as client:
-        in_flight = client.app.state.in_flight  # type: ignore[attr-defined]
+    with _client(services, max_requests_per_tenant=2, max_queued_requests_per_tenant=0) as client:
         assert client.get("/api/v1/runs", headers=acme).status_code == 200  # warms the token lookup
-        # Two of acme's requests are in flight (as two slow requests would be).
-        client.portal.call(lambda: [in_flight.enter("acme") for _ in range(2)])  # type: ignore[union-attr]
+        _hold(client, "acme", 2)
         refused = client.post("/api/v1/streams/s/events", json=events_body(), headers=acme)
         served = client.post("/api/v1/streams/s/events", json=events_body(), headers=other)
-        client.portal.call(lambda: [in_flight.leave("acme") for _ in range(2)])  # type: ignore[union-attr]
+        _release(client, "acme", 2)
         again = client.post("/api/v1/streams/s/events", json=events_body(), headers=acme)
     assert refused.status_code == 429, refused.text
     assert refused.headers["retry-after"] == "1"
@@ -81,6 +96,29 @@ def test_a_tenant_past_its_requests_in_flight_gets_429_and_others_are_served(
     assert "LEDGERFLOW_MAX_REQUESTS_PER_TENANT" in error["message"]
     assert (served.status_code, again.status_code) == (201, 201)
     assert event_count(database_url) == 2  # other's and acme's second: nothing of the refused one
+
+
+def test_a_request_past_the_cap_waits_in_its_tenants_line_and_goes_on_when_a_slot_frees(
+    services: Services, make_token: MakeToken, database_url: str
+) -> None:
+    acme = make_token("admin", tenant="acme")
+    with _client(services, max_requests_per_tenant=2, request_queue_seconds=1.0) as client:
+        in_flight = client.app.state.in_flight  # type: ignore[attr-defined]
+        assert client.get("/api/v1/runs", headers=acme).status_code == 200
+        _hold(client, "acme", 2)
+        # Nobody leaves: the wait runs out, and the request is refused having done nothing.
+        timed_out = client.post("/api/v1/streams/s/events", json=events_body(), headers=acme)
+        assert timed_out.status_code == 429, timed_out.text
+        assert event_count(database_url) == 0
+        # A slot frees while one waits: it goes on, and is the only one counted.
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(client.post, "/api/v1/streams/s/events", json=events_body(), headers=acme)
+            wait_until(lambda: in_flight.queued("acme") == 1, timeout=30, what="a request in the line")
+            _release(client, "acme", 1)
+            assert waiting.result(timeout=30).status_code == 201
+        assert (in_flight.of("acme"), in_flight.queued("acme")) == (1, 0)
+        _release(client, "acme", 1)
+    assert event_count(database_url) == 1
 
 
 @pytest.fixture
