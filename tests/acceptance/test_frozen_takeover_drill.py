@@ -11,11 +11,9 @@ held. Then the frozen process is resumed: fencing must refuse whatever it goes o
 old attempt after a newer claim, each node completed once, one completion per run), and it must go on
 working. Every takeover time is printed. The number of rounds is FROZEN_DRILL_ROUNDS (default 12).
 
-A second drill freezes a worker while its node's end, which also claims a node of another run and reads
-that run's events in the same transaction, is answered: with a 10 MB run the server blocks writing to the
-frozen client ("active", ClientWrite) with the transaction's row locks held, where no idle timeout applies.
-Its peer must still take the node over within the same bound (before frozen sessions in ClientWrite were
-ended, it took 11 s, about when the connection's 10 s TCP user timeout ends a peer that reads nothing).
+A session the server blocks writing to a frozen client ("active", ClientWrite, row locks held, where no
+idle timeout applies) is proved ended in tests/integration/test_frozen_sessions.py: a node's end no
+longer answers with another run's signal payloads (migration 0031), so a drill cannot make it that big.
 """
 
 from __future__ import annotations
@@ -93,28 +91,6 @@ def after(ctx: NodeContext) -> int:
 
 registry.register(busy)
 
-# The freeze in a node end's answer: `single` runs end with their one node, and that end also claims a
-# ready node of another run (`fat`) and reads that run's first events, in its transaction. The peer has
-# only `single`, so the fat run waits for the frozen worker's end to claim it.
-single = Workflow("single")
-fat = Workflow("fat")
-
-
-@single.node(max_crashes=100)
-def hold(ctx: NodeContext) -> int:
-    return _work(ctx)
-
-
-@fat.node()
-def taken(ctx: NodeContext) -> int:
-    mark(ctx)
-    return os.getpid()
-
-
-registry.register(single)
-registry.register(fat)
-peer_registry = WorkflowRegistry()
-peer_registry.register(single)
 #: Claims, and the events an attempt writes under its claim's fence, each with the attempt's number.
 BY_ATTEMPT = {ev.NODE_CLAIMED, ev.NODE_CHECKPOINT, ev.STEP_RECORDED, ev.NODE_SUCCEEDED}
 
@@ -255,71 +231,3 @@ def test_a_worker_frozen_inside_a_transaction_is_taken_over_every_time(
         assert completed == ["work", "after"], f"run {run_id}: nodes completed {completed}"
         assert [e.type for e in events].count(ev.RUN_COMPLETED) == 1
     assert max(times) < BOUND, f"takeovers (s): {times}"
-
-
-def present(store: EventStore, count: int) -> bool:
-    """`count` worker processes hold a trusted presence."""
-    with store.pool.connection() as conn:
-        row = conn.execute("SELECT count(*) FROM ledgerflow.wf_worker_presence() WHERE alive").fetchone()
-    return row == (count,)
-
-
-def freeze_in_run_end(watch: psycopg.Connection[Any], worker: subprocess.Popen[bytes], gone: Any) -> bool:
-    """SIGSTOP `worker` while the server runs (or answers) its statement that ends a run and reads the
-    next run's events; False when `gone()` first (the statement was not seen)."""
-    deadline = time.monotonic() + 60
-    while not gone():
-        assert time.monotonic() < deadline, "the node's end never ran"
-        row = watch.execute(
-            "SELECT 1 FROM pg_stat_activity WHERE client_port = ANY(%s) AND xact_start IS NOT NULL"
-            "   AND state = 'active' AND query LIKE %s",
-            (ports_of(worker.pid), "%wf_record_run_end%"),
-        ).fetchone()
-        if row is not None:
-            worker.send_signal(signal.SIGSTOP)
-            return True
-    return False
-
-
-def test_a_worker_frozen_while_its_node_end_reads_a_large_run_is_taken_over(
-    store: EventStore, tmp_path: Path
-) -> None:
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    env = {"FROZEN_MARKS": str(marks), "LEDGERFLOW_RECOVERY_INTERVAL": str(SWEEP)}
-    log = tmp_path / "workers.log"
-    module = "tests.acceptance.test_frozen_takeover_drill"
-    frozen = start_worker(store.url, "frozen", log, LEASE, f"{module}:registry", concurrency=1, env=env)
-    engine = Engine(store, registry)
-    ending = engine.start("single").run_id  # claimed by the only worker of it so far
-    wait_until(lambda: str(ending) in entered(marks, frozen.pid), timeout=60, what="the node to run")
-    peer = start_worker(store.url, "peer", log, LEASE, f"{module}:peer_registry", concurrency=4, env=env)
-    wait_until(lambda: present(store, 2), timeout=60, what="both workers to hold their presence")
-    # About 10 MB of signals: the end's answer (the fat run's first events) outgrows the socket buffers.
-    big = engine.start("fat").run_id
-    for i in range(40):
-        engine.signal(big, f"s{i}", "x" * 250_000)
-    try:
-        with psycopg.connect(store.url, autocommit=True) as watch:
-            (marks / f"{ending}.gate").touch()
-            caught = freeze_in_run_end(watch, frozen, lambda: str(big) in entered(marks, frozen.pid))
-            stopped = time.time()
-            if caught:
-                wait_until(
-                    lambda: str(ending) in entered(marks, peer.pid), timeout=30, what="the peer to take over"
-                )
-                took = entered(marks, peer.pid)[str(ending)] - stopped
-            frozen.send_signal(signal.SIGCONT)
-            wait_until(lambda: all_completed(store, [ending, big]), timeout=120, what="the runs to complete")
-        assert frozen.poll() is None, "the frozen and resumed worker goes on working"
-    finally:
-        for p in (frozen, peer):
-            p.send_signal(signal.SIGCONT)
-            p.send_signal(signal.SIGTERM)
-        for p in (frozen, peer):
-            p.wait(timeout=60)
-    assert caught, "the end's statement was never seen running"
-    print(f"\nfrozen while its node's end read a 10 MB run: taken over after {took:.2f}s")
-    events = list(store.read_stream(ev.run_stream(ending), limit=1000))
-    assert [e.type for e in events].count(ev.RUN_COMPLETED) == 1
-    assert took < BOUND
