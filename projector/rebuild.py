@@ -43,6 +43,8 @@ from projector.shadow import Progress, ShadowBuild
 from projector.tenant_rebuild import replace_tenant_rows
 
 log = structlog.get_logger(__name__)
+#: Tries at recording an operator run when the one that held its scope ends meanwhile.
+_START_ATTEMPTS = 3
 
 _SWAP_LOCK_TIMEOUT_MS = 100  # well below PostgreSQL's default deadlock_timeout of 1 s
 _SWAP_ATTEMPTS = 100
@@ -199,22 +201,28 @@ def _record_run(
             state.ensure_cursor(conn, projection.name, projection.version)
             tables.ensure_live_tables(conn, projection)
         sweep_abandoned(conn)
-        try:
-            with wrap_exceptions():
-                run_id = state.start_run(
-                    conn,
-                    projection.name,
-                    kind,
-                    trigger=trigger,
-                    actor=actor or default_actor(),
-                    owner=_owner(),
-                    start=start,
-                    target=target,
-                    tenant=tenant,
-                )
-        except RunInProgressError as busy:
-            running = state.running_operator_run(conn, projection.name, tenant)
-            raise RunInProgressError(projection.name, *(running or (None, None))) from busy.__cause__
+        for attempt in range(_START_ATTEMPTS):
+            try:
+                with wrap_exceptions():
+                    run_id = state.start_run(
+                        conn,
+                        projection.name,
+                        kind,
+                        trigger=trigger,
+                        actor=actor or default_actor(),
+                        owner=_owner(),
+                        start=start,
+                        target=target,
+                        tenant=tenant,
+                    )
+                break
+            except RunInProgressError as busy:
+                running = state.running_operator_run(conn, projection.name, tenant)
+                # The run that held the scope may have ended between the refused insert and this look:
+                # the scope is free, so try again rather than answer a conflict that names no run.
+                if running is None and attempt + 1 < _START_ATTEMPTS:
+                    continue
+                raise RunInProgressError(projection.name, *(running or (None, None))) from busy.__cause__
         # Counted once, for the progress shown (a total, a rate, the time left). A rebuild or verify goes
         # to the end of the log, not to the live cursor; events appended meanwhile take it a little past.
         until = target if kind == "replay" else None
