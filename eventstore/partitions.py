@@ -139,24 +139,15 @@ def archive_partition(url: str, name: str, directory: Path) -> Manifest:
             raise ArchiveRefusedError(f"partition {name} is already archived to {part.archived_to}")
         # Phase 1, without any lock that appends or reads wait for: check, then copy out. The partition
         # is full and every transaction that wrote to it has ended, so its content no longer changes.
-        with conn.transaction():
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            _check_archivable(conn, part)
-            digest = hashlib.sha256()
-            events = 0
-            size = 0
-            copy_out = sql.SQL("COPY (SELECT {} FROM {} ORDER BY position) TO STDOUT").format(
-                sql.SQL(", ").join(map(sql.Identifier, COLUMNS)), _table(name)
-            )
-            with open(data_path, "wb") as out, conn.cursor().copy(copy_out) as copy:
-                for chunk in copy:
-                    data = bytes(chunk)
-                    out.write(data)
-                    digest.update(data)
-                    size += len(data)
-                    events += data.count(b"\n")
-                out.flush()
-                os.fsync(out.fileno())
+        try:
+            digest, events, size = _copy_out(conn, part, data_path)
+        except psycopg.errors.UndefinedTable:
+            # Another archive of it dropped the table after this one read the partition's state.
+            if _partition(conn, name).state != "archived":
+                raise
+            raise ArchiveRefusedError(
+                f"partition {name} was archived by another archive while this one started"
+            ) from None
         manifest = Manifest(
             format=MANIFEST_FORMAT,
             partition=name,
@@ -200,6 +191,29 @@ def archive_partition(url: str, name: str, directory: Path) -> Manifest:
             )
     log.info("log_partition_archived", partition=name, events=events, to=str(manifest_path))
     return manifest
+
+
+def _copy_out(conn: psycopg.Connection[Any], part: Partition, data_path: Path) -> tuple[Any, int, int]:
+    """Copy the partition's rows to `data_path`, durably: their digest, count and size in bytes."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        _check_archivable(conn, part)
+        digest = hashlib.sha256()
+        events = 0
+        size = 0
+        copy_out = sql.SQL("COPY (SELECT {} FROM {} ORDER BY position) TO STDOUT").format(
+            sql.SQL(", ").join(map(sql.Identifier, COLUMNS)), _table(part.name)
+        )
+        with open(data_path, "wb") as out, conn.cursor().copy(copy_out) as copy:
+            for chunk in copy:
+                data = bytes(chunk)
+                out.write(data)
+                digest.update(data)
+                size += len(data)
+                events += data.count(b"\n")
+            out.flush()
+            os.fsync(out.fileno())
+        return digest, events, size
 
 
 def _check_archivable(conn: psycopg.Connection[Any], part: Partition) -> None:
