@@ -44,7 +44,14 @@ from workflows import events as ev
 from workflows import queue
 from workflows.definition import NodeSpec
 from workflows.engine import Engine, advance
-from workflows.errors import NodeSuspended, NodeTimeout, RunCancelled, SignalTimeout, WorkerStopping
+from workflows.errors import (
+    NodeSuspended,
+    NodeTimeout,
+    RepeatedStepKeyError,
+    RunCancelled,
+    SignalTimeout,
+    WorkerStopping,
+)
 from workflows.lifecycle import fenced_writes
 from workflows.limits import step_slots
 from workflows.queue import Claim
@@ -90,6 +97,8 @@ class NodeContext:
         self.last_progress_at = time.monotonic()
         #: Waits made so far by this run of the body, per kind: the next one's key is its place in line.
         self._waits: Counter[str] = Counter()
+        #: Step keys asked for so far by this run of the body: a key asked for twice is a mistake.
+        self._step_keys: set[str] = set()
 
     # -- checks ---------------------------------------------------------------------------------------
 
@@ -223,7 +232,11 @@ class NodeContext:
         return result
 
     def memoized(self, key: str) -> tuple[bool, Any]:
-        """(True, result) if step `key` was recorded by this or an earlier attempt of the node."""
+        """(True, result) if step `key` was recorded by this or an earlier attempt of the node.
+        Each key may be asked for once per run of the body (RepeatedStepKeyError otherwise)."""
+        if key in self._step_keys:
+            raise RepeatedStepKeyError(self.node, key)
+        self._step_keys.add(key)
         if key in self._state.steps:
             self.check()
             return True, self._state.steps[key]

@@ -57,6 +57,24 @@ class NodeStuckError(LedgerflowError):
     code = "node_stuck"
 
 
+class RepeatedStepKeyError(InvalidInputError):
+    """A node's body asked for the same step key twice in one run of the body. The second call would get
+    the first one's recorded result without running its own function: give each step its own key (for
+    steps in a loop, put the item in the key)."""
+
+    code = "repeated_step_key"
+
+    def __init__(self, node: str, key: str) -> None:
+        self.node, self.key = node, key
+        super().__init__(
+            f"node {node!r} asked for step {key!r} twice in one run of its body; the second call would "
+            f'return the first\'s result without running. Give each step its own key, e.g. f"{key}:{{item}}".'
+        )
+
+    def details(self) -> dict[str, Any]:
+        return {"node": self.node, "key": self.key}
+
+
 class RunStateError(ConflictError):
     """The run is not in a state that allows the request (e.g. retrying a run that succeeded)."""
 
