@@ -13,7 +13,7 @@ from typing import Literal
 
 from eventstore import EventStore, LedgerflowError, load_queries, pending_migrations, wrap_exceptions
 from projector import Projection, projection_health
-from workflows import queue_summary, versions_without_worker
+from workflows import queue_summary, shared_worker_names, versions_without_worker
 
 Level = Literal["ok", "warn", "fail"]
 Q = load_queries("ops", "doctor.sql")
@@ -125,6 +125,7 @@ def diagnose(
     with store.pool.connection() as conn:
         summary = queue_summary(conn)
         unserved = versions_without_worker(conn)
+        namesakes = shared_worker_names(conn)
     if summary.orphaned:
         found.append(
             Finding(
@@ -143,6 +144,16 @@ def diagnose(
                 "warn",
                 f"{summary.parked} node(s) crashed too often",
                 "fix the cause, then `ledgerflow workflows retry RUN_ID`",
+            )
+        )
+    for name, count in namesakes.items():
+        found.append(
+            Finding(
+                f"worker name {name}",
+                "warn",
+                f"{count} live worker processes share the name {name!r}",
+                "give each worker process a name of its own (`ledgerflow worker --name`), so logs and "
+                "the console tell them apart",
             )
         )
     for w in unserved:

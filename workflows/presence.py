@@ -222,6 +222,21 @@ class Presence:
             lock_key=registration.lock_key,
             backend_pid=registration.backend_pid,
         )
+        namesakes = [
+            str(row[0])
+            for row in conn.execute(
+                Q["presence_namesakes"], {"instance": self._instance, "worker_name": self._worker_name}
+            ).fetchall()
+        ]
+        if namesakes:
+            log.warning(
+                "worker_name_in_use",
+                worker_name=self._worker_name,
+                instance=self._instance,
+                others=namesakes,
+                advice="give each worker process a name of its own (--name), so logs and the console "
+                "tell them apart",
+            )
 
     def _seen_by_others(self, registration: _Registration) -> bool:
         with connect(
@@ -261,3 +276,8 @@ class Presence:
         if conn is not None and not conn.closed:
             with contextlib.suppress(psycopg.Error):  # already broken: closing is all that is left
                 conn.close()
+
+
+def shared_worker_names(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    """Names under which more than one live worker process is registered, with how many."""
+    return {str(name): int(n) for name, n in conn.execute(Q["shared_worker_names"]).fetchall()}

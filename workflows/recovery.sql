@@ -151,3 +151,17 @@ DELETE FROM ledgerflow.worker_presence WHERE instance = %(instance)s
 SELECT pg_advisory_unlock(1279678288, %(lock_key)s) FROM pg_locks l
  WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = 1279678288::oid
    AND l.objid = %(lock_key)s::oid AND l.pid = pg_backend_pid()
+
+-- name: presence_namesakes
+-- Other live processes registered under this worker's name: two processes given one name by mistake.
+-- They work correctly (each claims as its own instance), but logs and the console cannot tell them apart.
+SELECT instance FROM ledgerflow.wf_worker_presence()
+ WHERE worker_name = %(worker_name)s AND instance <> %(instance)s AND alive
+
+-- name: shared_worker_names
+-- Every name that more than one live worker process has registered under, with how many.
+SELECT worker_name, count(*)::int FROM ledgerflow.wf_worker_presence()
+ WHERE alive
+ GROUP BY worker_name
+HAVING count(*) > 1
+ ORDER BY worker_name

@@ -24,9 +24,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from eventstore import EventStore
+from ops.doctor import diagnose
 from tests.flows import registry
 from tests.waiting import wait_until
-from workflows import Engine, WorkerSettings, WorkflowWorker
+from workflows import Engine, WorkerSettings, WorkflowWorker, shared_worker_names
 from workflows import events as ev
 from workflows.lifecycle import fence
 from workflows.presence import Presence, PresenceMode
@@ -396,3 +397,30 @@ def test_a_worker_starts_all_its_node_threads_before_it_takes_anything_back(
     assert set(worker._pool._threads) == threads, "no node waited for a thread to be made"
     gate.set()
     worker._pool.shutdown()
+
+
+def test_two_live_processes_with_one_name_are_warned_about_and_doctor_names_them(store: EventStore) -> None:
+    first = Presence(store.url, worker_name="twin", instance="twin-a", on_orphans=lambda: None, interval=3600)
+    second = Presence(
+        store.url, worker_name="twin", instance="twin-b", on_orphans=lambda: None, interval=3600
+    )
+    first.start()
+    try:
+        with capture_logs() as logs:
+            second.start()
+        try:
+            warned = [e for e in logs if e["event"] == "worker_name_in_use"]
+            assert [(e["worker_name"], e["instance"], e["others"]) for e in warned] == [
+                ("twin", "twin-b", ["twin-a"])
+            ]
+            with store.pool.connection() as conn:
+                assert shared_worker_names(conn) == {"twin": 2}
+            findings = {f.check: f for f in diagnose(store, [])}
+            assert findings["worker name twin"].level == "warn"
+            assert "2 live worker processes" in findings["worker name twin"].detail
+        finally:
+            second.stop()
+        with store.pool.connection() as conn:
+            assert shared_worker_names(conn) == {}, "a stopped namesake no longer counts"
+    finally:
+        first.stop()
