@@ -197,6 +197,13 @@ def _drive(
         highlight=False,
     )
     console.print(f"inspect it: ledgerflow workflows show {run_id}", highlight=False)
+    # The console draws a run's DAG from the workflow's definition, which it finds in the registries that
+    # `serve` imports: without the demo's registry it shows the run's nodes but no graph.
+    console.print(
+        "see its DAG in the console: LEDGERFLOW_WORKFLOWS=workflows.demo:registry ledgerflow serve, then "
+        f"open http://127.0.0.1:8000/console/#/runs/{run_id} with the administrator's token it prints",
+        highlight=False,
+    )
     return run_id if run.status == "succeeded" else None
 
 

@@ -66,6 +66,7 @@ def test_demo_kills_its_worker_and_the_run_resumes_at_the_next_item(database_url
     assert resumed == finished + 1
     assert finished >= 4
     assert "run succeeded" in out
+    assert "see its DAG in the console: LEDGERFLOW_WORKFLOWS=workflows.demo:registry ledgerflow serve" in out
     final_table = out.rsplit("ontology_extraction · succeeded", 1)[-1].split("•", 1)[0]
     assert "running" not in final_table, "no node of a finished run runs"
     assert "▶" not in final_table
