@@ -1,7 +1,7 @@
 """Projections: read tables built from the log through durable cursors, shared by workers through
 leases, with every run and failure recorded."""
 
-from eventstore._guard import require_ledgerflow_packages
+from eventstore.spi import require_ledgerflow_packages
 
 require_ledgerflow_packages("eventstore")
 

@@ -1,6 +1,6 @@
 """The projector's typed errors and its boundary with the driver.
 
-`wrap_exceptions()` is `eventstore.db.wrap_exceptions` with the translations only the projector knows:
+`wrap_exceptions()` is `eventstore.spi.wrap_exceptions` with the translations only the projector knows:
 the unique index that admits one operator run per projection and scope, and the lock timeout a swap
 sets so that it yields to readers.
 """
@@ -11,8 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from eventstore import db
-from eventstore.errors import ConflictError
+from eventstore import ConflictError, spi
 
 #: SQLSTATE of a lock not obtained within `lock_timeout`.
 LOCK_NOT_AVAILABLE = "55P03"
@@ -45,7 +44,7 @@ class TablesBusyError(ConflictError):
 
 @contextmanager
 def wrap_exceptions() -> Iterator[None]:
-    with db.wrap_exceptions(
+    with spi.wrap_exceptions(
         {LOCK_NOT_AVAILABLE: lambda exc: TablesBusyError(f"the live tables are busy: {exc}")},
         constraints={ONE_OPERATOR_RUN: lambda exc: RunInProgressError(None, None, None)},
     ):

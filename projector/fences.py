@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 
 from eventstore import Cursor, EventStore, RecordedEvent
-from eventstore.sqlfile import load_queries
+from eventstore.spi import load_queries
 from projector.projection import ApplyContext, Projection
 
 Q = load_queries("projector", "fences.sql")

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from eventstore import Cursor, EventStore
-from eventstore.db import wrap_exceptions
+from eventstore.spi import wrap_exceptions
 from projector import state
 from projector.projection import Projection
 from projector.rebuild import sweep_abandoned

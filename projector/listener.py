@@ -29,7 +29,7 @@ import psycopg
 import structlog
 
 from eventstore import Cursor, EventStore, LedgerflowError
-from eventstore.db import connect
+from eventstore.spi import connect
 from projector.projection import Projection
 from projector.waiting import ProjectionBehindError, Q, Reach, reach
 

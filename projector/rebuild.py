@@ -33,8 +33,7 @@ import psycopg
 import structlog
 import tenacity
 
-from eventstore import Cursor, EventStore, InvalidInputError
-from eventstore.errors import ConflictError, LedgerflowError, NotFoundError
+from eventstore import ConflictError, Cursor, EventStore, InvalidInputError, LedgerflowError, NotFoundError
 from projector import fences, state, tables
 from projector.digest import TableDifference, differing_rows, projection_digest
 from projector.errors import RunInProgressError, TablesBusyError, wrap_exceptions

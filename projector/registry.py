@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from eventstore import InvalidInputError
-from eventstore.errors import ConfigurationError, NotFoundError
-from eventstore.importing import import_object
+from eventstore import ConfigurationError, InvalidInputError, NotFoundError
+from eventstore.spi import import_object
 from projector.catalogue import stream_catalogue
 from projector.projection import Projection
 

@@ -17,8 +17,7 @@ import tenacity
 from opentelemetry import metrics, trace
 
 from eventstore import Cursor, EventStore, RecordedEvent
-from eventstore.db import wrap_exceptions
-from eventstore.telemetry import span_if_traced
+from eventstore.spi import span_if_traced, wrap_exceptions
 from projector import fences, state
 from projector.projection import ApplyContext, Projection
 

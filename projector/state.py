@@ -16,7 +16,7 @@ import psycopg
 from psycopg.rows import class_row
 
 from eventstore import Cursor, RecordedEvent
-from eventstore.sqlfile import load_queries
+from eventstore.spi import load_queries
 
 Q = load_queries("projector")
 Conn = psycopg.Connection[Any]

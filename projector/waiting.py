@@ -33,8 +33,7 @@ import psycopg
 import structlog
 
 from eventstore import START, AppendResult, Cursor, EventStore, InvalidInputError, LedgerflowError
-from eventstore.db import connect, wrap_exceptions
-from eventstore.sqlfile import load_queries
+from eventstore.spi import connect, load_queries, wrap_exceptions
 from projector import state
 from projector.projection import Projection
 

@@ -27,10 +27,16 @@ import psycopg
 import structlog
 
 from eventstore import ConflictError, Cursor, EventStore
-from eventstore.frozen import end_frozen_sessions
-from eventstore.keepalive import Beat, Keepalive
-from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
-from eventstore.pooling import bounded_once_stopping
+from eventstore.spi import (
+    Beat,
+    Keepalive,
+    Outage,
+    OutageState,
+    bounded_once_stopping,
+    end_frozen_sessions,
+    is_unavailable,
+    wait_until_available,
+)
 from projector import state, tables
 from projector.projection import Projection
 from projector.rebuild import rebuild

@@ -1,7 +1,7 @@
 """DAG workflows on the event log: runs that survive crashes, restarts and retries without losing data
 or paying twice for work already done."""
 
-from eventstore._guard import require_ledgerflow_packages
+from eventstore.spi import require_ledgerflow_packages
 
 require_ledgerflow_packages("eventstore", "projector")
 

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import Field, PositiveInt
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from eventstore._validation import dump_json_object
+from eventstore.spi import dump_json_object
 from workflows.errors import PayloadTooLargeError
 
 KiB = 1024

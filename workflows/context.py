@@ -38,8 +38,14 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from eventstore import ANY, ExpectedVersion, InvalidInputError, NewEvent, WrongExpectedVersionError
-from eventstore.errors import ConflictError
+from eventstore import (
+    ANY,
+    ConflictError,
+    ExpectedVersion,
+    InvalidInputError,
+    NewEvent,
+    WrongExpectedVersionError,
+)
 from workflows import events as ev
 from workflows import queue
 from workflows.definition import NodeSpec

@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from psycopg.rows import class_row
 
-from eventstore import EventStore, InvalidInputError, QuotaExceededError, jsonvalue
-from eventstore.outage import Outage, is_unavailable, wait_until_available
-from eventstore.sqlfile import load_queries
+from eventstore import EventStore, InvalidInputError, QuotaExceededError, json_dumps, json_loads
+from eventstore.spi import Outage, is_unavailable, load_queries, wait_until_available
 from workflows.errors import wrap_exceptions
 from workflows.quotas import TenantQuotas
 
@@ -115,7 +114,7 @@ def record_start(store: EventStore, tenant: str, workflow: str, input: Any, debo
         "workflow": workflow,
         "key": debounce.key,
         "burst": uuid.uuid4(),
-        "input": jsonvalue.dumps(input),
+        "input": json_dumps(input),
         "window": float(debounce.window),
         "max_wait": None if debounce.max_wait is None else float(debounce.max_wait),
     }
@@ -157,7 +156,7 @@ def fire_due(engine: Engine, workflows: list[str], quotas: TenantQuotas | None =
                         quotas.admit_run(conn, row.tenant, limit)
                     started = engine.start(
                         row.workflow,
-                        input=jsonvalue.loads(row.input),
+                        input=json_loads(row.input),
                         idempotency_key=idempotency_key(row.burst),
                         tenant=row.tenant,
                         conn=conn,  # the run commits with the row's deletion, or neither does

@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 
 from croniter import croniter
 
-from eventstore.errors import InvalidInputError, NotFoundError
+from eventstore import InvalidInputError, NotFoundError
 
 __all__ = [
     "DefinitionError",

@@ -24,18 +24,20 @@ from eventstore import (
     ANY,
     NO_STREAM,
     AppendResult,
+    ConflictError,
     Cursor,
     EventStore,
     IdempotencyConflictError,
     InvalidInputError,
     NewEvent,
+    NotFoundError,
     RecordedEvent,
     StreamAppend,
     WrongExpectedVersionError,
-    jsonvalue,
+    json_dumps,
+    json_loads,
 )
-from eventstore._validation import check_idempotency_key, check_tenant
-from eventstore.errors import ConflictError, NotFoundError
+from eventstore.spi import check_idempotency_key, check_tenant
 from workflows import events as ev
 from workflows import queue, snapshots
 from workflows.caps import RunCaps
@@ -635,8 +637,8 @@ def advance(
         return False
     if written is None:
         written = WrittenJson(
-            [jsonvalue.dumps(dict(new.data)) for new in events],
-            [jsonvalue.dumps(dict(new.metadata)) for new in events],
+            [json_dumps(dict(new.data)) for new in events],
+            [json_dumps(dict(new.metadata)) for new in events],
         )
     for new, at, data, metadata in zip(events, landed, written.data, written.metadata, strict=True):
         apply(
@@ -650,8 +652,8 @@ def advance(
                 new.event_id,
                 new.type,
                 # As a reader would get it back: JSON values, not the Python objects that were written.
-                jsonvalue.loads(data),
-                jsonvalue.loads(metadata),
+                json_loads(data),
+                json_loads(metadata),
                 new.correlation_id,
                 new.causation_id,
                 recorded_at,

@@ -10,9 +10,9 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
-from eventstore.db import Translation
-from eventstore.db import wrap_exceptions as _wrap_exceptions
-from eventstore.errors import ConflictError, InvalidInputError, LedgerflowError
+from eventstore import ConflictError, InvalidInputError, LedgerflowError
+from eventstore.spi import Translation
+from eventstore.spi import wrap_exceptions as _wrap_exceptions
 
 # SQLSTATEs raised by ledgerflow.wf_fence (migrations/0003_workflows.sql).
 LEASE_LOST = "LF004"

@@ -28,8 +28,16 @@ from typing import Any, TypedDict
 import psycopg
 import structlog
 
-from eventstore import ANY, AppendResult, EventStore, NewEvent, StreamAppend, WrongExpectedVersionError
-from eventstore.errors import ConflictError, LedgerflowError
+from eventstore import (
+    ANY,
+    AppendResult,
+    ConflictError,
+    EventStore,
+    LedgerflowError,
+    NewEvent,
+    StreamAppend,
+    WrongExpectedVersionError,
+)
 from workflows import events as ev
 from workflows import queue, snapshots
 from workflows.definition import NodeSpec, Workflow

@@ -36,8 +36,8 @@ import psycopg
 import structlog
 from psycopg.rows import class_row
 
-from eventstore.errors import InvalidInputError
-from eventstore.sqlfile import load_queries
+from eventstore import InvalidInputError
+from eventstore.spi import load_queries
 from workflows.definition import DefinitionError, Limit, WorkflowRegistry
 from workflows.errors import NodeLeaseLost, NodeSuspended, wrap_exceptions
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from eventstore.errors import ConfigurationError
-from eventstore.importing import import_object
+from eventstore import ConfigurationError
+from eventstore.spi import import_object
 from workflows.definition import Workflow, WorkflowRegistry
 
 

@@ -35,9 +35,7 @@ import psycopg
 import structlog
 from psycopg.rows import class_row
 
-from eventstore.db import connect
-from eventstore.outage import is_unavailable, retry_delay, slots_full
-from eventstore.sqlfile import load_queries
+from eventstore.spi import connect, is_unavailable, load_queries, retry_delay, slots_full
 
 log = structlog.get_logger(__name__)
 Q = load_queries("workflows", "recovery.sql")

@@ -18,9 +18,7 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from eventstore.arrays import FloatArray, IntArray, TextArray
-from eventstore.db import pipelined, synced
-from eventstore.sqlfile import load_queries
+from eventstore.spi import FloatArray, IntArray, TextArray, load_queries, pipelined, synced
 from workflows.definition import NodeSpec
 from workflows.state import RunState
 

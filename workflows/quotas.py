@@ -34,8 +34,7 @@ import structlog
 from psycopg.rows import class_row
 
 from eventstore import EventStore, InvalidInputError, QuotaExceededError
-from eventstore._validation import check_tenant
-from eventstore.sqlfile import load_queries
+from eventstore.spi import check_tenant, load_queries
 from workflows.errors import wrap_exceptions
 
 log = structlog.get_logger(__name__)

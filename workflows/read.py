@@ -11,8 +11,7 @@ from typing import Any, LiteralString
 
 from psycopg.rows import dict_row
 
-from eventstore import EventStore
-from eventstore.errors import MissingRelationError
+from eventstore import EventStore, MissingRelationError
 from workflows.errors import wrap_exceptions
 from workflows.queue import Q
 

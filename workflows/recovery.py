@@ -26,7 +26,7 @@ from opentelemetry import trace
 from psycopg.rows import class_row
 
 from eventstore import ANY, NewEvent, StreamAppend
-from eventstore.sqlfile import load_queries
+from eventstore.spi import load_queries
 from workflows import events as ev
 from workflows import metrics
 from workflows.definition import WorkflowRegistry

@@ -28,8 +28,7 @@ from opentelemetry import metrics
 from psycopg.rows import class_row
 
 from eventstore import EventStore
-from eventstore.outage import Outage, is_unavailable, wait_until_available
-from eventstore.sqlfile import load_queries
+from eventstore.spi import Outage, is_unavailable, load_queries, wait_until_available
 from workflows.definition import Schedule, Workflow, WorkflowRegistry
 from workflows.engine import Engine, Started
 

@@ -32,8 +32,8 @@ from typing import Any
 import psycopg
 import structlog
 
-from eventstore import EventStore, jsonvalue
-from eventstore.sqlfile import load_queries
+from eventstore import EventStore, json_dumps, json_loads
+from eventstore.spi import load_queries
 from workflows import events as ev
 from workflows.errors import wrap_exceptions
 from workflows.scheduler import NodeStatus
@@ -127,7 +127,7 @@ def _node_from(d: dict[str, Any]) -> NodeState:
 
 
 def to_json(run: RunState) -> str:
-    return jsonvalue.dumps(
+    return json_dumps(
         {
             "format": FORMAT,
             "workflow": run.workflow,
@@ -154,7 +154,7 @@ def to_json(run: RunState) -> str:
 
 def from_json(run_id: uuid.UUID, tenant: str, text: str) -> RunState | None:
     """The state a snapshot holds; None for a format this code does not know."""
-    d = jsonvalue.loads(text)
+    d = json_loads(text)
     if d.get("format") != FORMAT:
         return None
     triggered = d["triggered_by"]
@@ -306,7 +306,7 @@ def signal_payload(store: EventStore, run: RunState, index: int) -> Any:
         row = conn.execute(Q["read_signal_payload"], params).fetchone()
     if row is None or row[0] is None:
         return None
-    return jsonvalue.loads(row[0])
+    return json_loads(row[0])
 
 
 def count_signal(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant: str, limit: int) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from eventstore import RecordedEvent, jsonvalue
+from eventstore import RecordedEvent, json_dumps
 from workflows import events as ev
 from workflows.scheduler import NodeStatus
 
@@ -180,7 +180,7 @@ def _on(model: type[E]) -> Callable[[Callable[[RunState, E, datetime], None]], C
 
 def json_bytes(value: Any) -> int:
     """The size of `value` as the log writes it (compact JSON, UTF-8), as the caps count it."""
-    return len(jsonvalue.dumps(value).encode())
+    return len(json_dumps(value).encode())
 
 
 def _held(n: NodeState, held: dict[str, Any], key: str, value: Any) -> None:

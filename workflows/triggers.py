@@ -30,8 +30,7 @@ from opentelemetry import metrics
 from psycopg import sql
 
 from eventstore import RecordedEvent
-from eventstore.outage import is_unavailable
-from eventstore.sqlfile import load_queries
+from eventstore.spi import is_unavailable, load_queries
 from projector import ApplyContext, Projection, ProjectorWorker, Table
 from projector import WorkerSettings as ProjectorSettings
 from workflows import events as ev

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
-from eventstore.sqlfile import load_queries
+from eventstore.spi import load_queries
 from workflows.queue import WorkflowVersion
 
 Q = load_queries("workflows", "versions.sql")

@@ -29,11 +29,18 @@ import structlog
 from opentelemetry import trace
 
 from eventstore import ConflictError, NotFoundError
-from eventstore.frozen import end_frozen_sessions
-from eventstore.keepalive import Beat, Keepalive
-from eventstore.outage import Outage, OutageState, is_unavailable, wait_until_available
-from eventstore.pooling import bounded_once_stopping, bounded_waits
-from eventstore.telemetry import span_if_traced
+from eventstore.spi import (
+    Beat,
+    Keepalive,
+    Outage,
+    OutageState,
+    bounded_once_stopping,
+    bounded_waits,
+    end_frozen_sessions,
+    is_unavailable,
+    span_if_traced,
+    wait_until_available,
+)
 from workflows import limits, metrics, queue, versions
 from workflows.aio import Body, Kinds, NodeLoop, StartedTogether, is_async, run_in_thread
 from workflows.context import NodeContext

@@ -1,0 +1,57 @@
+"""What eventstore offers the packages built on it (projector, workflows, ops) and no application needs:
+connections and pooling, error translation, SQL files, outage handling, keepalives, array parameters and
+input checks. Applications use `eventstore` itself; its siblings use this module and `eventstore`, never
+another of its modules (an import contract holds them to it), so the store's insides can move freely."""
+
+from eventstore._guard import require_ledgerflow_packages
+from eventstore._validation import check_idempotency_key, check_tenant, dump_json_object
+from eventstore.arrays import FloatArray, IntArray, TextArray
+from eventstore.db import Translation, connect, pipelined, synced, translate, wrap_exceptions
+from eventstore.frozen import end_frozen_sessions
+from eventstore.importing import import_object
+from eventstore.keepalive import Beat, Keepalive
+from eventstore.outage import (
+    Outage,
+    OutageState,
+    backoff,
+    is_unavailable,
+    retry_delay,
+    sleeper,
+    slots_full,
+    wait_until_available,
+)
+from eventstore.pooling import bounded_once_stopping, bounded_waits
+from eventstore.sqlfile import load_queries
+from eventstore.telemetry import span_if_traced
+
+__all__ = [
+    "Beat",
+    "FloatArray",
+    "IntArray",
+    "Keepalive",
+    "Outage",
+    "OutageState",
+    "TextArray",
+    "Translation",
+    "backoff",
+    "bounded_once_stopping",
+    "bounded_waits",
+    "check_idempotency_key",
+    "check_tenant",
+    "connect",
+    "dump_json_object",
+    "end_frozen_sessions",
+    "import_object",
+    "is_unavailable",
+    "load_queries",
+    "pipelined",
+    "require_ledgerflow_packages",
+    "retry_delay",
+    "sleeper",
+    "slots_full",
+    "span_if_traced",
+    "synced",
+    "translate",
+    "wait_until_available",
+    "wrap_exceptions",
+]
