@@ -1,7 +1,6 @@
 """The event store: an append-only PostgreSQL log with optimistic concurrency, idempotent appends and
 gap-free reading."""
 
-from eventstore._guard import require_ledgerflow_packages
 from eventstore._validation import (
     EVENT_TYPE_PATTERN,
     IDEMPOTENCY_KEY_PATTERN,
@@ -9,8 +8,7 @@ from eventstore._validation import (
     check_tenant,
 )
 from eventstore.connect import open_store
-from eventstore.db import connect as open_connection
-from eventstore.db import pipelined, redact, resolve_database_url, synced, translate, wrap_exceptions
+from eventstore.db import redact, resolve_database_url
 from eventstore.errors import (
     ArchiveRefusedError,
     ConfigurationError,
@@ -44,11 +42,8 @@ from eventstore.events import (
     StreamPage,
 )
 from eventstore.eventtypes import EventTypes
-from eventstore.jsonvalue import dumps as json_dumps
-from eventstore.jsonvalue import loads as json_loads
 from eventstore.migrate import Migration, applied_versions, pending_migrations
 from eventstore.migrate import migrate as apply_migrations
-from eventstore.outage import Outage, OutageState, backoff, is_unavailable, sleeper
 from eventstore.partitions import (
     LogEnd,
     Manifest,
@@ -59,7 +54,6 @@ from eventstore.partitions import (
     restore_partition,
 )
 from eventstore.settings import DatabaseSettings
-from eventstore.sqlfile import load_queries
 from eventstore.store import EventStore, Horizon
 from eventstore.subscribe import Subscription
 
@@ -97,8 +91,6 @@ __all__ = [
     "MissingRelationError",
     "NewEvent",
     "NotFoundError",
-    "Outage",
-    "OutageState",
     "Partition",
     "QuotaExceededError",
     "ReadPage",
@@ -110,25 +102,13 @@ __all__ = [
     "applied_versions",
     "apply_migrations",
     "archive_partition",
-    "backoff",
     "check_stream_id",
     "check_tenant",
     "ensure_partitions",
-    "is_unavailable",
-    "json_dumps",
-    "json_loads",
     "list_partitions",
-    "load_queries",
-    "open_connection",
     "open_store",
     "pending_migrations",
-    "pipelined",
     "redact",
-    "require_ledgerflow_packages",
     "resolve_database_url",
     "restore_partition",
-    "sleeper",
-    "synced",
-    "translate",
-    "wrap_exceptions",
 ]

@@ -9,6 +9,8 @@ from eventstore.arrays import FloatArray, IntArray, TextArray
 from eventstore.db import Translation, connect, pipelined, synced, translate, wrap_exceptions
 from eventstore.frozen import end_frozen_sessions
 from eventstore.importing import import_object
+from eventstore.jsonvalue import dumps as json_dumps
+from eventstore.jsonvalue import loads as json_loads
 from eventstore.keepalive import Beat, Keepalive
 from eventstore.outage import (
     Outage,
@@ -43,6 +45,8 @@ __all__ = [
     "end_frozen_sessions",
     "import_object",
     "is_unavailable",
+    "json_dumps",
+    "json_loads",
     "load_queries",
     "pipelined",
     "require_ledgerflow_packages",

@@ -1,6 +1,6 @@
 """ops"""
 
-from eventstore import require_ledgerflow_packages
+from eventstore.spi import require_ledgerflow_packages
 
 require_ledgerflow_packages("eventstore")
 

@@ -27,14 +27,8 @@ import structlog
 from psycopg import Connection
 from psycopg.rows import kwargs_row
 
-from eventstore import (
-    EventStore,
-    InvalidInputError,
-    LedgerflowError,
-    check_tenant,
-    load_queries,
-    wrap_exceptions,
-)
+from eventstore import EventStore, InvalidInputError, LedgerflowError, check_tenant
+from eventstore.spi import load_queries, wrap_exceptions
 
 __all__ = [
     "SCOPES",

@@ -35,11 +35,10 @@ from eventstore import (
     LedgerflowError,
     NewEvent,
     apply_migrations,
-    json_dumps,
-    json_loads,
     open_store,
     resolve_database_url,
 )
+from eventstore.spi import json_dumps, json_loads
 from ops import cli_log, cli_projections, cli_quotas, cli_tokens, cli_workflows
 from ops.cli_common import console, emit_json, err_console, settings_of
 from ops.cli_errors import explain

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eventstore import json_dumps
+from eventstore.spi import json_dumps
 from ops.cli_common import console
 from workflows import RunState
 

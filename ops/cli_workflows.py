@@ -12,7 +12,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from eventstore import InvalidInputError, json_loads, open_store
+from eventstore import InvalidInputError, open_store
+from eventstore.spi import json_loads
 from ops.budget import budget, log_connection_budget
 from ops.cli_common import ICONS, console, emit_json, err_console, settings_of
 from ops.cli_outputs import node_outputs, print_outputs

@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from eventstore import EventStore, LedgerflowError, load_queries, pending_migrations, wrap_exceptions
+from eventstore import EventStore, LedgerflowError, pending_migrations
+from eventstore.spi import load_queries, wrap_exceptions
 from projector import Projection, projection_health
 from workflows import queue_summary, shared_worker_names, versions_without_worker
 

@@ -15,7 +15,7 @@ from typing import Literal, Protocol
 import structlog
 import tenacity
 
-from eventstore import Outage, OutageState, is_unavailable, sleeper
+from eventstore.spi import Outage, OutageState, is_unavailable, sleeper
 
 log = structlog.get_logger(__name__)
 

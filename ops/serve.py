@@ -17,7 +17,7 @@ from types import FrameType
 
 import structlog
 
-from eventstore import is_unavailable
+from eventstore.spi import is_unavailable
 from ops.budget import budget, log_connection_budget
 from ops.process_exit import exit_past_stuck_threads
 from ops.roles import Role

@@ -13,16 +13,8 @@ from typing import TYPE_CHECKING
 import structlog
 import tenacity
 
-from eventstore import (
-    EventStore,
-    Outage,
-    backoff,
-    is_unavailable,
-    open_store,
-    redact,
-    sleeper,
-    wrap_exceptions,
-)
+from eventstore import EventStore, open_store, redact
+from eventstore.spi import Outage, backoff, is_unavailable, sleeper, wrap_exceptions
 from ops.cli_errors import explain_connect_failure
 from ops.settings import Settings
 from ops.startup import MisconfiguredDatabaseError, check_database_url, is_permanent

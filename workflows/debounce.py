@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from psycopg.rows import class_row
 
-from eventstore import EventStore, InvalidInputError, QuotaExceededError, json_dumps, json_loads
-from eventstore.spi import Outage, is_unavailable, load_queries, wait_until_available
+from eventstore import EventStore, InvalidInputError, QuotaExceededError
+from eventstore.spi import Outage, is_unavailable, json_dumps, json_loads, load_queries, wait_until_available
 from workflows.errors import wrap_exceptions
 from workflows.quotas import TenantQuotas
 

@@ -34,10 +34,8 @@ from eventstore import (
     RecordedEvent,
     StreamAppend,
     WrongExpectedVersionError,
-    json_dumps,
-    json_loads,
 )
-from eventstore.spi import check_idempotency_key, check_tenant
+from eventstore.spi import check_idempotency_key, check_tenant, json_dumps, json_loads
 from workflows import events as ev
 from workflows import queue, snapshots
 from workflows.caps import RunCaps

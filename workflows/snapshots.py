@@ -32,8 +32,8 @@ from typing import Any
 import psycopg
 import structlog
 
-from eventstore import EventStore, json_dumps, json_loads
-from eventstore.spi import load_queries
+from eventstore import EventStore
+from eventstore.spi import json_dumps, json_loads, load_queries
 from workflows import events as ev
 from workflows.errors import wrap_exceptions
 from workflows.scheduler import NodeStatus

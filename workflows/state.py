@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from eventstore import RecordedEvent, json_dumps
+from eventstore import RecordedEvent
+from eventstore.spi import json_dumps
 from workflows import events as ev
 from workflows.scheduler import NodeStatus
 

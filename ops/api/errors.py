@@ -26,8 +26,8 @@ from eventstore import (
     MigrationError,
     NotFoundError,
     QuotaExceededError,
-    translate,
 )
+from eventstore.spi import translate
 from ops.api.jobs import JobQueueFullError
 from ops.auth import AuthenticationError, PermissionDeniedError
 from workflows import PayloadTooLargeError

@@ -33,8 +33,8 @@ from eventstore import (
     NewEvent,
     NotFoundError,
     check_stream_id,
-    json_loads,
 )
+from eventstore.spi import json_loads
 from ops.api.deps import Appender, Reader, ServicesDep
 from ops.api.errors import CONFLICT, NOT_FOUND, QUOTA
 from workflows import RESERVED_CATEGORIES, RESERVED_TYPE_PREFIX

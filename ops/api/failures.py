@@ -13,7 +13,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel
 
-from eventstore import NotFoundError, wrap_exceptions
+from eventstore import NotFoundError
+from eventstore.spi import wrap_exceptions
 from ops.api.deps import Admin, ServicesDep
 from ops.api.errors import NOT_FOUND
 from ops.auth import Principal

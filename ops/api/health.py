@@ -19,7 +19,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from eventstore import LedgerflowError, wrap_exceptions
+from eventstore import LedgerflowError
+from eventstore.spi import wrap_exceptions
 from ops.api import probes
 from ops.api.deps import ApiSettingsDep, ServicesDep
 from ops.services import Services

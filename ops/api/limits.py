@@ -15,7 +15,7 @@ from datetime import datetime
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from eventstore import wrap_exceptions
+from eventstore.spi import wrap_exceptions
 from ops.api.deps import Reader, ServicesDep
 from ops.services import Services
 from workflows import limit_usage, watch_limit_usage

@@ -11,17 +11,9 @@ from typing import Any
 import psycopg
 import structlog
 
-from eventstore import (
-    EventStore,
-    LedgerflowError,
-    Migration,
-    applied_versions,
-    load_queries,
-    open_connection,
-    pending_migrations,
-    translate,
-    wrap_exceptions,
-)
+from eventstore import EventStore, LedgerflowError, Migration, applied_versions, pending_migrations
+from eventstore.spi import connect as open_connection
+from eventstore.spi import load_queries, translate, wrap_exceptions
 
 log = structlog.get_logger(__name__)
 Q = load_queries("ops.api")

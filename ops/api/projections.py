@@ -25,7 +25,8 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, Path, Query
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from eventstore import Cursor, wrap_exceptions
+from eventstore import Cursor
+from eventstore.spi import wrap_exceptions
 from ops.api.deps import Admin, JobsDep, Reader, ServicesDep
 from ops.api.errors import CONFLICT, NOT_FOUND, TOO_MANY_REQUESTS
 from ops.api.jobs import SERVER, Lane, Reservation

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from eventstore import wrap_exceptions
+from eventstore.spi import wrap_exceptions
 from ops.api.deps import Reader, ServicesDep
 from workflows import queue_summary, recent_recoveries
 

@@ -15,7 +15,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from eventstore import IDEMPOTENCY_KEY_PATTERN, NotFoundError, wrap_exceptions
+from eventstore import IDEMPOTENCY_KEY_PATTERN, NotFoundError
+from eventstore.spi import wrap_exceptions
 from ops.api.deps import Operator, Reader, ServicesDep
 from ops.api.errors import CONFLICT, NOT_FOUND
 from ops.api.events import _ExactJsonRoute as ExactJsonRoute

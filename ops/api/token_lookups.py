@@ -28,7 +28,9 @@ from typing import Any, Generic, TypeVar
 import psycopg
 import structlog
 
-from eventstore import DatabaseUnavailableError, EventStore, open_connection, translate
+from eventstore import DatabaseUnavailableError, EventStore
+from eventstore.spi import connect as open_connection
+from eventstore.spi import translate
 from ops.auth import AuthenticationError, Principal, check_secret_format, hash_secret, look_up_token
 
 log = structlog.get_logger(__name__)

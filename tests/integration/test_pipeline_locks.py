@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import psycopg
 
-from eventstore import EventStore, synced
+from eventstore import EventStore
+from eventstore.spi import synced
 from tests.waiting import wait_until
 from workflows.queue import pipelined_transaction
 
