@@ -13,6 +13,16 @@ one look at a time at the projection's cursor (a pool connection for the look on
   older transaction ending lets the log's horizon pass a write), and for notifications missed while the
   listening connection was lost;
 * waiters are capped in total and per tenant: beyond, `TooManyWaitersError`, at once.
+
+Why `waiting.wait_for` stays beside it: it is the library's read-your-writes call (the README's, the
+benchmarks'), for code with no event loop and no long-lived listener of its own, a script or a node that
+appended and reads next; one caller waits there, for itself, so a connection for the wait is its own cost
+and nobody else's. This class needs a running event loop and a listener thread started with the server,
+and pays off only where many waits share them. The two share what matters: one look at a projection
+(`waiting.reach`, the same answer to "has it passed this cursor") and one notification channel (migration
+0017). The API uses `wait_for` only with `timeout=0`, for its one first look (which also refuses a cursor
+beyond every committed write, 422), on the request's own thread and pool connection; every wait after it is
+this class's.
 """
 
 from __future__ import annotations

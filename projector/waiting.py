@@ -16,6 +16,11 @@ looks again every `_RECHECK` seconds, for the one change no notification announc
 transaction ending, which lets the log's horizon pass the write. Lives in `projector` rather than on the
 store, because only the projector knows projections, their cursors and the types they read; the store
 stays below it (`eventstore` imports nothing of `projector`).
+
+A waiter here holds a thread and a listening connection for as long as it waits: right for one caller
+waiting for itself (a script, a node), wrong for a server that many tenants' reads wait on. A server's waits
+go through `listener.ProjectionWaiters` (one listener for all, capped per tenant), which shares `reach`
+with this module; see there why both exist.
 """
 
 from __future__ import annotations

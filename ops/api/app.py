@@ -54,7 +54,11 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
         max_wait=settings.request_queue_seconds,
     )
     monitor = DatabaseMonitor(
-        services.store.url, interval=settings.health_check_interval, timeout=settings.probe_timeout
+        services.store.url,
+        interval=settings.health_check_interval,
+        timeout=settings.probe_timeout,
+        projections=[p.name for p in services.projections],
+        recent_seconds=health.recent_workers(services),
     )
 
     @asynccontextmanager

@@ -1,9 +1,11 @@
 """Liveness and readiness probes: `/api/healthz` and `/api/readyz` (no token needed).
 
-healthz: the process runs and the database answers `SELECT 1` (the server's own background check,
-`probes.DatabaseMonitor`). readyz: every migration is applied (then 200, else 503); it also reports
-whether projectors and workflow workers are seen at work, which an operator wants to know but which does
-not make this API unready (it serves without them). Both list the worker roles run by this process
+healthz: the process runs and the database answers `SELECT 1`. readyz: every migration is applied (then
+200, else 503); it also reports whether projectors and workflow workers are seen at work, which an
+operator wants to know but which does not make this API unready (it serves without them). Both answer on
+the event loop from the server's own background check (`probes.DatabaseMonitor`, every
+LEDGERFLOW_HEALTH_CHECK_INTERVAL seconds on a connection of its own): no query per probe, and never behind
+other requests for a thread or a pool connection. Both list the worker roles run by this process
 (`ledgerflow serve`): running, waiting for the database (since when, and why), or restarting after dying
 (how often, and why).
 """
@@ -20,11 +22,9 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from eventstore import LedgerflowError
-from eventstore.spi import wrap_exceptions
 from ops.api import probes
 from ops.api.deps import ApiSettingsDep, ServicesDep
 from ops.services import Services
-from projector import projection_health
 
 log = structlog.get_logger(__name__)
 router = APIRouter(tags=["health"])
@@ -140,36 +140,52 @@ async def healthz(request: Request, services: ServicesDep, settings: ApiSettings
     response_model=ReadyOut,
     responses={503: {"model": ReadyOut, "description": "Migrations are pending, or the database is down."}},
 )
-def readyz(services: ServicesDep, settings: ApiSettingsDep) -> JSONResponse:
-    """200 when every migration is applied; reports projector and workflow worker activity."""
-    timeout = settings.probe_timeout
-    try:
-        migrations = probes.migration_status(services.store, timeout)
-        if migrations.pending:  # the tables the activity probes read may not exist yet
-            body = ReadyOut(
-                status="not_ready",
-                reason=f"{len(migrations.pending)} migration(s) pending; run the migrations",
-                migrations=_migrations_out(migrations),
+async def readyz(request: Request, services: ServicesDep, settings: ApiSettingsDep) -> JSONResponse:
+    """200 when every migration is applied; reports projector and workflow worker activity.
+
+    Answers on the event loop from the server's last background check (as healthz does), at most about
+    LEDGERFLOW_HEALTH_CHECK_INTERVAL seconds old."""
+    monitor = getattr(request.app.state, "monitor", None)
+    known = monitor.readiness() if isinstance(monitor, probes.DatabaseMonitor) else None
+    if services.store.pool.closed:
+        known = "the connection pool is closed"
+    elif known is None:  # not checked yet (the app's lifespan has not run): ask now
+        try:
+            known = await run_in_threadpool(
+                probes.readiness,
+                services.store,
+                [p.name for p in services.projections],
+                recent_seconds=recent_workers(services),
+                timeout=settings.probe_timeout,
             )
-            return _json(body, 503)
-        with wrap_exceptions():
-            health = projection_health(services.store, services.projections)
-        # A worker sweeps on start-up; twice the abandonment window counts as "lately".
-        workers = probes.live_workflow_workers(
-            services.store, recent_seconds=2 * services.settings.abandoned_after, timeout=timeout
+        except LedgerflowError as exc:
+            known = str(exc)
+    if isinstance(known, str):
+        log.warning("api_readiness_failed", error=known)
+        return _json(ReadyOut(status="unavailable", reason=known, roles=_roles(services)), 503)
+    migrations = _migrations_out(known.migrations)
+    if known.migrations.pending:
+        body = ReadyOut(
+            status="not_ready",
+            reason=f"{len(known.migrations.pending)} migration(s) pending; run the migrations",
+            migrations=migrations,
         )
-    except LedgerflowError as exc:
-        log.warning("api_readiness_failed", error=str(exc))
-        return _json(ReadyOut(status="unavailable", reason=str(exc), roles=_roles(services)), 503)
-    owned = [h.name for h in health if h.owner is not None]
+        return _json(body, 503)
+    owned = known.projection_owners
     body = ReadyOut(
         status="ready",
-        migrations=_migrations_out(migrations),
+        migrations=migrations,
         projectors=ProjectorsOut(active=bool(owned), projections_with_live_owner=owned),
-        workers=WorkersOut(active=bool(workers), live=len(workers)),
+        workers=WorkersOut(active=bool(known.workers), live=len(known.workers)),
         roles=_roles(services),
     )
     return _json(body, 200)
+
+
+def recent_workers(services: Services) -> float:
+    """How lately a worker must have swept to count as alive: it sweeps on start-up, and twice the
+    abandonment window counts as "lately"."""
+    return 2 * services.settings.abandoned_after
 
 
 def _migrations_out(status: probes.MigrationStatus) -> MigrationsOut:

@@ -16,7 +16,6 @@ does not count then (waiting reads have caps of their own); it counts again once
 from __future__ import annotations
 
 import asyncio
-from collections import Counter, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
@@ -25,6 +24,7 @@ import structlog
 from fastapi.responses import JSONResponse
 
 from ops.api.errors import error_response
+from ops.api.lines import TenantLines
 
 log = structlog.get_logger(__name__)
 
@@ -34,36 +34,31 @@ RETRY_AFTER: Final = 1
 
 
 class RequestsInFlight:
-    """Counts each tenant's requests in flight, and lines up those past the cap (no lock: only the event
-    loop touches it)."""
+    """Counts each tenant's requests in flight, and lines up those past the cap (`lines.TenantLines`; no
+    lock: only the event loop touches it)."""
 
     def __init__(self, limit: int, *, max_queued: int = 256, max_wait: float = 30.0) -> None:
         self.limit = limit
         self.max_queued = max_queued
         self.max_wait = max_wait
-        self._counts: Counter[str] = Counter()
-        self._lines: dict[str, deque[asyncio.Future[None]]] = {}
+        self._lines: TenantLines[str, asyncio.Future[None]] = TenantLines(limit, max_queued)
 
     def of(self, tenant: str) -> int:
-        return self._counts[tenant]
+        return self._lines.held(tenant)
 
     def queued(self, tenant: str) -> int:
         """Requests of `tenant` waiting in its line."""
-        return len(self._lines.get(tenant, ()))
+        return self._lines.waiting(tenant)
 
     async def enter(self, tenant: str) -> bool:
         """Counts one more request of `tenant`, once it has fewer than `limit` in flight (waiting in its
         line until then); False, counting nothing, when its line is full or the wait ran out."""
-        line = self._lines.get(tenant)
-        if self._counts[tenant] < self.limit and not line:
-            self._counts[tenant] += 1
+        if self._lines.take(tenant):
             return True
-        if line is None:
-            line = self._lines[tenant] = deque()
-        if len(line) >= self.max_queued:
+        if self._lines.full(tenant):
             return False
         slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        line.append(slot)
+        self._lines.join(tenant, slot)
         try:
             await asyncio.wait_for(asyncio.shield(slot), self.max_wait)
             return True
@@ -76,22 +71,11 @@ class RequestsInFlight:
         finally:
             if not slot.done():
                 slot.cancel()
-            if slot in line:
-                line.remove(slot)
-            if not line and self._lines.get(tenant) is line:
-                del self._lines[tenant]
+            self._lines.leave_line(tenant, slot)
 
     def leave(self, tenant: str) -> None:
         """One request of `tenant` ended: its slot goes to the first of the tenant's line, if any."""
-        line = self._lines.get(tenant)
-        while line:
-            slot = line.popleft()
-            if not slot.done():
-                slot.set_result(None)  # the count stays: the slot changes hands
-                return
-        self._counts[tenant] -= 1
-        if self._counts[tenant] <= 0:
-            del self._counts[tenant]
+        self._lines.release(tenant, hand_to=_hand_over)
 
     @contextmanager
     def set_aside(self, tenant: str) -> Iterator[None]:
@@ -100,7 +84,7 @@ class RequestsInFlight:
         try:
             yield
         finally:
-            self._counts[tenant] += 1  # it was admitted already: it goes on even past the cap
+            self._lines.hold_again(tenant)  # it was admitted already: it goes on even past the cap
 
     def refusal(self, tenant: str) -> JSONResponse:
         log.info("api_tenant_requests_refused", tenant=tenant, limit=self.limit, queued=self.max_queued)
@@ -113,3 +97,11 @@ class RequestsInFlight:
             {"limit": self.limit, "setting": SETTING},
             headers={"Retry-After": str(RETRY_AFTER)},
         )
+
+
+def _hand_over(slot: asyncio.Future[None]) -> bool:
+    """Wakes a request waiting in its line with the slot just freed; False if it gave up waiting."""
+    if slot.done():
+        return False
+    slot.set_result(None)
+    return True

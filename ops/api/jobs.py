@@ -23,6 +23,7 @@ from typing import Any, Final
 import structlog
 
 from eventstore import LedgerflowError
+from ops.api.lines import TenantLines
 
 log = structlog.get_logger(__name__)
 
@@ -68,8 +69,8 @@ class BackgroundJobs:
     def __init__(self, threads: int = 2, max_queued: int = 8, retry_after: int = 5) -> None:
         self.max_queued, self.retry_after = max_queued, retry_after
         self._cond = threading.Condition()
-        self._queues: dict[Lane, deque[_Job]] = {}
-        self._running: set[Lane] = set()
+        # Per lane: its running job (at most one) and its queue (`lines.TenantLines`, under `_cond`).
+        self._lanes: TenantLines[Lane, _Job] = TenantLines(limit=1, max_queued=max_queued)
         self._turns: deque[str] = deque()  # tenants with queued jobs, in the order they get a thread
         self._closing = False
         self._threads = [
@@ -87,9 +88,8 @@ class BackgroundJobs:
         run and get 409) are not refused for each other. So the bound can be passed by the requests of a
         lane in flight at one moment, each of which has recorded a run of its own."""
         with self._cond:
-            waiting = len(self._queues.get(lane, ()))
-            if waiting >= self.max_queued:
-                log.warning("api_job_queue_full", lane=lane, queued=waiting)
+            if self._lanes.full(lane):
+                log.warning("api_job_queue_full", lane=lane, queued=self._lanes.waiting(lane))
                 raise JobQueueFullError(lane, self.max_queued, self.retry_after)
         yield Reservation(self, lane)
 
@@ -119,40 +119,37 @@ class BackgroundJobs:
         with self._cond:
             if self._closing:
                 raise RuntimeError("the API is shutting down")
-            queue = self._queues.setdefault(lane, deque())
-            if lane is not SERVER and not queue and lane not in self._turns:
+            # A lane with queued jobs is in the turns already (or gets back in when its job ends).
+            if lane is not SERVER and lane not in self._turns:
                 self._turns.append(lane)
-            queue.append(queued)
-            log.info("api_job_queued", job=name, lane=lane, queued=len(queue))
+            self._lanes.join(lane, queued)
+            log.info("api_job_queued", job=name, lane=lane, queued=self._lanes.waiting(lane))
             self._cond.notify()
         return queued.future
 
     def _next(self) -> tuple[Lane, _Job] | None:
         """Under the condition: the job a free thread takes, or None. The server administrator's first,
         then the next tenant in turn whose own job is not running."""
-        if self._queues.get(SERVER) and SERVER not in self._running:
-            return SERVER, self._queues[SERVER].popleft()
+        job = self._lanes.take_next(SERVER)
+        if job is not None:
+            return SERVER, job
         for _ in range(len(self._turns)):
             tenant = self._turns.popleft()
-            if tenant in self._running:
-                self._turns.append(tenant)
-                continue
-            queue = self._queues[tenant]
-            job = queue.popleft()
-            if queue:
+            job = self._lanes.take_next(tenant)
+            if self._lanes.waiting(tenant):
                 self._turns.append(tenant)  # its next job waits for every other tenant's turn
-            return tenant, job
+            if job is not None:
+                return tenant, job
         return None
 
     def _loop(self) -> None:
         while True:
             with self._cond:
                 while (picked := self._next()) is None:
-                    if self._closing and not any(self._queues.values()):
+                    if self._closing and not self._lanes.anyone_waiting():
                         return
                     self._cond.wait()
                 lane, job = picked
-                self._running.add(lane)
             try:
                 if job.future.set_running_or_notify_cancel():
                     try:
@@ -161,8 +158,8 @@ class BackgroundJobs:
                         job.future.set_exception(exc)
             finally:
                 with self._cond:
-                    self._running.discard(lane)
-                    if self._queues.get(lane) and lane is not SERVER and lane not in self._turns:
+                    self._lanes.release(lane)  # the lane's next job waits for a thread, in turn
+                    if self._lanes.waiting(lane) and lane is not SERVER and lane not in self._turns:
                         self._turns.append(lane)
                     self._cond.notify_all()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,29 +32,62 @@ def ping(store: EventStore, timeout: float) -> None:
         conn.execute(Q["ping"]).fetchone()
 
 
-def migration_status(store: EventStore, timeout: float) -> MigrationStatus:
-    with wrap_exceptions(), store.pool.connection(timeout=timeout) as conn:
-        return MigrationStatus(sorted(applied_versions(conn)), pending_migrations(conn))
+@dataclass(frozen=True)
+class Readiness:
+    """What `/api/readyz` reports, as one read found it: migrations, and who is seen at work."""
+
+    migrations: MigrationStatus
+    #: Projections (of the server's) whose lease a projector holds.
+    projection_owners: list[str]
+    #: Workflow workers seen alive: holding a node lease, or sweeping for orphans lately.
+    workers: list[str]
 
 
-def live_workflow_workers(store: EventStore, *, recent_seconds: float, timeout: float) -> list[str]:
-    """Names of workflow workers seen alive: holding a node lease, or sweeping for orphans lately."""
+def read_readiness(
+    conn: psycopg.Connection[Any], projections: Sequence[str], *, recent_seconds: float
+) -> Readiness:
+    """Reads what `/api/readyz` reports on `conn`. With migrations pending, the tables the activity
+    probes read may not exist yet: no activity is read then."""
+    migrations = MigrationStatus(sorted(applied_versions(conn)), pending_migrations(conn))
+    if migrations.pending:
+        return Readiness(migrations, [], [])
+    owners = conn.execute(Q["live_projection_owners"], {"projections": list(projections)}).fetchall()
+    workers = conn.execute(Q["live_workflow_workers"], {"recent_seconds": recent_seconds}).fetchall()
+    return Readiness(migrations, [str(r[0]) for r in owners], [str(r[0]) for r in workers])
+
+
+def readiness(
+    store: EventStore, projections: Sequence[str], *, recent_seconds: float, timeout: float
+) -> Readiness:
+    """`read_readiness` on a pool connection: for an app whose monitor has not checked yet."""
     with wrap_exceptions(), store.pool.connection(timeout=timeout) as conn:
-        rows = conn.execute(Q["live_workflow_workers"], {"recent_seconds": recent_seconds}).fetchall()
-    return [str(r[0]) for r in rows]
+        return read_readiness(conn, projections, recent_seconds=recent_seconds)
 
 
 class DatabaseMonitor:
     """Checks the database every `interval` seconds on a connection of its own, on a thread of its own,
-    so that `/api/healthz` answers from the last check at once: never behind busy requests for a thread
-    or a pool connection, and never reporting a busy pool as a database that is away."""
+    so that `/api/healthz` and `/api/readyz` answer from the last check at once: never behind busy
+    requests for a thread or a pool connection (one tenant's requests may hold every one), never
+    reporting a busy pool as a database that is away, and never costing a query per probe (an
+    orchestrator probing often, or anyone, since they need no token). Each check pings, then reads what
+    readyz reports (`read_readiness`, a few index probes); so readyz is at most about `interval` old."""
 
-    def __init__(self, url: str, *, interval: float, timeout: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        interval: float,
+        timeout: float,
+        projections: Sequence[str] = (),
+        recent_seconds: float = 60.0,
+    ) -> None:
         self._url, self._interval, self._timeout = url, interval, timeout
+        self._projections, self._recent_seconds = list(projections), recent_seconds
         self._stopping = threading.Event()
         self._checked = threading.Event()
         self._last_ok: float | None = None
         self._error: str | None = None
+        self._ready: Readiness | str | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -84,6 +118,24 @@ class DatabaseMonitor:
             return False, f"the database has not answered for {age:.1f}s"
         return True, ""
 
+    def readiness(self) -> Readiness | str | None:
+        """What the last check read for readyz, or why it could not (the database not answering, or the
+        read failing); None before the first check."""
+        known = self.state()
+        if known is None:
+            return None
+        answers, why = known
+        return self._ready if answers else why
+
+    def _read_readiness(self, conn: psycopg.Connection[Any]) -> None:
+        try:
+            with wrap_exceptions():
+                self._ready = read_readiness(conn, self._projections, recent_seconds=self._recent_seconds)
+        except LedgerflowError as exc:  # the database answers, but not this read: readyz says why
+            if not isinstance(self._ready, str):
+                log.warning("api_readiness_check_failed", error=str(exc))
+            self._ready = str(exc)
+
     def _run(self) -> None:
         conn: psycopg.Connection[Any] | None = None
         while not self._stopping.is_set():
@@ -97,6 +149,7 @@ class DatabaseMonitor:
                     )
                 with wrap_exceptions():
                     conn.execute(Q["ping"]).fetchone()
+                self._read_readiness(conn)
                 self._last_ok, self._error = time.monotonic(), None
             except (psycopg.Error, LedgerflowError) as exc:
                 if self._error is None:

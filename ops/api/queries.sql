@@ -14,3 +14,9 @@ SELECT split_part(worker, '/', 1) FROM ledgerflow.workflow_recoveries
  WHERE started_at > clock_timestamp() - make_interval(secs => %(recent_seconds)s)
    AND worker NOT LIKE 'cli:%%'
  ORDER BY 1
+
+-- name: live_projection_owners
+-- The projections (of those named) whose lease a projector holds right now.
+SELECT projection FROM ledgerflow.projection_leases
+ WHERE projection = ANY(%(projections)s) AND expires_at > clock_timestamp()
+ ORDER BY 1

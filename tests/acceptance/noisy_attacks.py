@@ -9,6 +9,8 @@ import json
 import socket
 import sys
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -101,7 +103,84 @@ def heads(port: int, concurrent: int, size: int) -> dict[str, Any]:
     return {"answers": answers}
 
 
-ATTACKS: dict[str, Callable[..., dict[str, Any]]] = {"waiters": waiters, "bodies": bodies, "heads": heads}
+def fatten(base: str, token: str, senders: int, readers: int, max_signal_bytes: int) -> dict[str, Any]:
+    """One run of A's signalled up to its cap with payloads of the largest size allowed, by `senders`
+    threads, while `readers` threads read the run (`GET /runs/<id>`) in a loop, and go on reading it as
+    often again once it is full. Before: every read folded the whole stream, signal payloads included."""
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=base, timeout=60, headers=headers) as c:
+        run_id = c.post("/api/v1/workflows/approval/runs", json={}).json()["run_id"]
+        # The size the cap counts is the payload's JSON: a string of n characters is n + 2 bytes.
+        largest = "x" * (max_signal_bytes - 2)
+        too_large = c.post(f"/api/v1/runs/{run_id}/signals/s", json=largest + "x").status_code
+    sent: Counter[int] = Counter()
+    refusals: list[str] = []
+    reads: list[float] = []
+    read_statuses: Counter[int] = Counter()
+    full = threading.Event()
+
+    def send() -> None:
+        with httpx.Client(base_url=base, timeout=60, headers=headers) as client:
+            while not full.is_set():
+                r = client.post(f"/api/v1/runs/{run_id}/signals/s", json=largest)
+                sent[r.status_code] += 1
+                if r.status_code == 409:
+                    refusals.append(r.json()["error"]["code"])
+                    full.set()  # the run holds as many signals as it may
+                elif r.status_code != 201:
+                    full.set()  # something else went wrong: the answers say what
+
+    def read() -> None:
+        with httpx.Client(base_url=base, timeout=60, headers=headers) as client:
+            after_full = 0
+            while after_full < 20:
+                began = time.monotonic()
+                r = client.get(f"/api/v1/runs/{run_id}")
+                reads.append(time.monotonic() - began)
+                read_statuses[r.status_code] += 1
+                after_full += full.is_set()
+
+    threads = [threading.Thread(target=send) for _ in range(senders)]
+    _all(threads + [threading.Thread(target=read) for _ in range(readers)], 600)
+    ordered = sorted(reads)
+    return {
+        "run_id": run_id,
+        "too_large": too_large,
+        "sent": {str(k): v for k, v in sent.items()},
+        "refusals": refusals,
+        "reads": {str(k): v for k, v in read_statuses.items()},
+        "read_p50": ordered[len(ordered) // 2] if ordered else None,
+        "read_max": ordered[-1] if ordered else None,
+    }
+
+
+def backlog(base: str, token: str, runs: int, threads: int) -> dict[str, Any]:
+    """`runs` runs of A's started (workflow `linear`), by `threads` clients at once, with no worker running:
+    a backlog of `runs` ready first nodes."""
+    statuses: Counter[int] = Counter()
+    left = iter(range(runs))
+    lock = threading.Lock()
+
+    def one() -> None:
+        with httpx.Client(base_url=base, timeout=60, headers={"Authorization": f"Bearer {token}"}) as c:
+            while True:
+                with lock:
+                    if next(left, None) is None:
+                        return
+                statuses[c.post("/api/v1/workflows/linear/runs", json={"input": {"n": 1}}).status_code] += 1
+
+    began = time.monotonic()
+    _all([threading.Thread(target=one) for _ in range(threads)], 600)
+    return {"statuses": {str(k): v for k, v in statuses.items()}, "seconds": time.monotonic() - began}
+
+
+ATTACKS: dict[str, Callable[..., dict[str, Any]]] = {
+    "waiters": waiters,
+    "bodies": bodies,
+    "heads": heads,
+    "fatten": fatten,
+    "backlog": backlog,
+}
 
 if __name__ == "__main__":
     print(json.dumps(ATTACKS[sys.argv[1]](**json.loads(sys.argv[2]))), flush=True)
