@@ -16,8 +16,8 @@ Five workloads, each measured for every system in every run, each system on its 
       worker processes, the starting process and the database's backends, from /proc, per workflow, and
       how busy that keeps the machine's CPUs ("where the limit is"). Then `--latency-runs` runs one after
       another with nothing else queued, for the per-node overhead (one body's entry to the next's) and
-      the hand-off (one body's return to the next body's entry: recording the success, readying and claiming the
-      successor, loading the run, starting the body), for ledgerflow also split at the start of the
+      the hand-off (one body's return to the next body's entry: recording the success, readying and
+      claiming the successor, loading the run, starting the body), for ledgerflow also split at the start of the
       transaction recording the success (its NodeSucceeded's recorded_at, read after the measurement).
       Hand-offs are also reported under the 500-run load.
   (b) 1,000 runs in flight, each blocked in its first node; the worker process is SIGKILLed and a new one
