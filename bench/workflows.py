@@ -6,20 +6,20 @@ Run by hand (it is not a test):
 
 Five workloads, each measured for every system in every run, each system on its own fresh database:
 
-  (a) a linear workflow of three trivial nodes (DBOS: a workflow of three trivial steps), 500 runs started
-      at once from one thread: workflows/s from the first start to the last completion. ledgerflow runs
-      in `ledgerflow worker` processes (exactly 1, then exactly `--procs`, each with `--threads` node
-      threads) while this process starts the runs. DBOS twice: in one process that starts the workflows
-      and executes them (its default executor), and in ledgerflow's shape, a worker process serving a
-      DBOS queue (polled every `--dbos-poll` seconds) that another process enqueues into through a
-      `DBOSClient`; the ratio to that second set-up is the headline. CPU over the same window: the
-      worker processes, the starting process and the database's backends, from /proc, per workflow, and
-      how busy that keeps the machine's CPUs ("where the limit is"). Then `--latency-runs` runs one after
-      another with nothing else queued, for the per-node overhead (one body's entry to the next's) and
-      the hand-off (one body's return to the next body's entry: recording the success, readying and
-      claiming the successor, loading the run, starting the body), for ledgerflow also split at the start of the
-      transaction recording the success (its NodeSucceeded's recorded_at, read after the measurement).
-      Hand-offs are also reported under the 500-run load.
+  (a) a linear workflow of three trivial nodes (DBOS: a workflow of three trivial steps), 500 runs started at
+      once from one thread: workflows/s from the first start to the last completion. ledgerflow runs in
+      `ledgerflow worker` processes (exactly 1, then exactly `--procs`, each with `--threads` node threads)
+      while this process starts the runs. DBOS twice: in one process that starts the workflows and executes
+      them (its default executor), and in ledgerflow's shape, a worker process serving a DBOS queue (polled
+      every `--dbos-poll` seconds) that another process enqueues into through a `DBOSClient`; the ratio to
+      that second set-up is the headline. CPU over the same window: the worker processes, the starting process
+      and the database's backends, from /proc, per workflow, and how busy that keeps the machine's CPUs
+      ("where the limit is"). Then `--latency-runs` runs one after another with nothing else queued, for the
+      per-node overhead (one body's entry to the next's) and the hand-off (one body's return to the next
+      body's entry: recording the success, readying and claiming the successor, loading the run, starting the
+      body), for ledgerflow also split at the start of the transaction recording the success (its
+      NodeSucceeded's recorded_at, read after the measurement). Hand-offs are also reported under the 500-run
+      load.
   (b) 1,000 runs in flight, each blocked in its first node; the worker process is SIGKILLed and a new one
       with the same name (DBOS: the same executor id) is spawned. Measured from the new process's spawn:
       until the first and until all 1,000 first nodes run again in it, and until all runs completed.
