@@ -16,7 +16,7 @@ import pytest
 
 from eventstore import DatabaseSettings, EventStore, open_store
 from tests.flows import registry
-from workflows import Engine, WorkerSettings, WorkflowWorker
+from workflows import Engine, WorkerSettings, WorkflowWorker, queue
 from workflows import events as ev
 
 SETTINGS = WorkerSettings(concurrency=2, lease_ttl=30)
@@ -55,7 +55,8 @@ def test_claims_node_ends_and_run_ends_stamp_their_events_with_their_own_xid(sto
         assert held is not None
         held = worker.lifecycle.succeeded(held, wf, output, 0.001, claim_next=worker._claimant, run=run)
     assert run.status == "succeeded"
-    assert held is not None and held.run_id == waiting  # claimed by the end of the first run
+    assert held is not None
+    assert held.run_id == waiting  # claimed by the end of the first run
 
     recorded = stamps(store, run_id) + stamps(store, waiting)
     kinds = {t for t, _, _ in recorded}
@@ -79,7 +80,9 @@ def test_a_claim_that_finds_nothing_takes_no_xid(store: EventStore) -> None:
             conn.execute("ROLLBACK")
 
 
-def test_a_claim_in_a_transaction_that_already_wrote_is_still_stamped_after_the_lock(store: EventStore) -> None:
+def test_a_claim_in_a_transaction_that_already_wrote_is_still_stamped_after_the_lock(
+    store: EventStore,
+) -> None:
     """A transaction with an xid from before the claim: the claim cannot stamp with that xid (a reader
     may have passed it while it held no lock), so it takes the late stamp, as before."""
     engine = Engine(store, registry)
@@ -91,7 +94,8 @@ def test_a_claim_in_a_transaction_that_already_wrote_is_still_stamped_after_the_
             assert row is not None
             top = int(row[0])
             conn.execute(
-                "SELECT count(*) FROM ledgerflow.wf_claim('w', 'i', 'w/i', ARRAY['linear'], ARRAY[%s], 8, 30)",
+                "SELECT count(*)"
+                " FROM ledgerflow.wf_claim('w', 'i', 'w/i', ARRAY['linear'], ARRAY[%s], 8, 30)",
                 (registry.versions("linear")[0],),
             )
             row = conn.execute(
@@ -103,3 +107,35 @@ def test_a_claim_in_a_transaction_that_already_wrote_is_still_stamped_after_the_
             assert int(row[0]) > top
         finally:
             conn.execute("ROLLBACK")
+
+
+def test_a_node_end_queues_its_successor_with_the_run_s_priority_without_reading_the_log(
+    store: EventStore,
+) -> None:
+    """The successor takes the ending node's priority (migration 0044); the queue's priority trigger, which
+    reads the run's RunStarted from the log, is not called on the way."""
+    engine = Engine(store, registry)
+    worker = WorkflowWorker(engine, registry, SETTINGS, name="priority")
+    wf = registry.get("linear")
+    run_id = engine.start("linear", input={"n": 1}, priority=7).run_id
+    (claim,) = worker._claim(1)
+    assert claim.node == "first"
+    with store.pool.connection() as conn:
+        conn.execute("SET track_functions = 'all'")
+        conn.execute("BEGIN")
+        try:
+            # The node's end statement in a transaction of this test's own, so that its function calls
+            # can be counted before it ends (pg_stat_get_xact_function_calls).
+            queue.end_node(conn, claim, ready=[wf.nodes["second"]])()
+            row = conn.execute(
+                "SELECT priority FROM ledgerflow.workflow_queue WHERE run_id = %s AND node = 'second'",
+                (run_id,),
+            ).fetchone()
+            assert row == (7,)
+            calls = conn.execute(
+                "SELECT coalesce(pg_stat_get_xact_function_calls('ledgerflow.wf_run_priority'::regproc), 0)"
+            ).fetchone()
+            assert calls == (0,)
+        finally:
+            conn.execute("ROLLBACK")
+            conn.execute("RESET track_functions")
