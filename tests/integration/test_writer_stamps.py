@@ -18,6 +18,7 @@ from eventstore import DatabaseSettings, EventStore, open_store
 from tests.flows import registry
 from workflows import Engine, WorkerSettings, WorkflowWorker, queue
 from workflows import events as ev
+from workflows.queue import Claim
 
 SETTINGS = WorkerSettings(concurrency=2, lease_ttl=30)
 
@@ -50,7 +51,7 @@ def test_claims_node_ends_and_run_ends_stamp_their_events_with_their_own_xid(sto
     (claim,) = worker._claim(1)  # the claim loop's claim: the queue is written first, then NodeClaimed
     assert claim.run_id == run_id
     run = engine.load(run_id)
-    held = claim
+    held: Claim | None = claim
     for output in ({"n": 1}, {"n": 2}, {"n": 3}):
         assert held is not None
         held = worker.lifecycle.succeeded(held, wf, output, 0.001, claim_next=worker._claimant, run=run)
