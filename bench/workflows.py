@@ -211,6 +211,7 @@ class Settings:
     recovery_interval: float | None
     with_dbos: bool
     dbos_poll: float = 0.05  # (a) the DBOS queue's polling interval, s
+    systems: tuple[str, ...] = ()  # only these systems' keys (lf1, lf2, dbos, dbosq, lf); empty: all
 
     def effective(self) -> tuple[float, float, float]:
         """(lease TTL, heartbeat, recovery interval) as the workers run them."""
@@ -1102,6 +1103,8 @@ def one_run(admin_url: str, run: int, s: Settings, only: str, results: Results, 
         # tenants of the machine) does not always fall on the same system.
         shift = (run + w_index) % len(systems)
         for key, _, is_lf, measure in systems[shift:] + systems[:shift]:
+            if s.systems and key not in s.systems:
+                continue
             name = f"{workload}.{key}"
             wait_for_connection_room(admin_url)
             began = time.perf_counter()
@@ -1628,6 +1631,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-dbos", action="store_true", help="skip DBOS")
     parser.add_argument(
+        "--systems",
+        default="",
+        help="only these systems, by key, comma-separated (lf1, lf2, dbos, dbosq; lf in (b), (c))",
+    )
+    parser.add_argument(
         "--dbos-poll", type=float, default=0.05, help="(a) the DBOS queue's polling interval, s (DBOS: 1)"
     )
     parser.add_argument("--keep-logs", action="store_true", help="keep worker logs and marks; print where")
@@ -1650,6 +1658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         recovery_interval=args.recovery_interval,
         with_dbos=problem is None,
         dbos_poll=args.dbos_poll,
+        systems=tuple(k for k in args.systems.split(",") if k),
     )
     with psycopg.connect(args.url) as conn:
         row = conn.execute(
