@@ -2,7 +2,10 @@
 child processes (`python -m bench.wf_dbos ...`).
 
 DBOS keeps one global instance per process, and the crash drills need a process to kill anyway, so
-every DBOS measurement runs in a child: `throughput` measures workload (a) and exits; `hold` starts the
+every DBOS measurement runs in a child: `throughput` measures workload (a) in one process that starts
+the workflows and executes them, and exits; `queue-worker` serves DBOS's queue `QUEUE` (its workers in a
+process of their own, as a `ledgerflow worker` is) and `queue-start` enqueues into it through a
+`DBOSClient` from another process (as the benchmark's process starts ledgerflow's runs); `hold` starts the
 blocked workflows and waits to be killed; `serve` relaunches an executor (DBOS recovers its pending
 workflows at launch); `takeover` waits for a trigger file, then recovers another executor's workflows
 (what DBOS's commercial Conductor would call; nothing in open-source DBOS notices a dead executor).
@@ -30,7 +33,11 @@ from bench._common import BackendCpu, machine_cpu_seconds
 from bench.wf_marks import _NEVER, BLOCK_SECONDS, ENTER, RETURN, block_if_asked, mark
 
 APP = "ledgerflow-bench"
+VERSION = "bench"
 WARM_UP_RUNS = 40
+#: The queue of the queue set-up, and the name its client enqueues the linear workflow by.
+QUEUE = "bench_queue"
+LINEAR_NAME = "bench_linear"
 # The final write of each workflow; updated_at is when it was made (ms since the epoch).
 _LAST_WRITE = "SELECT count(*), max(updated_at) FROM dbos.workflow_status WHERE workflow_uuid = ANY (%s)"
 
@@ -78,7 +85,7 @@ def _flows() -> tuple[Any, Any]:
     def step_third(x: int) -> int:
         return body("third", x)
 
-    @DBOS.workflow()
+    @DBOS.workflow(name=LINEAR_NAME)
     def dbos_linear(x: int) -> int:
         return int(step_third(step_second(step_first(x))))
 
@@ -142,9 +149,66 @@ def _throughput(dbos: Any, linear: Any, url: str, count: int, latency_runs: int)
     }
 
 
+def _wait_succeeded(url: str, ids: Sequence[str], timeout: float = 120) -> None:
+    """Until every workflow of `ids` succeeded (warm-up only: nothing is measured while this polls)."""
+    deadline = time.monotonic() + timeout
+    while completed(url, ids)[0] < len(ids):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(ids)} warm-up workflows did not complete in {timeout:.0f}s")
+        time.sleep(0.05)
+
+
+def _queue_start(url: str, count: int, latency_runs: int, trigger: Path, out: Path) -> None:
+    """The starting process of the queue set-up: a `DBOSClient` (no DBOS launched here, so nothing runs
+    here) enqueues the linear workflow into `QUEUE`. Warm-up first; then it writes `out` and waits for
+    `trigger`, so that the benchmark takes its CPU readings while nothing is queued; then `count`
+    enqueues one after another, timed, and `latency_runs` one after another, each waited for."""
+    from dbos import DBOSClient, EnqueueOptions
+
+    client = DBOSClient(system_database_url=url, application_name=APP)
+    options: EnqueueOptions = {"queue_name": QUEUE, "workflow_name": LINEAR_NAME, "app_version": VERSION}
+    _wait_succeeded(url, [client.enqueue(options, i).get_workflow_id() for i in range(WARM_UP_RUNS)])
+    _write(out, {"warm": time.time()})
+    while not trigger.exists():
+        time.sleep(0.001)
+    cpu_before = time.process_time()
+    started = time.time()
+    ids = [client.enqueue(options, i).get_workflow_id() for i in range(count)]
+    enqueued = time.time()
+    cpu = time.process_time() - cpu_before
+    # Written before the sequential runs, so that the benchmark waits for the last completion meanwhile.
+    result: dict[str, Any] = {
+        "started": started,
+        "enqueued": enqueued,
+        "ids": ids,
+        "starter_cpu": cpu,
+    }
+    _write(out.with_suffix(".started.json"), result)
+    # The benchmark says when every run completed (nothing here polls the database meanwhile).
+    done = trigger.with_suffix(".done")
+    while not done.exists():
+        time.sleep(0.005)
+    sequential = []
+    for i in range(latency_runs):
+        handle: Any = client.enqueue(options, i)
+        handle.get_result(polling_interval_sec=0.01)
+        sequential.append(str(handle.get_workflow_id()))
+    _write(out, result | {"sequential": sequential})
+    client.destroy()
+
+
+def _write(path: Path, value: dict[str, Any]) -> None:
+    """Whole or not at all, for a reader that polls for the file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
+
+
 def child(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("throughput", "hold", "serve", "takeover"))
+    parser.add_argument(
+        "mode", choices=("throughput", "hold", "serve", "takeover", "queue-worker", "queue-start")
+    )
     parser.add_argument("--db-url", required=True)
     parser.add_argument("--executor", required=True)
     parser.add_argument("--out", required=True)
@@ -152,8 +216,14 @@ def child(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--latency-runs", type=int, default=0)
     parser.add_argument("--trigger", default="")
     parser.add_argument("--recover-from", default="")
+    parser.add_argument(
+        "--poll", type=float, default=0.05, help="queue-worker: the queue's polling interval, s"
+    )
     args = parser.parse_args(argv)
     logging.getLogger("dbos").setLevel(logging.WARNING)
+    if args.mode == "queue-start":
+        _queue_start(args.db_url, args.count, args.latency_runs, Path(args.trigger), Path(args.out))
+        return 0
 
     from dbos import DBOS, DBOSConfig
 
@@ -164,7 +234,7 @@ def child(argv: Sequence[str] | None = None) -> int:
         "log_level": "WARNING",
         # Fixed, so that a relaunched executor recovers the workflows of the killed one (DBOS recovers
         # only workflows of its own application version).
-        "application_version": "bench",
+        "application_version": VERSION,
         "executor_id": args.executor,
     }
     DBOS(config=config)
@@ -174,6 +244,10 @@ def child(argv: Sequence[str] | None = None) -> int:
         out.write_text(json.dumps(_throughput(DBOS, linear, args.db_url, args.count, args.latency_runs)))
         DBOS.destroy()
         return 0
+    if args.mode == "queue-worker":
+        # No per-executor limit: each poll takes every workflow that is due, as many as DBOS's executor
+        # will run at once. Polled every `--poll` seconds (DBOS's default is 1 s).
+        DBOS.register_queue(QUEUE, polling_interval_sec=args.poll)
     out.write_text(json.dumps({"launched": time.time()}))
     if args.mode == "hold":
         for i in range(args.count):

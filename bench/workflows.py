@@ -6,18 +6,20 @@ Run by hand (it is not a test):
 
 Five workloads, each measured for every system in every run, each system on its own fresh database:
 
-  (a) a linear workflow of three trivial nodes (DBOS: a workflow of three trivial steps), 500 runs started
-      at once from one thread: workflows/s from the first start to the last completion. ledgerflow runs
-      in `ledgerflow worker` processes (exactly 1, then exactly `--procs`, each with `--threads` node
-      threads) while this process starts the runs; DBOS runs in one process that starts the workflows
-      and executes them (its default executor). CPU over the same window: the worker processes, the
-      starting process and the database's backends, from /proc, per workflow, and how busy that keeps
-      the machine's CPUs ("where the limit is"). Then `--latency-runs` runs one after another with
-      nothing else queued, for the per-node overhead (one body's entry to the next's) and the hand-off
-      (one body's return to the next body's entry: recording the success, readying and claiming the
-      successor, loading the run, starting the body), for ledgerflow also split at the start of the
-      transaction recording the success (its NodeSucceeded's recorded_at, read after the measurement).
-      Hand-offs are also reported under the 500-run load.
+  (a) a linear workflow of three trivial nodes (DBOS: a workflow of three trivial steps), 500 runs started at
+      once from one thread: workflows/s from the first start to the last completion. ledgerflow runs in
+      `ledgerflow worker` processes (exactly 1, then exactly `--procs`, each with `--threads` node threads)
+      while this process starts the runs. DBOS twice: in one process that starts the workflows and executes
+      them (its default executor), and in ledgerflow's shape, a worker process serving a DBOS queue (polled
+      every `--dbos-poll` seconds) that another process enqueues into through a `DBOSClient`; the ratio to
+      that second set-up is the headline. CPU over the same window: the worker processes, the starting process
+      and the database's backends, from /proc, per workflow, and how busy that keeps the machine's CPUs
+      ("where the limit is"). Then `--latency-runs` runs one after another with nothing else queued, for the
+      per-node overhead (one body's entry to the next's) and the hand-off (one body's return to the next
+      body's entry: recording the success, readying and claiming the successor, loading the run, starting the
+      body), for ledgerflow also split at the start of the transaction recording the success (its
+      NodeSucceeded's recorded_at, read after the measurement). Hand-offs are also reported under the 500-run
+      load.
   (b) 1,000 runs in flight, each blocked in its first node; the worker process is SIGKILLed and a new one
       with the same name (DBOS: the same executor id) is spawned. Measured from the new process's spawn:
       until the first and until all 1,000 first nodes run again in it, and until all runs completed.
@@ -43,6 +45,9 @@ while the work runs: first the third bodies' notes, then each system's own recor
 through an index (ledgerflow: the runs' RunCompleted events by stream; DBOS: workflow_status by primary
 key); the time of completion is that record's own timestamp (ledgerflow: the appending transaction's
 start; DBOS: its final write), on this machine's clock.
+
+Results are printed and written to bench/results/workflows-<UTC time>.json with the commit and the
+machine's load average before and after each run.
 
 Every worker's log is scanned after each scenario; warnings are counted and `workflow_lease_lost` lines
 printed: a clean run (workload a) must have none.
@@ -205,6 +210,8 @@ class Settings:
     heartbeat: float | None
     recovery_interval: float | None
     with_dbos: bool
+    dbos_poll: float = 0.05  # (a) the DBOS queue's polling interval, s
+    systems: tuple[str, ...] = ()  # only these systems' keys (lf1, lf2, dbos, dbosq, lf); empty: all
 
     def effective(self) -> tuple[float, float, float]:
         """(lease TTL, heartbeat, recovery interval) as the workers run them."""
@@ -760,6 +767,7 @@ def dbos_child(
     latency_runs: int = 0,
     trigger: Path | None = None,
     recover_from: str = "",
+    poll: float = 0.05,
 ) -> subprocess.Popen[bytes]:
     env = os.environ | {"BENCH_BLOCK": "1" if block else "0", "BENCH_MARK_DIR": str(mark_dir)}
     args = [
@@ -781,6 +789,8 @@ def dbos_child(
         str(trigger or ""),
         "--recover-from",
         recover_from,
+        "--poll",
+        str(poll),
     ]
     return procs.start(args, env, f"dbos-{mode}-{executor}")
 
@@ -820,6 +830,101 @@ def dbos_throughput(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, L
     )
     result.transactions = int(got["transactions"])
     result.overheads, result.handoffs = node_gaps(marks, got["sequential"], LINEAR_NODES)
+    return result, LogFindings()
+
+
+def dbos_queue_throughput(url: str, s: Settings, log_dir: Path) -> tuple[Throughput, LogFindings]:
+    """(a) for DBOS with its workers in a process of their own, the shape of ledgerflow's: a launched DBOS
+    process serves a queue (bench/wf_dbos.py `queue-worker`), another process enqueues into it through a
+    `DBOSClient` (`queue-start`). The window runs from the first enqueue to the last completion; CPU is
+    the worker process's, the starting process's (its enqueues, and this process watching for the end,
+    as for ledgerflow) and the database's backends'."""
+    mark_dir = Path(tempfile.mkdtemp(dir=log_dir, prefix="dbosq-a-"))
+    out, trigger = mark_dir / "start.json", mark_dir / "go"
+    started_file = out.with_suffix(".started.json")
+    marks = MarkLog(mark_dir)
+    procs = Processes(log_dir)
+    with ExitStack() as stack:
+        stack.callback(procs.close)
+        worker = dbos_child(
+            procs,
+            url,
+            "queue-worker",
+            mark_dir / "worker.json",
+            executor="bench-queue",
+            block=False,
+            mark_dir=mark_dir,
+            poll=s.dbos_poll,
+        )
+        wait_for((mark_dir / "worker.json").exists, timeout=60, what="the DBOS queue worker", procs=[worker])
+        starter = dbos_child(
+            procs,
+            url,
+            "queue-start",
+            out,
+            executor="bench-queue-start",
+            block=False,
+            mark_dir=mark_dir,
+            count=s.workflows,
+            latency_runs=s.latency_runs,
+            trigger=trigger,
+        )
+        wait_for(out.exists, timeout=120, what="the DBOS warm-up", procs=[worker, starter])
+        backends = BackendCpu(url)
+        stack.callback(backends.close)
+        transactions_before = backends.transactions()
+        server_before = backends.snapshot()
+        worker_before = process_cpu_seconds(worker.pid) or 0.0
+        watcher_before = time.process_time()
+        machine_before = machine_cpu_seconds()
+        trigger.touch()
+        got = wait_for(
+            lambda: json.loads(started_file.read_text()) if started_file.exists() else None,
+            timeout=300,
+            what="the DBOS enqueues",
+            procs=[worker, starter],
+        )
+        ids = [str(i) for i in got["ids"]]
+        wait_for(
+            lambda: set(ids) <= marks.update().entered("third", phase=RETURN).keys(),
+            timeout=300,
+            what=f"{len(ids)} DBOS workflows to reach their last step",
+            procs=[worker],
+        )
+
+        def done() -> float | None:
+            n, last = wf_dbos.completed(url, ids)
+            return last if n >= len(ids) else None
+
+        last = wait_for(
+            done, timeout=60, what="the DBOS workflows' completion", procs=[worker], interval=0.005
+        )
+        watcher = time.process_time() - watcher_before
+        machine = machine_cpu_seconds() - machine_before
+        worker_cpu = (process_cpu_seconds(worker.pid) or 0.0) - worker_before
+        server = BackendCpu.used(server_before, backends.snapshot())
+        shapes = [process_shape(worker.pid)]
+        transactions = backends.transactions() - transactions_before
+        trigger.with_suffix(".done").touch()
+        if starter.wait(timeout=600) != 0:
+            raise RuntimeError(f"the DBOS starter failed (exit {starter.returncode}): {last_words(starter)}")
+        sequential = [str(i) for i in json.loads(out.read_text())["sequential"]]
+    marks.update()
+    load_overheads, load_handoffs = node_gaps(marks, ids, LINEAR_NODES)
+    result = Throughput(
+        last - float(got["started"]),
+        s.workflows,
+        load_overheads,
+        load_handoffs,
+        worker_cpu,
+        float(got["starter_cpu"]) + watcher,
+        server,
+        machine,
+    )
+    result.transactions = transactions
+    result.shapes = shapes
+    result.starting = float(got["enqueued"]) - float(got["started"])
+    result.overheads, result.handoffs = node_gaps(marks, sequential, LINEAR_NODES)
     return result, LogFindings()
 
 
@@ -953,6 +1058,14 @@ def scenarios(s: Settings) -> dict[str, list[Scenario]]:
     ]
     if s.with_dbos:
         a.append(("dbos", "DBOS, 1 process, start_workflow (default executor)", False, dbos_throughput))
+        a.append(
+            (
+                "dbosq",
+                f"DBOS, queue: 1 worker process (polled every {s.dbos_poll:g}s), enqueued from another",
+                False,
+                dbos_queue_throughput,
+            )
+        )
         b.append(("dbos", "DBOS: relaunch, same executor id", False, dbos_restart))
         c.append(("dbos", "DBOS: other executor, recover called at kill", False, dbos_takeover))
     return {"a": a, "b": b, "c": c, "d": d, "e": e}
@@ -990,6 +1103,8 @@ def one_run(admin_url: str, run: int, s: Settings, only: str, results: Results, 
         # tenants of the machine) does not always fall on the same system.
         shift = (run + w_index) % len(systems)
         for key, _, is_lf, measure in systems[shift:] + systems[:shift]:
+            if s.systems and key not in s.systems:
+                continue
             name = f"{workload}.{key}"
             wait_for_connection_room(admin_url)
             began = time.perf_counter()
@@ -1048,16 +1163,19 @@ def report_throughput(results: Results, s: Settings, labels: dict[str, str]) -> 
         f"(a) throughput: {s.workflows} runs of 3 trivial nodes/steps started at once, to the last completion"
     )
     rows = []
+    dbosq = tp.get("dbosq", [])
     for key, label in labels.items():
         got = tp.get(key, [])
-        vs_dbos = same_run_ratios(got, dbos, lambda t: t.wfps) if key != "dbos" else []
+        vs_dbos = same_run_ratios(got, dbos, lambda t: t.wfps) if key.startswith("lf") else []
+        vs_queue = same_run_ratios(got, dbosq, lambda t: t.wfps) if key.startswith("lf") else []
         rows.append(
             [
                 label,
                 "FAILED" if f"a.{key}" in results.failures and not got else secs([t.wfps for t in got]),
                 fmt_ratio(vs_dbos) if vs_dbos else "-",
-                ">= 3.00" if key == "lf1" else "",
-                verdict(None if not vs_dbos else median(vs_dbos) >= 3.0) if key == "lf1" else "",
+                fmt_ratio(vs_queue) if vs_queue else "-",
+                ">= 3.00 vs queue" if key == "lf1" else "",
+                verdict(None if not vs_queue else median(vs_queue) >= 3.0) if key == "lf1" else "",
             ]
         )
     scaling = same_run_ratios(lf2, lf1, lambda t: t.wfps)
@@ -1066,11 +1184,26 @@ def report_throughput(results: Results, s: Settings, labels: dict[str, str]) -> 
             f"ledgerflow, {s.procs} processes / 1 process",
             "",
             fmt_ratio(scaling) if scaling else "-",
+            "",
             ">= 1.80",
             verdict(None if not scaling else median(scaling) >= 1.8),
         ]
     )
-    print_table(["system", "workflows/s median (min-max)", "ratio", "target", "verdict"], rows)
+    print_table(
+        [
+            "system",
+            "workflows/s median (min-max)",
+            "/ DBOS 1 process",
+            "/ DBOS queue",
+            "target",
+            "verdict",
+        ],
+        rows,
+    )
+    print(
+        "  DBOS 1 process: one process starts the workflows and executes them; DBOS queue: a worker process\n"
+        "  serves a DBOS queue that another process enqueues into, the shape of ledgerflow's set-up."
+    )
 
     print(
         "\n(a) where the limit is: CPU per workflow over the timed window (ms), and the share of the "
@@ -1157,25 +1290,38 @@ def report_throughput(results: Results, s: Settings, labels: dict[str, str]) -> 
         ("  hand-off part 1 p50: body return to its success transaction's start", success_begins, 50, None),
         ("  hand-off part 2 p50: that start to the next body's entry", success_to_next, 50, None),
     ]
+    dbosq = tp.get("dbosq", [])
     for title, pick, q, target in metrics:
-        mine, theirs = per_run(lf1, pick, q), per_run(dbos, pick, q)
+        mine, theirs, queued = per_run(lf1, pick, q), per_run(dbos, pick, q), per_run(dbosq, pick, q)
         theirs_by_run = {t.run: pct(pick(t), q) for t in dbos if pick(t)}
         ratios = [pct(pick(t), q) / theirs_by_run[t.run] for t in lf1 if pick(t) and theirs_by_run.get(t.run)]
         below = None
-        if mine and theirs:
-            below = median(mine) < median(theirs)
+        if mine and (theirs or queued):
+            below = median(mine) < min(median(x) for x in (theirs, queued) if x)
         ok = None if target is None or not mine else median(mine) <= target and below is not False
         rows.append(
             [
                 title,
                 ms(mine),
                 ms(theirs),
+                ms(queued),
                 fmt_ratio(ratios) if ratios else "-",
                 "<= 2.00 and < DBOS" if target else "",
                 verdict(ok) if target else "",
             ]
         )
-    print_table(["metric", "ledgerflow (1 process)", "DBOS", "ledgerflow / DBOS", "target", "verdict"], rows)
+    print_table(
+        [
+            "metric",
+            "ledgerflow (1 process)",
+            "DBOS 1 process",
+            "DBOS queue",
+            "ledgerflow / DBOS 1 process",
+            "target",
+            "verdict",
+        ],
+        rows,
+    )
 
     print(f"\n(a) under the {s.workflows}-run load (ms; includes the wait behind other runs' ready nodes)")
     rows = []
@@ -1376,6 +1522,76 @@ def report(results: Results, s: Settings, only: str) -> None:
             print(f"\n{name} failed in {message}")
 
 
+def commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+    except OSError:
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def throughput_json(t: Throughput) -> dict[str, Any]:
+    """One measurement of (a) as it goes to the JSON file: times in seconds, CPU in ms per workflow."""
+    return {
+        "run": t.run,
+        "workflows_per_s": t.wfps,
+        "seconds": t.seconds,
+        "starting_s": t.starting,
+        "cpu_ms_per_wf": {
+            "executing": t.per_workflow_ms(t.worker_cpu),
+            "starting": t.per_workflow_ms(t.starter_cpu),
+            "postgresql": t.per_workflow_ms(t.server_cpu),
+            "total": t.per_workflow_ms(t.ours),
+        },
+        "cpus_busy": t.busy,
+        "others_busy": t.others,
+        "transactions_per_wf": None if t.transactions is None else t.transactions / t.count,
+        "node_overhead_p50_s": pct(t.overheads, 50) if t.overheads else None,
+        "node_overhead_p99_s": pct(t.overheads, 99) if t.overheads else None,
+        "handoff_p50_s": pct(t.handoffs, 50) if t.handoffs else None,
+        "load_handoff_p50_s": pct(t.load_handoffs, 50) if t.load_handoffs else None,
+    }
+
+
+def save(results: Results, s: Settings, loads: Sequence[str]) -> Path:
+    """Every measurement of (a), (d) and (e), the same-run ratios of (a), and the recoveries, with the
+    commit and the machine's load, to bench/results/workflows-<UTC time>.json."""
+    tp = results.throughput
+    ratios = {
+        f"{num}/{den}": same_run_ratios(tp.get(num, []), tp.get(den, []), lambda t: t.wfps)
+        for num in ("lf1", "lf2")
+        for den in ("dbos", "dbosq", "lf1")
+        if num != den
+    }
+    doc = {
+        "benchmark": "workflows",
+        "commit": commit(),
+        "settings": {k: v for k, v in vars(s).items() if k != "url"},
+        "cpus": CORES,
+        "load_average": list(loads),
+        "throughput": {k: [throughput_json(t) for t in got] for k, got in tp.items()},
+        "throughput_ratios": {k: {"median": median(v), "runs": v} for k, v in ratios.items() if v},
+        "scaling": {
+            w: {k: [throughput_json(t) for t in got] for k, got in systems.items()}
+            for w, systems in results.scaling.items()
+        },
+        "recovery": {
+            name: [
+                {"first_s": r.first, "all_running_s": r.all_running, "completed_s": r.completed} for r in recs
+            ]
+            for name, recs in results.recovery.items()
+        },
+        "failures": results.failures,
+    }
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"workflows-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
 def configure_logs() -> None:
     """Warnings and errors only, and on stderr, so they never interleave with the tables on stdout."""
     import logging
@@ -1414,6 +1630,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--recovery-interval", type=float, default=None, help="(b), (c) recovery sweep interval, s"
     )
     parser.add_argument("--no-dbos", action="store_true", help="skip DBOS")
+    parser.add_argument(
+        "--systems",
+        default="",
+        help="only these systems, by key, comma-separated (lf1, lf2, dbos, dbosq; lf in (b), (c))",
+    )
+    parser.add_argument(
+        "--dbos-poll", type=float, default=0.05, help="(a) the DBOS queue's polling interval, s (DBOS: 1)"
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep worker logs and marks; print where")
     args = parser.parse_args(argv)
     configure_logs()
@@ -1433,6 +1657,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         heartbeat=args.heartbeat,
         recovery_interval=args.recovery_interval,
         with_dbos=problem is None,
+        dbos_poll=args.dbos_poll,
+        systems=tuple(k for k in args.systems.split(",") if k),
     )
     with psycopg.connect(args.url) as conn:
         row = conn.execute(
@@ -1449,13 +1675,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.runs} runs, each system and scenario on a fresh database; medians over runs\n", flush=True)
 
     results = Results()
+    loads = [load_average()]
     started = time.perf_counter()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-workflows-"))
     try:
         for run in range(args.runs):
             t0 = time.perf_counter()
             took = one_run(args.url, run, s, args.only, results, log_dir)
-            print(f"run {run + 1}/{args.runs} done in {time.perf_counter() - t0:.0f}s ({took})", flush=True)
+            loads.append(load_average())
+            print(
+                f"run {run + 1}/{args.runs} done in {time.perf_counter() - t0:.0f}s ({took}); "
+                f"load average {loads[-1]}",
+                flush=True,
+            )
     finally:
         if args.keep_logs:
             print(f"logs and marks kept in {log_dir}")
@@ -1463,6 +1695,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(log_dir, ignore_errors=True)
     print(f"\nTotal {time.perf_counter() - started:.0f}s\n")
     report(results, s, args.only)
+    print(f"\nresults written to {save(results, s, loads)}")
     return 0
 
 
