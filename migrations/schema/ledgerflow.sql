@@ -267,6 +267,25 @@ END
 $$;
 
 --
+-- Name: log_writer_early(); Type: FUNCTION; Schema: ledgerflow; Owner: -
+--
+
+CREATE FUNCTION ledgerflow.log_writer_early() RETURNS boolean
+    LANGUAGE sql
+    AS $$
+SELECT CASE
+    WHEN current_setting('ledgerflow.log_writer_stamp', true) <> '' THEN true
+    WHEN current_setting('ledgerflow.log_writer_early', true) = 'on' THEN true
+    WHEN pg_current_xact_id_if_assigned() IS NULL
+        THEN set_config('ledgerflow.log_writer_early',
+                        CASE WHEN pg_advisory_xact_lock(1279675479, pg_backend_pid()) IS NULL THEN NULL
+                             ELSE 'on' END,
+                        true) = 'on'
+    ELSE false
+END
+$$;
+
+--
 -- Name: log_writer_late(); Type: FUNCTION; Schema: ledgerflow; Owner: -
 --
 
@@ -291,6 +310,22 @@ BEGIN
     v_stamp := (v_top + ((v_sub::text::bigint - v_top % 4294967296 + 4294967296) % 4294967296))::text::xid8;
     PERFORM set_config('ledgerflow.log_writer_stamp', v_stamp::text, true);
     RETURN v_stamp;
+END
+$$;
+
+--
+-- Name: log_writer_stamp(); Type: FUNCTION; Schema: ledgerflow; Owner: -
+--
+
+CREATE FUNCTION ledgerflow.log_writer_stamp() RETURNS xid8
+    LANGUAGE sql
+    AS $$
+SELECT CASE
+    WHEN current_setting('ledgerflow.log_writer_stamp', true) <> ''
+        THEN current_setting('ledgerflow.log_writer_stamp', true)::xid8
+    WHEN current_setting('ledgerflow.log_writer_early', true) = 'on'
+        THEN set_config('ledgerflow.log_writer_stamp', pg_current_xact_id()::text, true)::xid8
+    ELSE ledgerflow.log_writer()
 END
 $$;
 
@@ -403,6 +438,11 @@ CREATE FUNCTION ledgerflow.wf_claim(p_worker_name text, p_instance text, p_worke
     AS $$
 #variable_conflict use_column
 BEGIN
+    -- Gap-freedom without a subtransaction: the log writer lock before the claim's first write (the pick
+    -- locks rows, the claim updates them), while the transaction has no xid yet. The NodeClaimed events
+    -- then carry the transaction's own xid (ledgerflow.log_writer_stamp), handed out after the lock. A
+    -- claim that finds nothing holds the lock for this statement only and takes no xid.
+    PERFORM ledgerflow.log_writer_early();
     -- As in migration 0027 (exactly one winner per node, a fresh fencing token, admission of nodes with
     -- limits, each claim's NodeClaimed appended), but the nodes are picked by ledgerflow.wf_claim_pick:
     -- tenants in turn, priorities within a tenant, bounded whatever the backlog.
@@ -734,6 +774,7 @@ DECLARE
     v_claim   boolean := p_claim_token IS NOT NULL;
     v_due     timestamptz := clock_timestamp();
     v_version text;
+    v_priority int;
 BEGIN
     -- The log writer lock first (see ledgerflow.log_writer): the run-stream append that follows in this
     -- transaction then finds the stamp ready, where it would otherwise need a subtransaction for one.
@@ -742,14 +783,14 @@ BEGIN
         DELETE FROM ledgerflow.workflow_queue q
          WHERE q.run_id = p_run_id AND q.node = p_node AND q.token = p_token AND q.status = 'claimed'
            AND q.lease_expires_at > clock_timestamp()
-        RETURNING q.cancel_requested, q.version INTO v_cancel, v_version;
+        RETURNING q.cancel_requested, q.version, q.priority INTO v_cancel, v_version, v_priority;
     ELSE
         UPDATE ledgerflow.workflow_queue q
            SET status = 'ready', ready_at = clock_timestamp() + make_interval(secs => p_retry_in),
                token = NULL, worker_name = NULL, worker_instance = NULL, lease_expires_at = NULL
          WHERE q.run_id = p_run_id AND q.node = p_node AND q.token = p_token AND q.status = 'claimed'
            AND q.lease_expires_at > clock_timestamp()
-        RETURNING q.cancel_requested, q.version INTO v_cancel, v_version;
+        RETURNING q.cancel_requested, q.version, q.priority INTO v_cancel, v_version, v_priority;
     END IF;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'lease lost' USING ERRCODE = 'LF004',
@@ -772,11 +813,12 @@ BEGIN
         END IF;
         WITH queued AS (
             INSERT INTO ledgerflow.workflow_queue AS q
-                   (run_id, node, tenant, workflow, version, attempt, max_crashes, progress_deadline, on_stuck,
-                    status, ready_at, token, worker_name, worker_instance, claimed_at, heartbeat_at,
+                   (run_id, node, tenant, workflow, version, priority, attempt, max_crashes, progress_deadline,
+                    on_stuck, status, ready_at, token, worker_name, worker_instance, claimed_at, heartbeat_at,
                     progress_at, lease_expires_at)
-            -- The ending node's version is its run's: the queue's version trigger need not read the log.
-            SELECT p_run_id, u.node, p_tenant, p_workflow, v_version,
+            -- The ending node's version and priority are its run's: the queue's version and priority
+            -- triggers need not read the log.
+            SELECT p_run_id, u.node, p_tenant, p_workflow, v_version, v_priority,
                    -- A successor refused a slot keeps the attempts so far: its claim counts the next one.
                    CASE WHEN u.n = 1 AND p_claim_token IS NOT NULL AND NOT u.claimed THEN u.attempt - 1
                         ELSE u.attempt END,
@@ -1026,7 +1068,7 @@ BEGIN
     IF cardinality(p_run_ids) = 0 THEN
         RETURN;
     END IF;
-    v_stamp := ledgerflow.log_writer();
+    v_stamp := ledgerflow.log_writer_stamp();
     FOR i IN 1 .. cardinality(p_run_ids) LOOP
         v_stream := 'wf-' || p_run_ids[i]::text;
         UPDATE ledgerflow.streams s SET version = s.version + 1
