@@ -61,9 +61,11 @@ from workflows.quotas import (  # noqa: E402
 )
 from workflows.read import list_runs, run_nodes  # noqa: E402
 from workflows.recovery import sweep  # noqa: E402
+from workflows.run_search import RunFilter, RunPage, search_runs, tag_filter  # noqa: E402
 from workflows.scheduler import NodeStatus  # noqa: E402
 from workflows.schedules import ScheduleRow, list_schedules, next_tick  # noqa: E402
 from workflows.state import NodeState, RunState  # noqa: E402
+from workflows.tags import TagLimitError, TagLimits  # noqa: E402
 from workflows.triggers import run_started_by  # noqa: E402
 from workflows.versions import VersionWait, versions_without_worker  # noqa: E402
 from workflows.worker import WorkerSettings, WorkflowWorker  # noqa: E402
@@ -100,6 +102,8 @@ __all__ = [
     "RetryPolicy",
     "RunCancelled",
     "RunCaps",
+    "RunFilter",
+    "RunPage",
     "RunSignalLimitError",
     "RunState",
     "RunStateError",
@@ -107,6 +111,8 @@ __all__ = [
     "ScheduleRow",
     "SignalTimeout",
     "Started",
+    "TagLimitError",
+    "TagLimits",
     "TenantQuotas",
     "Trigger",
     "VersionWait",
@@ -130,8 +136,10 @@ __all__ = [
     "run_started_by",
     "run_stream",
     "sample_schema",
+    "search_runs",
     "set_tenant_quota",
     "sweep",
+    "tag_filter",
     "tenant_quota_rows",
     "versions_without_worker",
     "watch_limit_usage",

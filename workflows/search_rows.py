@@ -20,13 +20,14 @@ from workflows import events as ev
 from workflows.state import RunState
 
 # Every list and search orders by (created_at, run_id), newest first, and pages by keyset on that pair:
-# each filter that can drive a search has an index in that order behind its equality columns.
+# each filter that can drive a search has an index in that order behind its equality columns (ascending,
+# read backwards: a row comparison `(created_at, run_id) < (...)` is an index condition on them).
 RUN_INDEXES: LiteralString = """
-CREATE INDEX workflow_runs_by_status ON {table} (tenant, status, created_at DESC, run_id DESC);
-CREATE INDEX workflow_runs_by_start ON {table} (tenant, created_at DESC, run_id DESC);
-CREATE INDEX workflow_runs_by_workflow ON {table} (tenant, workflow, created_at DESC, run_id DESC);
-CREATE INDEX workflow_runs_by_end ON {table} (tenant, finished_at DESC) WHERE finished_at IS NOT NULL;
-CREATE INDEX workflow_runs_by_parent ON {table} (parent_run_id, created_at DESC, run_id DESC)
+CREATE INDEX workflow_runs_by_status ON {table} (tenant, status, created_at, run_id);
+CREATE INDEX workflow_runs_by_start ON {table} (tenant, created_at, run_id);
+CREATE INDEX workflow_runs_by_workflow ON {table} (tenant, workflow, created_at, run_id);
+CREATE INDEX workflow_runs_by_end ON {table} (tenant, finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX workflow_runs_by_parent ON {table} (parent_run_id, created_at, run_id)
        WHERE parent_run_id IS NOT NULL;
 CREATE INDEX workflow_runs_by_trigger ON {table} (tenant, (triggered_by->>'event_id'))
        WHERE triggered_by IS NOT NULL
@@ -41,7 +42,7 @@ CREATE TABLE {table} (
     created_at  timestamptz NOT NULL,
     PRIMARY KEY (run_id, key)
 );
-CREATE INDEX workflow_run_tags_by_value ON {table} (tenant, key, value, created_at DESC, run_id DESC)
+CREATE INDEX workflow_run_tags_by_value ON {table} (tenant, key, value, created_at, run_id)
 """
 
 _DELETE_TAGS: LiteralString = "DELETE FROM {workflow_run_tags} WHERE run_id = ANY(%s::uuid[])"
