@@ -144,11 +144,12 @@ def test_pages_follow_each_other_without_gaps_or_repeats(engine: Engine, store: 
             if page.next is None:
                 break
             after = page.next
-        assert sorted(seen) == sorted(started) and len(seen) == 23
+        assert sorted(seen) == sorted(started)
+        assert len(seen) == 23
         times = [r["created_at"] for r in search_runs(store, tenant="default", limit=23).runs]
         assert times == sorted(times, reverse=True)
+    first = search_runs(store, tenant="default", limit=5)
     with pytest.raises(InvalidInputError, match="another search"):
-        first = search_runs(store, tenant="default", limit=5)
         search_runs(store, tenant="default", filter=RunFilter(workflow="plain"), limit=5, after=first.next)
     with pytest.raises(InvalidInputError, match="invalid page cursor"):
         search_runs(store, tenant="default", after="not-a-cursor")
@@ -162,7 +163,8 @@ def test_a_run_found_by_its_triggering_event(engine: Engine, store: EventStore) 
     engine.start("plain")
     project(store)
     found = search_runs(store, tenant="default", filter=RunFilter(triggered_by=trigger.event_id))
-    assert ids(found) == [run_id] and found.runs[0]["triggered_by"] == trigger.event_id
+    assert ids(found) == [run_id]
+    assert found.runs[0]["triggered_by"] == trigger.event_id
 
 
 def writes(store: EventStore) -> int:
@@ -212,7 +214,8 @@ def test_a_node_setting_one_tag_too_many_fails_with_the_typed_error(
     start_worker(registry=reg)
     wait_until(lambda: ended(engine, run_id), what="the run to fail")
     run = engine.load(run_id)
-    assert run.status == "failed" and "LEDGERFLOW_MAX_TAGS_PER_RUN" in (run.nodes["overflow"].error or "")
+    assert run.status == "failed"
+    assert "LEDGERFLOW_MAX_TAGS_PER_RUN" in (run.nodes["overflow"].error or "")
     assert len(run.tags) == 20
 
 
@@ -260,7 +263,8 @@ def test_a_search_pages_through_exactly_the_runs_its_filter_keeps(
         if page.next is None:
             break
         after = page.next
-    assert len(seen) == len(set(seen)) and set(seen) == expected
+    assert len(seen) == len(set(seen))
+    assert set(seen) == expected
 
 
 def test_concurrent_tag_setters_never_pass_the_bound(store: EventStore) -> None:
