@@ -45,6 +45,7 @@ from workflows.events import (  # noqa: E402
     WorkflowEventError,
     run_stream,
 )
+from workflows.history import HistoryEntry, HistoryPage, run_history  # noqa: E402
 from workflows.limits import LimitUsage  # noqa: E402
 from workflows.limits import read_usage as limit_usage  # noqa: E402
 from workflows.loading import load_workflows  # noqa: E402
@@ -86,6 +87,8 @@ __all__ = [
     "Debounce",
     "DefinitionError",
     "Engine",
+    "HistoryEntry",
+    "HistoryPage",
     "LimitUsage",
     "NodeContext",
     "NodeLeaseLost",
@@ -132,6 +135,7 @@ __all__ = [
     "pending_debounces",
     "queue_summary",
     "recent_recoveries",
+    "run_history",
     "run_nodes",
     "run_started_by",
     "run_stream",
