@@ -5,7 +5,8 @@ projector's lag).
 Pages are newest first and continue by keyset, never OFFSET: a page's `next` is an opaque cursor naming
 the last run it holds (its start time and id) and the search it belongs to; the next page starts below
 it, so a page deep in the results costs what the first one does, and runs started meanwhile do not shift
-the pages. A cursor given to another search (other filters, another tenant) is refused.
+the pages. A cursor given to another search (other filters, another tenant; time bounds may move) is
+refused.
 """
 
 from __future__ import annotations
@@ -147,8 +148,12 @@ def _query(
 
 
 def _digest(tenant: str, wanted: RunFilter) -> str:
-    """What a cursor remembers of its search: a page may only continue the search it came from."""
+    """What a cursor remembers of its search: a page may only continue the search it came from. Its time
+    bounds are left out: the next page of "started in the last hour" may be asked a minute later (the
+    keyset continues below the cursor all the same)."""
     described = {**asdict(wanted), "tenant": tenant}
+    for bound in ("started_after", "started_before", "ended_after", "ended_before"):
+        described.pop(bound)
     text = json.dumps(described, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
