@@ -140,8 +140,9 @@ def history(ctx: click.Context, run_id: str, tenant: str, after: int, as_json: b
     table = Table("version", "time", "event", "node", "attempt", "worker", "summary")
     with open_store(settings_of(ctx)) as store:
         cursor: int | None = after
+        claims: dict[str, tuple[int, str]] = {}  # carried from page to page
         while cursor is not None and shown < HISTORY_MOST:
-            page = run_history(store, wanted, tenant=tenant, after=cursor, limit=1000)
+            page = run_history(store, wanted, tenant=tenant, after=cursor, limit=1000, claims=claims)
             for e in page.entries:
                 if as_json:
                     click.echo(_json_line(e))

@@ -4,7 +4,8 @@ summary of its payload, a bounded page at a time.
 Pages follow the stream's versions (keyset: the next page starts after the last version shown), so
 reading a long run costs a page's worth each time, however deep. An event's attempt and worker are its
 own when it names them, else those of its node's last claim seen so far on the page (a page that starts
-mid-attempt leaves them out until the next claim).
+mid-attempt leaves them out until the next claim, unless its reader passes the claims of the pages
+before: the CLI and the console read page after page and do).
 """
 
 from __future__ import annotations
@@ -52,10 +53,18 @@ class HistoryPage:
 
 
 def run_history(
-    store: EventStore, run_id: uuid.UUID, *, tenant: str, after: int = 0, limit: int = 200
+    store: EventStore,
+    run_id: uuid.UUID,
+    *,
+    tenant: str,
+    after: int = 0,
+    limit: int = 200,
+    claims: dict[str, tuple[int, str]] | None = None,
 ) -> HistoryPage:
     """The run's events after stream version `after`, oldest first, at most `limit` of them. A run that
-    does not exist in `tenant` is NotFoundError (another tenant's run as well)."""
+    does not exist in `tenant` is NotFoundError (another tenant's run as well). `claims`: each node's
+    last claim (attempt, worker) seen on the pages before, kept up to date, for a reader of page after
+    page (see `entries`)."""
     check_tenant(tenant)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise InvalidInputError(f"limit must be 1 to {MAX_PAGE}")
@@ -71,12 +80,15 @@ def run_history(
         )
     shown = [e.decode() for e in page.events]
     following = page.next_version - 1 if page.next_version is not None else None
-    return HistoryPage(run_id, entries(shown), following)
+    return HistoryPage(run_id, entries(shown, claims), following)
 
 
-def entries(events: Sequence[RecordedEvent]) -> list[HistoryEntry]:
-    """Each event as an entry, attempts and workers carried from each node's last claim among them."""
-    claims: dict[str, tuple[int, str]] = {}
+def entries(
+    events: Sequence[RecordedEvent], claims: dict[str, tuple[int, str]] | None = None
+) -> list[HistoryEntry]:
+    """Each event as an entry, attempts and workers carried from each node's last claim among them (or
+    in `claims`, the claims seen before them, which it keeps up to date)."""
+    claims = claims if claims is not None else {}
     found: list[HistoryEntry] = []
     for e in events:
         data: dict[str, Any] = e.data if isinstance(e.data, dict) else {}

@@ -18,6 +18,7 @@ export function historyPanel(runId) {
   const el = h("section", { id: "history", "data-testid": "history" },
     h("h3", {}, "Node attempts"), gantt, h("h3", {}, "Timeline"), note, table);
   const events = [];
+  const claims = {}; // each node's last claim seen, for the events of later pages that name none
   let after = 0;
   let loading = false;
 
@@ -28,7 +29,7 @@ export function historyPanel(runId) {
       let more = true;
       while (more && events.length < MOST) {
         const page = await get(`/runs/${encodeURIComponent(runId)}/history${query({ after, limit: 500 })}`);
-        events.push(...page.events.slice(0, MOST - events.length));
+        for (const e of page.events.slice(0, MOST - events.length)) events.push(carry(e, claims));
         if (page.events.length) after = page.events[page.events.length - 1].version;
         more = page.next !== null;
       }
@@ -44,6 +45,16 @@ export function historyPanel(runId) {
   }
 
   return { el, update };
+}
+
+// The page gives an event's attempt and worker from its node's last claim on the same page: a claim on an
+// earlier page is carried here.
+function carry(e, claims) {
+  if (e.type === "NodeClaimed" && e.node) claims[e.node] = { attempt: e.attempt, worker: e.worker };
+  else if (e.node && claims[e.node] && !e.worker && (e.attempt == null || e.attempt === claims[e.node].attempt)) {
+    return { ...e, attempt: claims[e.node].attempt, worker: claims[e.node].worker };
+  }
+  return e;
 }
 
 const head = () => h("tr", {}, ["time", "event", "node", "attempt", "worker", "summary"].map((t) => h("th", {}, t)));
