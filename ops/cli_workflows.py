@@ -36,6 +36,7 @@ from workflows import (
     queue_summary,
     recent_recoveries,
     sweep,
+    tag_filter,
 )
 
 
@@ -141,6 +142,7 @@ def _json_arg(text: str | None) -> Any:
     default=None,
     help="Higher is claimed first among the tenant's ready nodes (default: the workflow's).",
 )
+@click.option("--tag", "tags", multiple=True, help="KEY=VALUE (repeatable): a tag to find the run by.")
 @click.option(
     "--print-id", is_flag=True, help="Print only the run id, e.g. for RUN=$(ledgerflow workflows start ...)."
 )
@@ -156,6 +158,7 @@ def start(
     debounce_key: str | None,
     debounce_window: float | None,
     debounce_max_wait: float | None,
+    tags: tuple[str, ...],
     print_id: bool,
 ) -> None:
     """Start a run of WORKFLOW (workers pick it up); with --key, at most one active run per key; with
@@ -177,6 +180,7 @@ def start(
             tenant=tenant,
             priority=priority,
             debounce=debounce,
+            tags=dict(tag_filter(tags)) or None,
         )
     if print_id:
         click.echo(str(started.run_id))
@@ -315,38 +319,6 @@ def run_as_dict(run: RunState) -> dict[str, Any]:
             for name, n in run.nodes.items()
         },
     }
-
-
-@workflows_group.command("list")
-@click.option("--status", default=None, help="running, succeeded, failed or cancelled.")
-@click.option("--workflow", default=None)
-@click.option("--tenant", default="default", show_default=True)
-@click.option("--limit", default=30, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def list_runs(
-    ctx: click.Context, status: str | None, workflow: str | None, tenant: str, limit: int, as_json: bool
-) -> None:
-    """Recent runs, from the workflow_runs projection (kept by `ledgerflow projector` or `serve`)."""
-    from workflows import list_runs as read_runs
-
-    with open_store(settings_of(ctx)) as store:
-        runs = read_runs(store, tenant=tenant, status=status, workflow=workflow, limit=limit)
-    if as_json:
-        emit_json(runs)
-        return
-    table = Table("run", "workflow", "key", "status", "nodes", "current", "created")
-    for r in runs:
-        table.add_row(
-            str(r["run_id"]),
-            r["workflow"],
-            r["key"] or "",
-            r["status"] + (f" (waiting: {r['waiting']})" if r.get("waiting") else ""),
-            f"{r['nodes_done']}/{r['nodes_total']}",
-            r["current_node"] or "",
-            str(r["created_at"])[:19],
-        )
-    console.print(table)
 
 
 @workflows_group.command("schedules")

@@ -130,6 +130,7 @@ def run_histories(
     Tests that keep the runs of many examples in one database draw fresh `run_ids`
     (`st.builds(uuid.uuid4)`), so that no two histories share a stream."""
     run_id = draw(run_ids)
+    tags = draw(st.dictionaries(_tag_keys, _tag_values, max_size=3))
     size = draw(st.integers(1, 4))
     nodes = [f"n{i}" for i in range(size)]
     deps = {n: draw(st.sets(st.sampled_from(nodes[:i]))) if i else set() for i, n in enumerate(nodes)}
@@ -144,6 +145,7 @@ def run_histories(
         input_fingerprint="fp",
         nodes=nodes,
         fingerprints=dict.fromkeys(nodes, "f1"),
+        **({"tags": tags} if tags else {}),
     )
     run.make_ready()
     for _ in range(draw(st.integers(0, max_steps))):
@@ -166,7 +168,7 @@ def _moves(run: _RunModel) -> list[Move]:
     if not run.cancel_requested:
         moves.append(_cancel_run)
         moves += [_claim(n) for n in run.with_status("ready", "retry_scheduled", "waiting")]
-    moves.append(_signal)
+    moves += [_signal, _tag]
     for n in run.with_status("running"):
         if run.cancel_requested:
             moves.append(_cancelled_at_next_write(n))
@@ -235,6 +237,16 @@ def _wait(node: str) -> Move:
 
 def _signal(draw: st.DrawFn, run: _RunModel) -> None:
     run.emit(ev.SIGNAL_RECEIVED, name=draw(st.sampled_from(["go", "approve"])), payload=draw(json_values))
+
+
+_tag_keys = st.sampled_from(["team", "env", "customer", "a.b:c/d-e"])
+_tag_values = st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc", "Z"]), max_size=8)
+
+
+def _tag(draw: st.DrawFn, run: _RunModel) -> None:
+    """Tags set (or, with None, removed) by a node of the run or an operator."""
+    change = draw(st.dictionaries(_tag_keys, st.none() | _tag_values, min_size=1, max_size=3))
+    run.emit(ev.RUN_TAGGED, tags=change, node=draw(st.none() | st.sampled_from(list(run.status))))
 
 
 def _succeed(node: str) -> Move:

@@ -46,6 +46,7 @@ from workflows.events import (  # noqa: E402
     WorkflowEventError,
     run_stream,
 )
+from workflows.history import HistoryEntry, HistoryPage, run_history  # noqa: E402
 from workflows.limits import LimitUsage  # noqa: E402
 from workflows.limits import read_usage as limit_usage  # noqa: E402
 from workflows.loading import load_workflows  # noqa: E402
@@ -63,9 +64,11 @@ from workflows.quotas import (  # noqa: E402
 )
 from workflows.read import list_runs, run_nodes  # noqa: E402
 from workflows.recovery import sweep  # noqa: E402
+from workflows.run_search import RunFilter, RunPage, search_runs, tag_filter  # noqa: E402
 from workflows.scheduler import NodeStatus  # noqa: E402
 from workflows.schedules import ScheduleRow, list_schedules, next_tick  # noqa: E402
 from workflows.state import NodeState, RunState  # noqa: E402
+from workflows.tags import TagLimitError, TagLimits  # noqa: E402
 from workflows.triggers import run_started_by  # noqa: E402
 from workflows.versions import VersionWait, versions_without_worker  # noqa: E402
 from workflows.worker import WorkerSettings, WorkflowWorker  # noqa: E402
@@ -86,6 +89,8 @@ __all__ = [
     "Debounce",
     "DefinitionError",
     "Engine",
+    "HistoryEntry",
+    "HistoryPage",
     "LimitUsage",
     "NodeContext",
     "NodeLeaseLost",
@@ -103,6 +108,8 @@ __all__ = [
     "RetryPolicy",
     "RunCancelled",
     "RunCaps",
+    "RunFilter",
+    "RunPage",
     "RunSignalLimitError",
     "RunState",
     "RunStateError",
@@ -110,6 +117,8 @@ __all__ = [
     "ScheduleRow",
     "SignalTimeout",
     "Started",
+    "TagLimitError",
+    "TagLimits",
     "TenantQuotas",
     "Trigger",
     "VersionWait",
@@ -129,13 +138,16 @@ __all__ = [
     "pending_debounces",
     "queue_summary",
     "recent_recoveries",
+    "run_history",
     "run_nodes",
     "run_started_by",
     "run_stream",
     "sample_schema",
+    "search_runs",
     "set_tenant_quota",
     "shared_worker_names",
     "sweep",
+    "tag_filter",
     "tenant_quota_rows",
     "versions_without_worker",
     "watch_limit_usage",

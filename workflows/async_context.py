@@ -26,7 +26,7 @@ import contextvars
 import functools
 import inspect
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from datetime import datetime
 from typing import Any, TypeVar
@@ -122,6 +122,12 @@ class AsyncNodeContext:
         return await self._call(
             self._sync.start_workflow, workflow, input=input, key=key, child_key=child_key
         )
+
+    # -- tags --------------------------------------------------------------------------------------------
+
+    async def set_tags(self, tags: Mapping[str, str | None]) -> None:
+        """Set tags on the run (see NodeContext.set_tags)."""
+        await self._call(self._sync.set_tags, tags)
 
     # -- waiting -----------------------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -295,6 +295,30 @@ class NodeContext:
         )
         self._state.children[child_key] = str(started.run_id)
         return started.run_id
+
+    # -- tags ---------------------------------------------------------------------------------------
+
+    def set_tags(self, tags: Mapping[str, str | None]) -> None:
+        """Set tags on the run, to find it by (`workflows.search_runs`): each key gets its value, a None
+        value removes the key. Recorded as one event of the run (RunTagged); bounded like a start's tags
+        (TagLimitError, nothing written). Setting what the run already carries writes nothing."""
+        limits = self._engine.tag_limits
+        change = limits.check(tags, removals=True)
+        for _ in range(_TAKE_ATTEMPTS):
+            current = self._run.tags
+            if all(current.get(k) == v for k, v in change.items()):
+                self.check()
+                return
+            limits.merged(current, change)
+            tagged = ev.event(ev.RUN_TAGGED, self.run_id, tags=change, node=self.node)
+            try:
+                # At the version this node knows, so that the count is checked against the run's tags
+                # as they are: a sibling node's tags written meanwhile are read and counted first.
+                self._write([tagged], expected_version=self._run.version)
+                return
+            except WrongExpectedVersionError:
+                self._engine.catch_up(self._run)
+        raise ConflictError(f"run {self.run_id}: the run changed too often while setting tags")
 
     # -- waiting ------------------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from workflows.errors import RunSignalLimitError, RunStateError, wrap_exceptions
 from workflows.quotas import TenantQuotas
 from workflows.scheduler import NodeStatus, nodes_to_rerun, retry_from_failed, runnable_nodes
 from workflows.state import RunState, apply
+from workflows.tags import TagLimits
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -110,6 +111,8 @@ class Engine:
         self.caps = caps if caps is not None else RunCaps()
         #: Per-tenant quotas on starts (None: none); see workflows.quotas.
         self.quotas = quotas
+        #: Bounds on run tags (LEDGERFLOW_MAX_TAGS_PER_RUN, ...): from the environment.
+        self.tag_limits = TagLimits()
 
     # -- reading --------------------------------------------------------------------------------------
 
@@ -158,6 +161,7 @@ class Engine:
         conn: psycopg.Connection[Any] | None = None,
         priority: int | None = None,
         debounce: Debounce | None = None,
+        tags: dict[str, str] | None = None,
     ) -> Started:
         """Start a run. With `key`, at most one run per key is active: a second start returns the active
         run. With `idempotency_key`, a repeat returns the first run; other input under it conflicts.
@@ -168,12 +172,17 @@ class Engine:
         (default: the workflow's); recorded in RunStarted.
         `debounce`: one run per burst of starts with its key, after the burst (see workflows.debounce);
         the run has the workflow's priority.
+        `tags`: key/value strings recorded in RunStarted, to find the run by (`workflows.search_runs`);
+        bounded (workflows.tags: TagLimitError, nothing written). Not with `debounce`.
         With `quotas`, a start over the tenant's quota raises QuotaExceededError, having written nothing."""
         check_tenant(tenant)
         wf = self.registry.get(workflow)
         priority = wf.priority if priority is None else check_priority(priority)
         input_fp = fingerprint(input)
         self.caps.check_input(input)
+        checked_tags = {k: v for k, v in self.tag_limits.check(tags or {}).items() if v is not None}
+        if checked_tags and debounce is not None:
+            raise InvalidInputError("a debounced start takes no tags: tag the run from its nodes instead")
         if self.quotas is not None:
             self.quotas.take_start(tenant)
         if debounce is not None:
@@ -213,6 +222,7 @@ class Engine:
                     triggered_by,
                     conn,
                     priority,
+                    checked_tags,
                 )
             except WrongExpectedVersionError as exc:
                 if exc.stream_id == ev.run_stream(run_id):  # a concurrent idempotent start won
@@ -233,6 +243,7 @@ class Engine:
         triggered_by: ev.TriggeringEvent | None = None,
         caller_conn: psycopg.Connection[Any] | None = None,
         priority: int = 0,
+        tags: dict[str, str] | None = None,
     ) -> Started:
         roots = wf.roots()
         started = ev.event(
@@ -248,6 +259,7 @@ class Engine:
             # Only when set: every other start writes the same payload as before.
             **({"triggered_by": triggered_by.model_dump()} if triggered_by is not None else {}),
             **({"priority": priority} if priority else {}),
+            **({"tags": tags} if tags else {}),
         )
         appends = [
             StreamAppend(

@@ -43,6 +43,7 @@ RUN_CANCELLED = "wf.RunCancelled"
 NODE_WAITING = "wf.NodeWaiting"
 SIGNAL_RECEIVED = "wf.SignalReceived"
 SIGNAL_TAKEN = "wf.SignalTaken"
+RUN_TAGGED = "wf.RunTagged"
 KEY_CLAIMED = "wf.KeyClaimed"
 KEY_RELEASED = "wf.KeyReleased"
 
@@ -106,6 +107,8 @@ class RunStarted(WorkflowEvent):
     #: Higher is claimed first among its tenant's ready nodes; absent (0) for most starts. The queue's rows
     #: take it from here (migration 0028), so they can be rebuilt from the log.
     priority: int = 0
+    #: Key/value tags given at the start (`Engine.start(tags=)`), absent when none: see workflows.tags.
+    tags: dict[str, str] = {}
 
 
 class NodesReady(WorkflowEvent):
@@ -145,6 +148,17 @@ class RunFailed(WorkflowEvent):
 
 class RunCancelled(WorkflowEvent):
     event_type: ClassVar[str] = RUN_CANCELLED
+
+
+class RunTagged(WorkflowEvent):
+    """Tags set on the run after its start (`NodeContext.set_tags`): each key gets its value, and a key
+    whose value is None is removed. The run tables' tags are the fold of these (workflows.tags)."""
+
+    event_type: ClassVar[str] = RUN_TAGGED
+    tags: dict[str, str | None]
+    #: The node that set them, if a node did.
+    node: str | None = None
+    actor: str | None = None
 
 
 class KeyClaimed(WorkflowEvent):
@@ -318,6 +332,7 @@ MODELS: dict[str, type[WorkflowEvent]] = {
         RunCompleted,
         RunFailed,
         RunCancelled,
+        RunTagged,
         KeyClaimed,
         KeyReleased,
     )

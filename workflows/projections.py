@@ -25,7 +25,7 @@ from psycopg.types.json import Jsonb
 from eventstore import RecordedEvent
 from projector import ApplyContext, Projection, Table
 from workflows import events as ev
-from workflows import snapshots
+from workflows import search_rows, snapshots
 from workflows.caps import RunCaps
 from workflows.scheduler import NodeStatus
 from workflows.state import NodeState, RunState, apply_event
@@ -35,7 +35,9 @@ workflow_tables = Projection(
     # 2: rows are the fold of workflows.state (a node reclaimed has no worker, a retried node's crashes
     # restart at 0, a refresh starts its nodes afresh, nodes_total counts nodes added by a refresh).
     # 3: a node that waits (a timer or a signal) has its own status, with what it waits for and until when.
-    version=3,
+    # 4: runs carry their definition's version, triggering event, parent run and tags, with indexes for
+    # searching them (workflows.run_search); `workflow_run_tags` holds one row per tag of a run.
+    version=4,
     # Shared: workflow_nodes rows carry no tenant, so only a server administrator rebuilds the tables.
     per_tenant=False,
     # The fold counts (crashes, checkpoints): applying an event twice would count it twice, so a replay of
@@ -63,6 +65,9 @@ workflow_tables = Projection(
         ev.RUN_COMPLETED,
         ev.RUN_FAILED,
         ev.RUN_CANCELLED,
+        ev.RUN_TAGGED,
+        # Read only to link a child run to its parent (search_rows): it changes no row of the parent.
+        ev.CHILD_STARTED,
     ],
     tables=[
         Table(
@@ -81,10 +86,16 @@ workflow_tables = Projection(
                    cancel_requested boolean  NOT NULL DEFAULT false,
                    created_at    timestamptz NOT NULL,
                    updated_at    timestamptz NOT NULL,
-                   finished_at   timestamptz
+                   finished_at   timestamptz,
+                   workflow_version text     NOT NULL DEFAULT '1',
+                   triggered_by  jsonb,
+                   tags          jsonb       NOT NULL DEFAULT '{{}}',
+                   parent_run_id uuid
                );
-               CREATE INDEX workflow_runs_by_status ON {table} (tenant, status, created_at DESC)""",
+               """
+            + search_rows.RUN_INDEXES,
         ),
+        Table("workflow_run_tags", search_rows.TAGS_DDL),
         Table(
             "workflow_nodes",
             """CREATE TABLE {table} (
@@ -131,6 +142,9 @@ RUN_COLUMNS = (
     "created_at",
     "updated_at",
     "finished_at",
+    "workflow_version",
+    "triggered_by",
+    "tags",
 )
 NODE_COLUMNS = (
     "run_id",
@@ -155,6 +169,7 @@ NODE_COLUMNS = (
     "wake_at",
 )
 
+_INPUT = RUN_COLUMNS.index("input")
 RunRow = tuple[Any, ...]
 NodeRow = tuple[Any, ...]
 
@@ -176,6 +191,9 @@ def run_row(run: RunState) -> RunRow:
         run.started_at,
         run.updated_at,
         run.finished_at,
+        run.workflow_version,
+        run.triggered_by.model_dump() if run.triggered_by is not None else None,
+        run.tags,
     )
 
 
@@ -209,6 +227,7 @@ def node_row(run_id: uuid.UUID, n: NodeState) -> NodeRow:
 def state_from_rows(run: dict[str, Any], nodes: Sequence[dict[str, Any]]) -> RunState:
     """The part of a run's state its rows hold: all that the fold needs to write the next rows. (What the
     rows leave out, such as checkpoint outputs and memoized steps, no row depends on.)"""
+    triggered = run["triggered_by"]
     state = RunState(
         run["run_id"],
         run["tenant"],
@@ -222,6 +241,9 @@ def state_from_rows(run: dict[str, Any], nodes: Sequence[dict[str, Any]]) -> Run
         finished_at=run["finished_at"],
         current_node=run["current_node"],
         updated_at=run["updated_at"],
+        workflow_version=run["workflow_version"],
+        triggered_by=ev.TriggeringEvent.model_validate(triggered) if triggered is not None else None,
+        tags=dict(run["tags"]),
     )
     for r in sorted(nodes, key=lambda r: r["position"]):
         progress = None
@@ -286,16 +308,19 @@ SELECT r.*, n.*
 _UPSERT = """
 WITH runs AS (
     INSERT INTO {workflow_runs} (run_id, tenant, workflow, key, status, current_node, nodes_total, nodes_done,
-                                 input, error, cancel_requested, created_at, updated_at, finished_at)
+                                 input, error, cancel_requested, created_at, updated_at, finished_at,
+                                 workflow_version, triggered_by, tags)
     SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::int[],
                          %s::int[], %s::jsonb[], %s::text[], %s::bool[], %s::timestamptz[], %s::timestamptz[],
-                         %s::timestamptz[])
+                         %s::timestamptz[], %s::text[], %s::jsonb[], %s::jsonb[])
     ON CONFLICT (run_id) DO UPDATE
        SET tenant = EXCLUDED.tenant, workflow = EXCLUDED.workflow, key = EXCLUDED.key,
            status = EXCLUDED.status, current_node = EXCLUDED.current_node, nodes_total = EXCLUDED.nodes_total,
            nodes_done = EXCLUDED.nodes_done, input = EXCLUDED.input, error = EXCLUDED.error,
            cancel_requested = EXCLUDED.cancel_requested, created_at = EXCLUDED.created_at,
-           updated_at = EXCLUDED.updated_at, finished_at = EXCLUDED.finished_at
+           updated_at = EXCLUDED.updated_at, finished_at = EXCLUDED.finished_at,
+           workflow_version = EXCLUDED.workflow_version, triggered_by = EXCLUDED.triggered_by,
+           tags = EXCLUDED.tags
 )
 INSERT INTO {workflow_nodes} (run_id, node, position, status, attempt, crashes, generation, progress_current,
                               progress_total, progress_message, checkpoints, worker, error, stuck, started_at,
@@ -318,7 +343,8 @@ ON CONFLICT (run_id, node) DO UPDATE
 
 @workflow_tables.on_batch
 def _apply_batch(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
-    typed = [(ev.parse(e), e) for e in events if ev.is_workflow_event(e)]
+    parsed = [(ev.parse(e), e) for e in events if ev.is_workflow_event(e)]
+    typed = [(event, e) for event, e in parsed if not isinstance(event, ev.ChildStarted)]
     runs = _load(ctx, _runs_to_load(typed))
     before_runs = {run_id: run_row(run) for run_id, run in runs.items()}
     before_nodes = {
@@ -340,10 +366,24 @@ def _apply_batch(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
         if (row := node_row(run_id, n)) != before_nodes.get((run_id, n.name))
     ]
     if changed_runs or changed_nodes:
-        input_column = RUN_COLUMNS.index("input")
-        runs_columns = _columns(changed_runs, len(RUN_COLUMNS), json_column=input_column)
+        json_columns = [RUN_COLUMNS.index(c) for c in ("input", "triggered_by", "tags")]
+        runs_columns = _columns(changed_runs, len(RUN_COLUMNS), json_columns=json_columns)
         ctx.execute(_UPSERT, [*runs_columns, *_columns(changed_nodes, len(NODE_COLUMNS))])
+    search_rows.keep_tags(ctx, _tags_changed(runs, before_runs))
+    search_rows.link_children(
+        ctx, [(e.tenant, event) for event, e in parsed if isinstance(event, ev.ChildStarted)]
+    )
     snapshots.keep_up(ctx.conn, _heads(typed), RunCaps().run_snapshot_every)
+
+
+def _tags_changed(runs: dict[uuid.UUID, RunState], before: dict[uuid.UUID, RunRow]) -> list[RunState]:
+    """The runs whose tags this batch changed (new runs with tags among them)."""
+    column = RUN_COLUMNS.index("tags")
+    return [
+        run
+        for run_id, run in runs.items()
+        if run.tags != (before[run_id][column] if run_id in before else {})
+    ]
 
 
 def _heads(typed: Sequence[tuple[ev.WorkflowEvent, RecordedEvent]]) -> dict[tuple[str, uuid.UUID], int]:
@@ -384,9 +424,13 @@ def _node_rows(loaded: dict[str, Any]) -> list[dict[str, Any]]:
     return [dict(zip(columns, values, strict=True)) for values in zip(*arrays, strict=True)]
 
 
-def _columns(rows: Sequence[tuple[Any, ...]], width: int, json_column: int | None = None) -> list[list[Any]]:
+def _columns(
+    rows: Sequence[tuple[Any, ...]], width: int, json_columns: Sequence[int] = ()
+) -> list[list[Any]]:
     """Rows as one list per column, for `unnest` (`width` empty lists when there are no rows)."""
     columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
-    if json_column is not None:
-        columns[json_column] = [Jsonb(v) for v in columns[json_column]]
+    for c in json_columns:
+        # `input` is written as JSON even when null (as it always was); other JSON columns as SQL NULL.
+        keep_null = c == _INPUT
+        columns[c] = [Jsonb(v) if v is not None or keep_null else None for v in columns[c]]
     return columns

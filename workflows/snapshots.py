@@ -148,6 +148,7 @@ def to_json(run: RunState) -> str:
             "updated_at": _at(run.updated_at),
             "signals": [[s.name, _at(s.at), s.version] for s in run.signals],
             "signals_taken": sorted(run.signals_taken),
+            "tags": _pairs(run.tags),
         }
     )
 
@@ -179,6 +180,8 @@ def from_json(run_id: uuid.UUID, tenant: str, text: str) -> RunState | None:
         updated_at=_when(d["updated_at"]),
         signals=[ReceivedSignal(name, datetime.fromisoformat(at), v) for name, at, v in d["signals"]],
         signals_taken=set(d["signals_taken"]),
+        # Absent from snapshots written before runs had tags, when no run had any.
+        tags=dict(d.get("tags", [])),
     )
 
 

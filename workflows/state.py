@@ -22,6 +22,7 @@ from eventstore import RecordedEvent
 from eventstore.spi import json_dumps
 from workflows import events as ev
 from workflows.scheduler import NodeStatus
+from workflows.tags import apply_tags
 
 #: Statuses after which a run no longer moves on its own.
 TERMINAL_RUN = {"succeeded", "failed", "cancelled"}
@@ -107,6 +108,8 @@ class RunState:
     signals: list[ReceivedSignal] = field(default_factory=list)
     #: Indexes of the signals some node's wait has taken.
     signals_taken: set[int] = field(default_factory=set)
+    #: The run's tags (workflows.tags): its start's, then its RunTagged events' changes.
+    tags: dict[str, str] = field(default_factory=dict)
 
     def node(self, name: str) -> NodeState:
         if name not in self.nodes:
@@ -205,9 +208,15 @@ def _run_started(run: RunState, e: ev.RunStarted, at: datetime) -> None:
     run.triggered_by = e.triggered_by
     run.workflow_version = str(e.version)
     run.priority = e.priority
+    run.tags = dict(e.tags)
     run.started_at = at
     for name in [*e.nodes, *e.fingerprints]:
         _touched(run, name, at)
+
+
+@_on(ev.RunTagged)
+def _run_tagged(run: RunState, e: ev.RunTagged, at: datetime) -> None:
+    run.tags = apply_tags(run.tags, e.tags)
 
 
 @_on(ev.NodesReady)

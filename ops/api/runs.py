@@ -1,7 +1,7 @@
 """Workflow runs: list, detail, cancel, retry, refresh, signals (`/api/v1/runs`).
 
-The list comes from the run table (kept by the projector, so it trails by the projector's lag); the
-detail is folded from the run's own events, so it is exact. Runs of other tenants are not found.
+The detail is folded from the run's own events, so it is exact (the list and the history are in
+`ops.api.run_search`). Runs of other tenants are not found.
 """
 
 from __future__ import annotations
@@ -10,47 +10,20 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Body, Header, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
 from eventstore import IDEMPOTENCY_KEY_PATTERN, NotFoundError
-from eventstore.spi import wrap_exceptions
 from ops.api.deps import Operator, Reader, ServicesDep
 from ops.api.errors import CONFLICT, NOT_FOUND
 from ops.api.events import _ExactJsonRoute as ExactJsonRoute
-from ops.api.read_your_writes import PROJECTION_BEHIND, MinCursor, WaitSeconds, projection_behind
 from ops.auth import Principal
 from ops.services import Services
-from projector import missing_tables
-from workflows import NodeState, RunState, workflow_tables
-from workflows import list_runs as read_runs
+from workflows import NodeState, RunState
 
 router = APIRouter(tags=["runs"])
 
 RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
-
-
-class RunSummaryOut(BaseModel):
-    run_id: uuid.UUID
-    workflow: str
-    key: str | None
-    status: str
-    current_node: str | None
-    nodes_total: int
-    nodes_done: int
-    error: str | None
-    cancel_requested: bool
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
-    #: What the run's waiting nodes wait for ("signal approve", "timer"), or None.
-    waiting: str | None = None
-
-
-class RunList(BaseModel):
-    runs: list[RunSummaryOut]
 
 
 class ProgressOut(BaseModel):
@@ -212,36 +185,6 @@ def run_detail(run: RunState, services: Services, principal: Principal) -> RunDe
         edges=[EdgeOut(source=d, target=n) for n in order for d in deps.get(n, [])],
         may_operate=principal.allows("operate"),
     )
-
-
-@router.get("/runs", response_model=RunList, responses=PROJECTION_BEHIND)
-async def list_runs(
-    request: Request,
-    principal: Reader,
-    services: ServicesDep,
-    status: RunStatus | None = None,
-    workflow: Annotated[str | None, Query(max_length=63)] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    min_cursor: MinCursor = None,
-    wait: WaitSeconds = 5.0,
-) -> RunList | JSONResponse:
-    """The tenant's recent runs, newest first (from the run table, which trails the log slightly; with
-    `min_cursor`, once it shows every write up to that cursor)."""
-    behind = await projection_behind(request, services, workflow_tables, min_cursor, wait, principal.tenant)
-    if behind is not None:
-        return behind
-    store = services.store
-
-    def answer() -> RunList:
-        with wrap_exceptions(), store.pool.connection() as conn:
-            # Before a projector first runs, the table does not exist yet: no run has been projected.
-            if missing_tables(conn, workflow_tables, workflow_tables.schema):
-                return RunList(runs=[])
-        with wrap_exceptions():
-            rows = read_runs(store, tenant=principal.tenant, status=status, workflow=workflow, limit=limit)
-        return RunList(runs=[RunSummaryOut(**r) for r in rows])
-
-    return await run_in_threadpool(answer)
 
 
 @router.get("/runs/{run_id}", response_model=RunDetailOut, responses=NOT_FOUND)

@@ -101,6 +101,11 @@ class StartRunRequest(BaseModel):
         le=PRIORITY_MAX,
         description="Higher is claimed first among the tenant's ready nodes; default: the workflow's.",
     )
+    tags: dict[str, str] | None = Field(
+        default=None,
+        description="Key/value strings to find the run by (`GET /api/v1/runs?tag=KEY=VALUE`); bounded by "
+        "LEDGERFLOW_MAX_TAGS_PER_RUN, _TAG_KEY_CHARS and _TAG_VALUE_CHARS (422 beyond, nothing written).",
+    )
     debounce: DebounceIn | None = Field(
         default=None,
         description="One run per burst of starts with this key, with the latest start's input, once the "
@@ -164,6 +169,7 @@ def start_run(
         tenant=principal.tenant,
         priority=body.priority,
         debounce=debounce,
+        tags=body.tags,
     )
     if not started.created:
         response.status_code = 200

@@ -200,7 +200,7 @@ def test_unknown_runs_are_404(client: TestClient, admin: Headers) -> None:
 
 
 def test_run_list_filters_are_checked(client: TestClient, admin: Headers) -> None:
-    assert client.get("/api/v1/runs", headers=admin).json() == {"runs": []}  # no projector yet: no table
+    assert client.get("/api/v1/runs", headers=admin).json() == {"runs": [], "next": None}  # no table yet
     assert client.get("/api/v1/runs", params={"status": "exploded"}, headers=admin).status_code == 422
     assert client.get("/api/v1/runs", params={"limit": 0}, headers=admin).status_code == 422
 

@@ -55,6 +55,9 @@ def test_the_tables_hold_the_fold_of_every_run(
         run = fold(run_id, tenant, store.read_stream(ev.run_stream(run_id), tenant=tenant))
         row, nodes = _rows(store, run_id)
         _assert_run_row(row, run)
+        assert _tag_rows(store, run_id) == [
+            (tenant, k, v, run.started_at) for k, v in sorted(run.tags.items())
+        ]
         assert [n["node"] for n in nodes] == list(run.nodes)
         for n in nodes:
             _assert_node_row(n, run)
@@ -94,6 +97,15 @@ def _rows(store: EventStore, run_id: uuid.UUID) -> tuple[dict[str, Any], list[di
     return run, nodes
 
 
+def _tag_rows(store: EventStore, run_id: uuid.UUID) -> list[tuple[Any, ...]]:
+    with store.pool.connection() as conn:
+        return conn.execute(
+            "SELECT tenant, key, value, created_at FROM ledgerflow.workflow_run_tags WHERE run_id = %s"
+            " ORDER BY key",
+            (run_id,),
+        ).fetchall()
+
+
 def _assert_run_row(row: dict[str, Any], run: RunState) -> None:
     expected = {
         "tenant": run.tenant,
@@ -109,6 +121,8 @@ def _assert_run_row(row: dict[str, Any], run: RunState) -> None:
         "created_at": run.started_at,
         "updated_at": run.updated_at,
         "finished_at": run.finished_at,
+        "workflow_version": run.workflow_version,
+        "tags": run.tags,
     }
     actual = {**{k: row[k] for k in expected}, "input": as_json_numbers(row["input"])}
     assert actual == expected

@@ -1,9 +1,11 @@
 // #/runs/<id>: one run's DAG (dag.js), polled every second while the run is active (and only then); a click
 // on a node opens its output and error (node.js); Cancel, Retry and Refresh as the run's status allows, each
-// confirmed first (confirm.js); what waiting nodes wait for, with Approve and Reject for a signal (waiting.js).
+// confirmed first (confirm.js); what waiting nodes wait for, with Approve and Reject for a signal (waiting.js);
+// the run's history: a timeline of its events and a Gantt of its node attempts (history.js).
 import { get, h, poll, post, showError, showNotice, TERMINAL, when } from "./api.js";
 import { confirmAction } from "./confirm.js";
 import { dag } from "./dag.js";
+import { historyPanel } from "./history.js";
 import { nodePanel } from "./node.js";
 import { waitingPanel } from "./waiting.js";
 
@@ -25,9 +27,10 @@ export function render(root, runId) {
   const panel = nodePanel(runId);
   panel.onClose = () => run && draw();
   const waiting = waitingPanel(runId, () => follow());
+  const history = historyPanel(runId);
   root.append(h("h2", {}, h("a", { href: "#/runs" }, "Runs"), " / ", h("span", { class: "mono" }, runId)),
     meta, unknown, svgBox, h("p", { class: "muted hint" }, "Click a node to see its output and error."),
-    waiting.el, panel.el, h("div", { class: "row" }, status, buttons.cancel, buttons.retry), refreshBox, error);
+    waiting.el, panel.el, h("div", { class: "row" }, status, buttons.cancel, buttons.retry), refreshBox, error, history.el);
 
   let run = null;
   let stop = null;
@@ -44,6 +47,8 @@ export function render(root, runId) {
     if (stopped) return false;
     draw();
     panel.update(run);
+    // The history reads only the events after those it shows; its errors show in the banner on their own.
+    history.update(!TERMINAL.has(run.status)).catch(() => {});
     return !TERMINAL.has(run.status);
   }
 
