@@ -137,7 +137,8 @@ def test_an_idempotent_retry_with_its_event_ids_is_answered_not_refused(store: E
     events = [ev(uuid.uuid4()), ev(uuid.uuid4())]
     first = store.append("s", events, idempotency_key="k")
     again = store.append("s", events, idempotency_key="k")
-    assert again.duplicate and not first.duplicate
+    assert again.duplicate
+    assert not first.duplicate
     assert [e.position for e in again.events] == [e.position for e in first.events]
     # The same ids without the key are a new append, and refused.
     with pytest.raises(DuplicateEventIdError):
