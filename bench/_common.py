@@ -120,7 +120,7 @@ def create_twin_table(url: str, source: str, schema: str, table: str = "events")
     (primary key and unique constraints included), statistics, storage and compression, but not
     triggers. A partitioned source (ledgerflow.events, partitioned by position) gets a partitioned twin
     with a twin of each of its partitions (same bounds, same per-partition indexes), and its INSERT
-    trigger (the one that keeps event ids unique per tenant) on the twin too: the same work per row.
+    trigger (the one that keeps event ids unique per tenant) on the twin too: the same work.
     `table_shape` checks that both have as many INSERT triggers.
     """
     target = f"{schema}.{table}"
@@ -157,17 +157,73 @@ def create_twin_table(url: str, source: str, schema: str, table: str = "events")
                         sql.SQL(bound),  # type: ignore[arg-type]  # from the catalogue
                     )
                 )
+            # Its INSERT triggers (the event-id claim: a statement trigger since migrations/0040), as the
+            # catalogue defines them, on the twin: the same work per statement and per row.
             triggers = conn.execute(
-                "SELECT tgname, tgfoid::regproc::text FROM pg_trigger"
+                "SELECT pg_get_triggerdef(oid) FROM pg_trigger"
                 " WHERE tgrelid = %s::regclass AND NOT tgisinternal AND (tgtype::int & 4) <> 0",
                 (source,),
             ).fetchall()
-            for name, function in triggers:
-                create = sql.SQL("CREATE TRIGGER {} BEFORE INSERT ON {} FOR EACH ROW EXECUTE FUNCTION {}()")
-                conn.execute(create.format(sql.Identifier(name), twin, sql.Identifier(*function.split("."))))
+            on_source = " ON " + source + " "
+            for (definition,) in triggers:
+                if on_source not in definition:
+                    raise SystemExit(f"cannot copy the trigger {definition!r} to {target}")
+                conn.execute(definition.replace(on_source, f" ON {target} ", 1))  # from the catalogue
         want, got = table_shape(conn, source), table_shape(conn, target)
     return [
         f"{what}: {source} has {want[what]}, {target} has {got[what]}"
+        for what in want
+        if want[what] != got[what]
+    ]
+
+
+def create_plain_table(url: str, source: str, ids: str, schema: str, table: str = "events") -> list[str]:
+    """Create `schema.table`: what a user would write instead of a partitioned `source`. The same columns,
+    defaults, identity, generated column and checks, and the same indexes, each on the one table: the
+    parent's, a partition's (the unique stream version), and the unique (tenant, event_id) that the
+    partitioned log keeps in the separate table `ids`. No partitions, no triggers. Return the differences
+    from that description found afterwards (empty when the table is what it says)."""
+    target = f"{schema}.{table}"
+    plain = sql.Identifier(schema, table)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(
+                plain, sql.Identifier(*source.split("."))
+            )
+        )
+        row = conn.execute(
+            "SELECT i.inhrelid::regclass::text FROM pg_inherits i WHERE i.inhparent = %s::regclass"
+            " ORDER BY 1 LIMIT 1",
+            (source,),
+        ).fetchone()
+        if row is None:
+            raise SystemExit(f"{source} has no partition to copy the indexes of")
+        (partition,) = row
+        want = table_shape(conn, source)
+        # Every unique index of a partition and of the id table that the parent does not already have.
+        extra = [
+            index
+            for relation in (partition, ids)
+            for index in conn.execute(_INDEXES, {"t": relation}).fetchall()
+            if index not in want["indexes"]
+        ]
+        for _, unique, using in extra:
+            columns = using[using.index("(") :]
+            conn.execute(
+                sql.SQL("CREATE {}INDEX ON {} {}").format(
+                    sql.SQL("UNIQUE " if unique else ""),
+                    plain,
+                    sql.SQL(columns),  # type: ignore[arg-type]  # from the catalogue
+                )
+            )
+        want["indexes"] = sorted(
+            [*want["indexes"], *((False, u, x) for _, u, x in extra)], key=lambda i: i[2]
+        )
+        want["insert triggers"] = [(0,)]
+        got = table_shape(conn, target)
+    return [
+        f"{what}: {target} should have {want[what]}, has {got[what]}"
         for what in want
         if want[what] != got[what]
     ]

@@ -1,26 +1,33 @@
-"""Append throughput of ledgerflow against raw psycopg on an identical table, and against eventsourcing.
+"""Append throughput of ledgerflow against a plain table written by raw psycopg, and against eventsourcing.
 
 Run by hand (it is not a test):
 
-    python bench/append.py [--runs 5] [--url postgresql://postgres@127.0.0.1:5432/postgres]
+    python bench/append.py [--runs 5] [--workloads abced] [--url postgresql://postgres@127.0.0.1:5432/postgres]
 
-Four workloads, each measured for every system in every run:
+Five workloads, each measured for every system in every run, the systems in rotating order:
 
   (a) one event per append, one connection, sequential appends;
   (b) 8 connections (threads) appending concurrently, each to its own streams, one event per append;
-  (c) 100 events per append;
+  (c) 100 events per append, one connection;
+  (e) 100 events per append, 8 connections;
   (d) a bulk import of 100k events (ledgerflow: EventStore.import_events; raw: COPY).
 
-The baseline is "raw psycopg": the same rows written with the cheapest plain SQL into
-`bench_raw.events`, a twin of `ledgerflow.events` (same columns, defaults, identity, generated column,
-constraints and indexes), with stream versions computed by the client, through psycopg's ordinary
-`execute` on connections held for the whole run. What ledgerflow adds on top (the per-stream version row,
-the plpgsql function for batches, validation, the subscriber wake-up) is what the ratio ledgerflow/raw
-measures. Its appending threads hold pool connections too (eventstore/pinning.py) and send one-event
-appends through libpq directly (eventstore/direct.py): the bench measures the store as a user gets it,
-while raw stays the plain psycopg a user would write. Absolute numbers on a shared machine drift; the
-ratios are taken per run (both sides measured minutes apart at most, in rotating order) and the median
-over runs is reported.
+The headline baseline is `plain`: what a user would write instead of ledgerflow. One ordinary table,
+`bench_plain.events`, with the log's columns, defaults, identity, generated column and checks and every
+index the log keeps (position, resume order, the unique stream version, the unique (tenant, event_id) that
+the partitioned log holds in ledgerflow.event_ids), no partitions and no triggers, written through
+psycopg's ordinary `execute` on connections held for the whole run, stream versions computed by the
+client. `plain-executemany` writes batches to another such table with `executemany` in a transaction, the
+obvious way (the batch target is set against it); `plain` writes them with one INSERT ... SELECT FROM
+unnest, the fastest plain SQL measured here.
+
+The second line is `twin`: the same raw psycopg into a twin of the partitioned log (`bench_twin.events`:
+same partitions, indexes and event-id trigger). ledgerflow/twin isolates what ledgerflow's client and
+statements add; twin/plain is what the partitioned log itself costs. ledgerflow's appending threads hold
+pool connections (eventstore/pinning.py) and send one-event appends through libpq directly
+(eventstore/direct.py): the bench measures the store as a user gets it. Absolute numbers on a shared machine
+drift; the ratios are taken per run and the median over runs is reported. Results are printed and written
+to bench/results/append-<UTC time>.json with the commit and the load average.
 """
 
 from __future__ import annotations
@@ -28,8 +35,11 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import json
 import os
+import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -52,6 +62,7 @@ if __package__ in (None, ""):
 from bench._common import (
     Payload,
     ServerCpu,
+    create_plain_table,
     create_twin_table,
     default_admin_url,
     dump_json,
@@ -66,7 +77,13 @@ from bench._common import (
 )
 
 TENANT = "default"
-RAW_SCHEMA = "bench_raw"
+RESULTS = Path(__file__).resolve().parent / "results"
+#: The headline baseline: a plain table, what a user would write instead (bench._common.create_plain_table).
+PLAIN_SCHEMA = "bench_plain"
+#: The same plain table again, for the batches written with executemany.
+EXECUTEMANY_SCHEMA = "bench_plain_em"
+#: The second line: the partitioned log's twin with its event-id trigger (bench._common.create_twin_table).
+TWIN_SCHEMA = "bench_twin"
 ES_SCHEMA = "bench_es"
 # Events per insert_events call in eventsourcing's bulk import (see EventsourcingSystem.bulk).
 ES_BULK_CHUNK = 10_000
@@ -76,25 +93,36 @@ ES_BULK_CHUNK = 10_000
 _RAW_COLUMNS = (
     "tenant, stream_id, stream_version, event_id, event_type, data, metadata, correlation_id, causation_id"
 )
-# (a), (b): one plain INSERT per event on an autocommit connection: one round trip, one commit.
-RAW_INSERT_ONE = (
-    f"INSERT INTO {RAW_SCHEMA}.events ({_RAW_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-)
-# (c): one INSERT ... SELECT FROM unnest(arrays) per append: one statement, one round trip, one
-# transaction. The arrays go in binary (%b): psycopg then sends them without quoting every element, which
-# JSON text (full of '"') otherwise needs, one regex substitution per element in Python. Of the plain-SQL
-# ways to write 100 rows this was the fastest when measured here (events/s, medians of 9 x 4000 events:
-# unnest of binary arrays 10.7k, executemany in a transaction 7.6k, multi-row VALUES 7.1k, unnest of
-# text arrays 5.8k; VALUES also loses psycopg's query cache, which stops at 50 parameters). The
-# baseline must be the fastest plain SQL, or the ratio flatters ledgerflow.
-RAW_INSERT_MANY = f"""
-INSERT INTO {RAW_SCHEMA}.events ({_RAW_COLUMNS})
+
+
+@dataclass(frozen=True)
+class RawQueries:
+    """The plain SQL a user would write, aimed at one table."""
+
+    #: (a), (b), and each row of an executemany batch: one plain INSERT per event.
+    one: str
+    #: (c), (e): one INSERT ... SELECT FROM unnest(arrays) per append: one statement, one round trip,
+    #: one transaction. The arrays go in binary (%b): psycopg then sends them without quoting every
+    #: element, which JSON text (full of '"') otherwise needs, one regex substitution per element in
+    #: Python. Of the plain-SQL ways to write 100 rows this was the fastest when measured here (events/s,
+    #: medians of 9 x 4000 events: unnest of binary arrays 10.7k, executemany in a transaction 7.6k,
+    #: multi-row VALUES 7.1k, unnest of text arrays 5.8k); executemany, the obvious way, is measured too.
+    many: str
+    #: (d): COPY, the fastest way into PostgreSQL, with the same columns ledgerflow's import copies.
+    copy: str
+
+    @classmethod
+    def on(cls, schema: str) -> RawQueries:
+        return cls(
+            one=f"INSERT INTO {schema}.events ({_RAW_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            many=f"""
+INSERT INTO {schema}.events ({_RAW_COLUMNS})
 SELECT %(tenant)s, %(stream_id)s, u.v, u.e, u.t, u.d::jsonb, u.m::jsonb, NULL, NULL
   FROM unnest(%(versions)b::bigint[], %(event_ids)b::uuid[], %(types)b::text[], %(data)b::text[],
               %(metadata)b::text[]) AS u(v, e, t, d, m)
-"""
-# (d): COPY, the fastest way into PostgreSQL, with the same columns ledgerflow's import copies.
-RAW_COPY = f"COPY {RAW_SCHEMA}.events ({_RAW_COLUMNS}) FROM STDIN"
+""",
+            copy=f"COPY {schema}.events ({_RAW_COLUMNS}) FROM STDIN",
+        )
 
 
 class Session(Protocol):
@@ -105,6 +133,8 @@ class Session(Protocol):
 
 class System(Protocol):
     name: str
+    #: The workloads (keys) this system takes part in; empty: all of them.
+    keys: str
 
     def sessions(self, count: int) -> list[Session]:
         """`count` sessions for `count` threads. With count 1, the system uses exactly one connection: (a),
@@ -117,8 +147,10 @@ class System(Protocol):
 
 
 class RawSession:
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], queries: RawQueries, executemany: bool) -> None:
         self.conn = conn
+        self.queries = queries
+        self.executemany = executemany
         # The client knows its streams' versions (each stream is written by one session only), which is
         # the cheapest possible way to number events: no read, no lock, the unique index still guards.
         self.versions: dict[str, int] = {}
@@ -126,25 +158,30 @@ class RawSession:
     def append(self, stream_id: str, payloads: Sequence[Payload]) -> None:
         base = self.versions.get(stream_id, 0)
         self.versions[stream_id] = base + len(payloads)
-        if len(payloads) == 1:
-            p = payloads[0]
-            self.conn.execute(
-                RAW_INSERT_ONE,
+        if len(payloads) == 1 or self.executemany:
+            rows = [
                 (
                     TENANT,
                     stream_id,
-                    base + 1,
+                    base + 1 + i,
                     uuid.uuid4(),
                     p.type,
                     dump_json(p.data),
                     dump_json(p.metadata),
                     None,
                     None,
-                ),
-            )
+                )
+                for i, p in enumerate(payloads)
+            ]
+            if len(rows) == 1:
+                self.conn.execute(self.queries.one, rows[0])
+            else:
+                # executemany in a transaction: psycopg pipelines the INSERTs, one commit for the batch.
+                with self.conn.transaction():
+                    self.conn.cursor().executemany(self.queries.one, rows)
             return
         self.conn.execute(
-            RAW_INSERT_MANY,
+            self.queries.many,
             {
                 "tenant": TENANT,
                 "stream_id": stream_id,
@@ -158,22 +195,28 @@ class RawSession:
 
 
 class RawSystem:
-    name = "raw"
+    """Plain psycopg on long-lived autocommit connections, as a user would write it, into one table."""
 
-    def __init__(self, url: str, connections: int) -> None:
-        # Long-lived autocommit connections, opened (and warmed) outside the timed sections, as the pools of
-        # the other systems are.
+    def __init__(
+        self, name: str, schema: str, url: str, connections: int, *, executemany: bool = False, keys: str = ""
+    ) -> None:
+        self.name = name
+        self.keys = keys
+        self.queries = RawQueries.on(schema)
+        self.executemany = executemany
+        # Opened (and warmed) outside the timed sections, as the pools of the other systems are.
         self.conns = [
-            psycopg.connect(url, autocommit=True, application_name="bench-raw") for _ in range(connections)
+            psycopg.connect(url, autocommit=True, application_name=f"bench-{name}")
+            for _ in range(connections)
         ]
 
     def sessions(self, count: int) -> list[Session]:
-        return [RawSession(conn) for conn in self.conns[:count]]
+        return [RawSession(conn, self.queries, self.executemany) for conn in self.conns[:count]]
 
     def bulk(self, rows: Sequence[tuple[str, Payload]]) -> None:
         versions: dict[str, int] = {}
         conn = self.conns[0]
-        with conn.transaction(), conn.cursor().copy(RAW_COPY) as copy:
+        with conn.transaction(), conn.cursor().copy(self.queries.copy) as copy:
             for stream_id, p in rows:
                 version = versions.get(stream_id, 0) + 1
                 versions[stream_id] = version
@@ -210,6 +253,7 @@ class LedgerflowSession:
 
 class LedgerflowSystem:
     name = "ledgerflow"
+    keys = ""
 
     def __init__(self, url: str, connections: int) -> None:
         # Two stores. `single` has the default pool (one connection opened, more only when a caller has to
@@ -298,6 +342,7 @@ class EventsourcingSystem:
     ledgerflow) keeps a global, gap-free notification log beside the per-aggregate sequences."""
 
     name = "eventsourcing"
+    keys = ""
 
     def __init__(self, url: str, connections: int) -> None:
         from eventsourcing.persistence import StoredEvent
@@ -371,6 +416,7 @@ class Settings:
     batch_size: int
     import_events: int
     streams: int
+    batches_per_thread: int
 
     @property
     def payloads_needed(self) -> int:
@@ -378,6 +424,7 @@ class Settings:
             self.appends,
             self.threads * self.appends_per_thread,
             self.batches * self.batch_size,
+            self.threads * self.batches_per_thread * self.batch_size,
             self.import_events,
         )
 
@@ -392,18 +439,30 @@ def sequential(system: System, prefix: str, payloads: Sequence[Payload], s: Sett
 
 
 def concurrent(system: System, prefix: str, payloads: Sequence[Payload], s: Settings) -> tuple[int, float]:
+    return _in_threads(system, prefix, payloads, s, s.appends_per_thread, 1)
+
+
+def concurrent_batches(
+    system: System, prefix: str, payloads: Sequence[Payload], s: Settings
+) -> tuple[int, float]:
+    return _in_threads(system, prefix, payloads, s, s.batches_per_thread, s.batch_size)
+
+
+def _in_threads(
+    system: System, prefix: str, payloads: Sequence[Payload], s: Settings, appends: int, size: int
+) -> tuple[int, float]:
     sessions = system.sessions(s.threads)
     # Threads start together on a barrier; the clock runs from the release to the last one finishing.
     barrier = threading.Barrier(s.threads + 1)
     errors: list[BaseException] = []
 
     def work(k: int) -> None:
-        mine = payloads[k * s.appends_per_thread : (k + 1) * s.appends_per_thread]
+        mine = payloads[k * appends * size : (k + 1) * appends * size]
         barrier.wait()
         try:
-            for i in range(len(mine)):
+            for i in range(appends):
                 # Each thread has its own streams: this measures writers that do not conflict.
-                sessions[k].append(f"{prefix}-t{k}-{i % s.streams}", mine[i : i + 1])
+                sessions[k].append(f"{prefix}-t{k}-{i % s.streams}", mine[i * size : (i + 1) * size])
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
@@ -417,7 +476,7 @@ def concurrent(system: System, prefix: str, payloads: Sequence[Payload], s: Sett
     elapsed = time.perf_counter() - start
     if errors:
         raise errors[0]
-    return s.threads * s.appends_per_thread, elapsed
+    return s.threads * appends * size, elapsed
 
 
 def batched(system: System, prefix: str, payloads: Sequence[Payload], s: Settings) -> tuple[int, float]:
@@ -442,7 +501,8 @@ class Workload:
     key: str
     #: A str.format template over Settings' fields, so the printed label says what was measured.
     template: str
-    #: The issue's target for ledgerflow/raw.
+    #: The issue's target for ledgerflow, as a ratio to this baseline's events/s.
+    baseline: str
     target: float
     measure: Callable[[System, str, Sequence[Payload], Settings], tuple[int, float]]
 
@@ -450,11 +510,24 @@ class Workload:
         return f"({self.key}) " + self.template.format(**vars(s))
 
 
+PLAIN, TWIN, EXECUTEMANY = "plain", "twin", "plain-executemany"
 WORKLOADS = (
-    Workload("a", "1 event/append, 1 conn", 0.85, sequential),
-    Workload("b", "1 event/append, {threads} conns", 0.80, concurrent),
-    Workload("c", "{batch_size} events/append", 0.70, batched),
-    Workload("d", "bulk import {import_events:,}", 0.60, bulk),
+    Workload("a", "1 event/append, 1 conn", PLAIN, 0.85, sequential),
+    Workload("b", "1 event/append, {threads} conns", PLAIN, 0.80, concurrent),
+    Workload("c", "{batch_size} events/append, 1 conn", EXECUTEMANY, 0.75, batched),
+    Workload("e", "{batch_size} events/append, {threads} conns", EXECUTEMANY, 0.75, concurrent_batches),
+    Workload("d", "bulk import {import_events:,}", PLAIN, 0.60, bulk),
+)
+#: The ratios reported, numerator over denominator, each taken per run (both measured minutes apart at
+#: most, in rotating order) and summarised by the median over runs. The first is the headline: ledgerflow
+#: against the plain table a user would write instead. ledgerflow/twin isolates what the client adds
+#: (both write the same partitioned log with its trigger); twin/plain is what the partitioned log costs.
+RATIOS = (
+    ("ledgerflow", PLAIN),
+    ("ledgerflow", EXECUTEMANY),
+    ("ledgerflow", TWIN),
+    (TWIN, PLAIN),
+    ("eventsourcing", PLAIN),
 )
 
 
@@ -469,11 +542,17 @@ def warm_up(system: System, payloads: Sequence[Payload], s: Settings) -> None:
         batch_size=min(100, s.batch_size),
         import_events=500,
         streams=5,
+        batches_per_thread=2,
     )
-    concurrent(system, "warm-b", payloads, small)
-    sequential(system, "warm-a", payloads, small)
-    batched(system, "warm-c", payloads, small)
-    bulk(system, "warm-d", payloads, small)
+    for key, run in (
+        ("b", concurrent),
+        ("a", sequential),
+        ("c", batched),
+        ("e", concurrent_batches),
+        ("d", bulk),
+    ):
+        if not system.keys or key in system.keys:
+            run(system, f"warm-{key}", payloads, small)
 
 
 # -- running and reporting ----------------------------------------------------------------------------
@@ -483,18 +562,22 @@ def warm_up(system: System, payloads: Sequence[Payload], s: Settings) -> None:
 class Results:
     #: workload key -> system name -> events/s, one per run
     rates: dict[str, dict[str, list[float]]] = field(default_factory=dict)
-    #: workload key -> system name -> system/raw ratio, one per run in which both succeeded
+    #: workload key -> "a/b" -> a's events/s over b's, one per run in which both succeeded
     ratios: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     #: workload key -> system name -> what went wrong (first failure)
     failures: dict[str, dict[str, str]] = field(default_factory=dict)
     #: workload key -> system name -> (client, server) CPU microseconds per event, one per run
     cpu: dict[str, dict[str, list[tuple[float, float | None]]]] = field(default_factory=dict)
-    #: workload key -> system name -> raw's CPU per event over the system's, one per run
-    cpu_ratios: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
 
 def open_systems(url: str, threads: int, with_es: bool) -> list[System]:
-    systems: list[System] = [RawSystem(url, threads), LedgerflowSystem(url, threads)]
+    systems: list[System] = [
+        RawSystem(PLAIN, PLAIN_SCHEMA, url, threads),
+        RawSystem(TWIN, TWIN_SCHEMA, url, threads),
+        # The obvious way to write a batch, for the issue's batch target; only in the batch workloads.
+        RawSystem(EXECUTEMANY, EXECUTEMANY_SCHEMA, url, threads, executemany=True, keys="ce"),
+        LedgerflowSystem(url, threads),
+    ]
     if with_es:
         systems.append(EventsourcingSystem(url, threads))
     return systems
@@ -506,12 +589,14 @@ def one_run(
     payloads = make_payloads(s.payloads_needed, seed=run)
     with fresh_database(admin_url, prefix="bench_append") as url:
         migrate(url)
-        differences = create_twin_table(url, "ledgerflow.events", RAW_SCHEMA)
+        differences = create_plain_table(url, "ledgerflow.events", "ledgerflow.event_ids", PLAIN_SCHEMA)
+        differences += create_plain_table(
+            url, "ledgerflow.events", "ledgerflow.event_ids", EXECUTEMANY_SCHEMA
+        )
+        differences += create_twin_table(url, "ledgerflow.events", TWIN_SCHEMA)
         if differences:
             # A baseline on a cheaper table would make every ratio meaningless: stop rather than mislead.
-            raise SystemExit(
-                "bench_raw.events is not an exact twin of ledgerflow.events:\n" + "\n".join(differences)
-            )
+            raise SystemExit("a baseline table is not what it should be:\n" + "\n".join(differences))
         systems = open_systems(url, s.threads, with_es)
         server_cpu = ServerCpu(url)
         try:
@@ -520,10 +605,10 @@ def one_run(
             for w_index, w in enumerate(workloads):
                 # Rotate who goes first, per run and per workload, so that drift (autovacuum, checkpoints,
                 # other tenants of the machine) does not always fall on the same system.
-                shift = (run + w_index) % len(systems)
+                taking_part = [x for x in systems if not x.keys or w.key in x.keys]
+                shift = (run + w_index) % len(taking_part)
                 run_rates: dict[str, float] = {}
-                run_cpu: dict[str, float] = {}
-                for system in systems[shift:] + systems[:shift]:
+                for system in taking_part[shift:] + taking_part[:shift]:
                     # CPU of this whole process (the system's own threads included: pool, notifier) and
                     # of every backend of the run's database; the systems not being measured sit idle.
                     client_before, server_before = time.process_time(), server_cpu.seconds()
@@ -544,15 +629,12 @@ def one_run(
                     results.cpu.setdefault(w.key, {}).setdefault(system.name, []).append(
                         (client_us, server_us)
                     )
-                    run_cpu[system.name] = client_us + (server_us or 0.0)
                     run_rates[system.name] = events / seconds
                     results.rates.setdefault(w.key, {}).setdefault(system.name, []).append(events / seconds)
-                raw = run_rates.get("raw")
-                for name, rate in run_rates.items():
-                    if raw and name != "raw":
-                        results.ratios.setdefault(w.key, {}).setdefault(name, []).append(rate / raw)
-                        results.cpu_ratios.setdefault(w.key, {}).setdefault(name, []).append(
-                            run_cpu["raw"] / run_cpu[name]
+                for top, bottom in RATIOS:
+                    if top in run_rates and bottom in run_rates:
+                        results.ratios.setdefault(w.key, {}).setdefault(f"{top}/{bottom}", []).append(
+                            run_rates[top] / run_rates[bottom]
                         )
         finally:
             server_cpu.close()
@@ -561,36 +643,33 @@ def one_run(
 
 
 def report(results: Results, names: Sequence[str], s: Settings, workloads: Sequence[Workload]) -> None:
-    others = [n for n in names if n != "raw"]
-    headers = ["workload", *(f"{n} ev/s" for n in names)]
-    for n in others:
-        headers.append(f"{n}/raw")
-        if n == "ledgerflow":
-            headers += ["target", "verdict"]
+    headers = ["workload", *(f"{n} ev/s" for n in names), "ledgerflow/plain", "target", "verdict"]
     rows: list[list[str]] = []
     for w in workloads:
         rates = results.rates.get(w.key, {})
-        ratios = results.ratios.get(w.key, {})
         failures = results.failures.get(w.key, {})
         row = [w.title(s)]
         for n in names:
             row.append(fmt_rate(median(rates[n])) if n in rates else "FAILED" if n in failures else "-")
-        for n in others:
-            row.append(fmt_ratio(ratios.get(n, [])))
-            if n == "ledgerflow":
-                got = ratios.get(n)
-                row.append(f">= {w.target:.2f}")
-                row.append("-" if not got else "PASS" if median(got) >= w.target else "MISS")
+        row.append(fmt_ratio(results.ratios.get(w.key, {}).get(f"ledgerflow/{PLAIN}", [])))
+        got = results.ratios.get(w.key, {}).get(f"ledgerflow/{w.baseline}")
+        row.append(f">= {w.target:.2f} of {w.baseline}")
+        row.append("-" if not got else "PASS" if median(got) >= w.target else "MISS")
         rows.append(row)
     print_table(headers, rows)
-    print("\nev/s: median events per second over runs. x/raw: median of per-run ratios (min-max over runs).")
+    print("\nev/s: median events per second over runs. Ratios: median of per-run ratios (min-max over runs).")
 
-    print("\nPer-run ratios to raw:")
+    print("\nRatios, median (min-max) over runs:")
+    ratio_rows = []
     for w in workloads:
-        for n in others:
-            got = results.ratios.get(w.key, {}).get(n, [])
-            if got:
-                print(f"  {w.title(s):32} {n:14} " + " ".join(f"{r:.2f}" for r in got))
+        per = results.ratios.get(w.key, {})
+        ratio_rows.append([w.title(s), *(fmt_ratio(per.get(f"{t}/{b}", [])) for t, b in RATIOS)])
+    print_table(["workload", *(f"{t}/{b}" for t, b in RATIOS)], ratio_rows)
+
+    print("\nPer-run ratios:")
+    for w in workloads:
+        for key, got in results.ratios.get(w.key, {}).items():
+            print(f"  {w.title(s):36} {key:30} " + " ".join(f"{r:.2f}" for r in got))
 
     report_cpu(results, names, s, workloads)
 
@@ -618,7 +697,6 @@ def report_cpu(results: Results, names: Sequence[str], s: Settings, workloads: S
         "\nCPU per event, microseconds (median over runs): client process + PostgreSQL backends"
         + ("" if have_server else " (server CPU unavailable: PostgreSQL is not local)")
     )
-    headers = ["workload", *names, *(f"raw/{n} CPU" for n in names if n != "raw")]
     rows: list[list[str]] = []
     for w in workloads:
         per = results.cpu.get(w.key, {})
@@ -631,14 +709,45 @@ def report_cpu(results: Results, names: Sequence[str], s: Settings, workloads: S
             client = median([c for c, _ in runs])
             server = median([sv for _, sv in runs if sv is not None]) if have_server else None
             row.append(f"{client:.0f}" + ("" if server is None else f" + {server:.0f}"))
-        for n in names:
-            if n == "raw":
-                continue
-            # Per run, like the wall-clock ratios: raw's CPU per event over the system's.
-            ratios = results.cpu_ratios.get(w.key, {}).get(n)
-            row.append(f"{median(ratios):.2f}" if ratios else "-")
         rows.append(row)
-    print_table(headers, rows)
+    print_table(["workload", *names], rows)
+
+
+def summary(results: Results, s: Settings, workloads: Sequence[Workload]) -> dict[str, Any]:
+    """Everything measured, per workload: per-run values and their medians."""
+    out: dict[str, Any] = {}
+    for w in workloads:
+        cpu = results.cpu.get(w.key, {})
+        out[w.key] = {
+            "title": w.title(s),
+            "target": {"ratio": f"ledgerflow/{w.baseline}", "at_least": w.target},
+            "events_per_second": {
+                n: {"runs": r, "median": median(r)} for n, r in results.rates.get(w.key, {}).items()
+            },
+            "ratios": {k: {"runs": r, "median": median(r)} for k, r in results.ratios.get(w.key, {}).items()},
+            "cpu_us_per_event": {
+                n: {
+                    "client": median([c for c, _ in runs]),
+                    "server": median([sv for _, sv in runs if sv is not None])
+                    if all(sv is not None for _, sv in runs)
+                    else None,
+                }
+                for n, runs in cpu.items()
+            },
+            "failures": results.failures.get(w.key, {}),
+        }
+    return out
+
+
+def git_commit() -> tuple[str, bool]:
+    root = Path(__file__).resolve().parent.parent
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=False
+    )
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=False
+    )
+    return commit.stdout.strip(), bool(status.stdout.strip())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -651,15 +760,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "$LEDGERFLOW_BENCH_URL or the local server)",
     )
     parser.add_argument("--appends", type=int, default=2000, help="(a) sequential single-event appends")
-    parser.add_argument("--threads", type=int, default=8, help="(b) concurrent connections")
+    parser.add_argument("--threads", type=int, default=8, help="(b), (e) concurrent connections")
     parser.add_argument("--appends-per-thread", type=int, default=400, help="(b) appends per connection")
     parser.add_argument("--batches", type=int, default=100, help="(c) appends of --batch-size events")
-    parser.add_argument("--batch-size", type=int, default=100, help="(c) events per append")
+    parser.add_argument("--batches-per-thread", type=int, default=20, help="(e) batches per connection")
+    parser.add_argument("--batch-size", type=int, default=100, help="(c), (e) events per append")
     parser.add_argument("--import-events", type=int, default=100_000, help="(d) events imported")
     parser.add_argument("--streams", type=int, default=50, help="streams per writer, appended round-robin")
     parser.add_argument("--no-eventsourcing", action="store_true", help="skip the eventsourcing peer")
     parser.add_argument(
-        "--workloads", default="abcd", help="which workloads to measure, by key (default abcd: all)"
+        "--workloads", default="abced", help="which workloads to measure, by key (default abced: all)"
     )
     args = parser.parse_args(argv)
     workloads = [w for w in WORKLOADS if w.key in args.workloads]
@@ -673,41 +783,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch_size=args.batch_size,
         import_events=args.import_events,
         streams=args.streams,
+        batches_per_thread=args.batches_per_thread,
     )
     quiet_logs()
     # A `kill` (SIGTERM) unwinds like Ctrl-C, so the per-run database is still dropped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     es_problem = "skipped (--no-eventsourcing)" if args.no_eventsourcing else eventsourcing_status()
-    names = ["raw", "ledgerflow"] + ([] if es_problem else ["eventsourcing"])
+    names = [PLAIN, TWIN, EXECUTEMANY, "ledgerflow"] + ([] if es_problem else ["eventsourcing"])
     with psycopg.connect(args.url) as conn:
         row = conn.execute(
             "SELECT current_setting('server_version'), current_setting('synchronous_commit'), "
             "current_setting('fsync')"
         ).fetchone()
+    server = {
+        "postgresql": row[0] if row else "?",
+        "synchronous_commit": row[1] if row else "?",
+        "fsync": row[2] if row else "?",
+    }
     print(
-        f"PostgreSQL {row[0] if row else '?'} (synchronous_commit={row[1] if row else '?'}, "
-        f"fsync={row[2] if row else '?'}), {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+        f"PostgreSQL {server['postgresql']} (synchronous_commit={server['synchronous_commit']}, "
+        f"fsync={server['fsync']}), {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
         f"psycopg {psycopg.__version__}"
     )
+    es_version = None if es_problem else importlib.metadata.version("eventsourcing")
     if es_problem:
         print(f"eventsourcing: {es_problem}")
     else:
         print(
-            f"eventsourcing {importlib.metadata.version('eventsourcing')}: PostgresApplicationRecorder, "
+            f"eventsourcing {es_version}: PostgresApplicationRecorder, "
             f"schema {ES_SCHEMA}, text originator ids; its table is narrower than ledgerflow's (4 columns "
             "+ notification_id, 2 indexes, no jsonb; metadata travels inside its state bytes); "
             f"(d) is {ES_BULK_CHUNK:,}-event insert_events calls (one call with 100k hangs, see bulk())"
         )
     print(
-        f"{args.runs} runs, each on a fresh database; bench_raw.events checked to be an exact twin of "
-        "ledgerflow.events (columns, defaults, identity, constraints, indexes, no INSERT triggers)"
+        f"{args.runs} runs, each on a fresh database. plain: {PLAIN_SCHEMA}.events, one table with the log's "
+        "columns and every index (its own and the id table's), no partitions, no triggers; twin: "
+        f"{TWIN_SCHEMA}.events, the partitioned log's twin with its event-id trigger"
     )
-    print(f"load average at start: {load_average()}")
+    load_start = load_average()
+    print(f"load average at start: {load_start}")
     print(
         f"(a) {s.appends} appends | (b) {s.threads} x {s.appends_per_thread} appends | "
-        f"(c) {s.batches} x {s.batch_size} events | (d) {s.import_events} events; "
-        "payload ~150 B data + ~50 B metadata\n"
+        f"(c) {s.batches} x {s.batch_size} events | (e) {s.threads} x {s.batches_per_thread} x "
+        f"{s.batch_size} events | (d) {s.import_events} events; payload ~150 B data + ~50 B metadata\n"
     )
 
     results = Results()
@@ -716,9 +835,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         one_run(args.url, run, s, not es_problem, results, workloads)
         print(f"run {run + 1}/{args.runs} done in {time.perf_counter() - t0:.1f}s", flush=True)
-    print(f"\nTotal {time.perf_counter() - started:.0f}s; load average at end: {load_average()}")
+    load_end = load_average()
+    print(f"\nTotal {time.perf_counter() - started:.0f}s; load average at end: {load_end}")
     print("(a load above the CPU count means other work competed: expect wider per-run ranges)\n")
     report(results, names, s, workloads)
+
+    commit, dirty = git_commit()
+    saved = {
+        "benchmark": "append",
+        "commit": commit,
+        "dirty": dirty,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "psycopg": psycopg.__version__}
+        | server,
+        "eventsourcing": es_version or es_problem,
+        "load_average": {"start": load_start, "end": load_end},
+        "settings": vars(args) | {"url": re.sub(r"//[^@]*@", "//", args.url)},
+        "workloads": summary(results, s, workloads),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"append-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    out.write_text(json.dumps(saved, indent=2) + "\n")
+    print(f"\nwritten {out}")
     return 0
 
 
