@@ -127,16 +127,18 @@ END
 $$;
 
 --
--- Name: claim_event_id(); Type: FUNCTION; Schema: ledgerflow; Owner: -
+-- Name: claim_event_ids(); Type: FUNCTION; Schema: ledgerflow; Owner: -
 --
 
-CREATE FUNCTION ledgerflow.claim_event_id() RETURNS trigger
+CREATE FUNCTION ledgerflow.claim_event_ids() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    -- A reused id within a tenant fails here, on events_tenant_event_id_unique, and the append with it.
-    INSERT INTO ledgerflow.event_ids (tenant, event_id) VALUES (NEW.tenant, NEW.event_id);
-    RETURN NEW;
+    -- Uniqueness of (tenant, event_id) across partitions: the primary key of event_ids refuses a reused
+    -- id (events_tenant_event_id_unique). Sorted, so concurrent claims of shared ids cannot deadlock.
+    INSERT INTO ledgerflow.event_ids (tenant, event_id)
+    SELECT n.tenant, n.event_id FROM new_events n ORDER BY n.tenant, n.event_id;
+    RETURN NULL;
 END
 $$;
 
@@ -2167,12 +2169,12 @@ ALTER INDEX ledgerflow.events_pkey ATTACH PARTITION ledgerflow.events_p000001_pk
 ALTER INDEX ledgerflow.events_resume_order ATTACH PARTITION ledgerflow.events_p000001_transaction_id_position_idx;
 
 --
--- Name: events events_claim_event_id; Type: TRIGGER; Schema: ledgerflow; Owner: -
+-- Name: events events_claim_event_ids; Type: TRIGGER; Schema: ledgerflow; Owner: -
 --
 
-CREATE TRIGGER events_claim_event_id BEFORE INSERT ON ledgerflow.events FOR EACH ROW EXECUTE FUNCTION ledgerflow.claim_event_id();
+CREATE TRIGGER events_claim_event_ids AFTER INSERT ON ledgerflow.events REFERENCING NEW TABLE AS new_events FOR EACH STATEMENT EXECUTE FUNCTION ledgerflow.claim_event_ids();
 
-ALTER TABLE ledgerflow.events ENABLE ALWAYS TRIGGER events_claim_event_id;
+ALTER TABLE ledgerflow.events ENABLE ALWAYS TRIGGER events_claim_event_ids;
 
 --
 -- Name: events events_refuse_truncate; Type: TRIGGER; Schema: ledgerflow; Owner: -
