@@ -200,12 +200,8 @@ def test_unknown_runs_are_404(client: TestClient, admin: Headers) -> None:
 
 
 def test_run_list_filters_are_checked(client: TestClient, admin: Headers) -> None:
-<<<<<<< HEAD
-    assert client.get("/api/v1/runs", headers=admin).json() == {"runs": [], "next": None}  # no table yet
-=======
     no_table = client.get("/api/v1/runs", headers=admin).json()
     assert no_table == {"runs": [], "next": None}  # no projector yet: no table
->>>>>>> wt-runs-search
     assert client.get("/api/v1/runs", params={"status": "exploded"}, headers=admin).status_code == 422
     assert client.get("/api/v1/runs", params={"limit": 0}, headers=admin).status_code == 422
 
