@@ -17,12 +17,14 @@ from eventstore.errors import (
     ConflictError,
     DatabaseUnavailableError,
     EventTooLargeError,
+    EventTypeRegistryError,
     IdempotencyConflictError,
     InvalidInputError,
     LedgerflowError,
     MigrationError,
     NotFoundError,
     QuotaExceededError,
+    UpcastError,
     WrongExpectedVersionError,
 )
 from eventstore.events import (
@@ -42,7 +44,7 @@ from eventstore.events import (
     StreamAppend,
     StreamPage,
 )
-from eventstore.eventtypes import EventTypes
+from eventstore.eventtypes import DEFAULT_TYPES, EventTypes, TypeDeclaration, event_type, upcaster
 from eventstore.jsonvalue import dumps as json_dumps
 from eventstore.jsonvalue import loads as json_loads
 from eventstore.migrate import Migration, applied_versions, pending_migrations
@@ -61,16 +63,20 @@ from eventstore.settings import DatabaseSettings
 from eventstore.sqlfile import load_queries
 from eventstore.store import EventStore, Horizon
 from eventstore.subscribe import Subscription
+from eventstore.upcasting import UPCAST_FROM_KEY, VERSION_KEY, Upcaster
 
 __ledgerflow_package__ = True
 
 __all__ = [
     "ANY",
+    "DEFAULT_TYPES",
     "EVENT_TYPE_PATTERN",
     "IDEMPOTENCY_KEY_PATTERN",
     "NO_STREAM",
     "START",
     "STREAM_EXISTS",
+    "UPCAST_FROM_KEY",
+    "VERSION_KEY",
     "AppendResult",
     "ArchiveRefusedError",
     "ConfigurationError",
@@ -82,6 +88,7 @@ __all__ = [
     "EncodedPage",
     "EventStore",
     "EventTooLargeError",
+    "EventTypeRegistryError",
     "EventTypes",
     "ExpectedState",
     "ExpectedVersion",
@@ -104,6 +111,9 @@ __all__ = [
     "StreamAppend",
     "StreamPage",
     "Subscription",
+    "TypeDeclaration",
+    "UpcastError",
+    "Upcaster",
     "WrongExpectedVersionError",
     "applied_versions",
     "apply_migrations",
@@ -112,6 +122,7 @@ __all__ = [
     "check_stream_id",
     "check_tenant",
     "ensure_partitions",
+    "event_type",
     "is_unavailable",
     "json_dumps",
     "json_loads",
@@ -128,5 +139,6 @@ __all__ = [
     "sleeper",
     "synced",
     "translate",
+    "upcaster",
     "wrap_exceptions",
 ]
