@@ -410,7 +410,11 @@ class EventStore:
         return [_recorded(r) for r in rows]
 
     def one_stream_params(
-        self, stream_id: str, events: Sequence[NewEvent], expected_version: ExpectedVersion, tenant: str
+        self,
+        stream_id: str,
+        events: Sequence[NewEvent | pydantic.BaseModel],
+        expected_version: ExpectedVersion,
+        tenant: str,
     ) -> dict[str, Any]:
         """The parameters of an append of `events` to one stream expected at `expected_version`, checked
         as `append` checks them, for a statement that appends as `append_one_stream` does (in queries.sql)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -76,7 +75,7 @@ def latest_amount(version: int, n: int) -> int:
 
 
 @pytest.fixture
-def typed(store: EventStore) -> Iterator[EventStore]:
+def typed(store: EventStore) -> EventStore:
     return EventStore(store.pool, types=paid_types())
 
 
