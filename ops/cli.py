@@ -40,7 +40,7 @@ from eventstore import (
     open_store,
     resolve_database_url,
 )
-from ops import cli_log, cli_projections, cli_quotas, cli_tokens, cli_workflows
+from ops import cli_events, cli_log, cli_projections, cli_quotas, cli_tokens, cli_workflows
 from ops.cli_common import console, emit_json, err_console, settings_of
 from ops.cli_errors import explain
 from ops.settings import Settings
@@ -159,11 +159,14 @@ def append(
 @click.option("--backward", is_flag=True, help="Newest first.")
 @click.option("--limit", default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option("--upcast", is_flag=True, help="Declared types in their latest shape (LEDGERFLOW_EVENT_TYPES).")
 @click.pass_context
-def read(ctx: click.Context, stream_id: str, tenant: str, backward: bool, limit: int, as_json: bool) -> None:
-    """Print a stream's events."""
+def read(
+    ctx: click.Context, stream_id: str, tenant: str, backward: bool, limit: int, as_json: bool, upcast: bool
+) -> None:
+    """Print a stream's events, as stored unless --upcast."""
     with _store(ctx) as store:
-        events = store.read_stream(stream_id, tenant=tenant, backward=backward, limit=limit)
+        events = store.read_stream(stream_id, tenant=tenant, backward=backward, limit=limit, upcast=upcast)
     if as_json:
         for e in events:
             click.echo(
@@ -232,6 +235,7 @@ class _DeferredInterrupt:
     "--category", "categories", multiple=True, help="Only streams of this category (prefix before '-')."
 )
 @click.option("--type", "types", multiple=True, help="Only events of this type.")
+@click.option("--upcast", is_flag=True, help="Declared types in their latest shape (LEDGERFLOW_EVENT_TYPES).")
 @click.pass_context
 def tail(
     ctx: click.Context,
@@ -240,6 +244,7 @@ def tail(
     tenant: str | None,
     categories: tuple[str, ...],
     types: tuple[str, ...],
+    upcast: bool,
 ) -> None:
     """Follow the global log from a cursor, one JSON line per event, until interrupted.
 
@@ -250,7 +255,7 @@ def tail(
         # (a few events committed just before may show).
         start = Cursor(store.horizon().xmin, 0) if from_now else Cursor.parse(after)
         subscription = store.subscribe(
-            start, tenant=tenant, categories=categories or None, types=types or None
+            start, tenant=tenant, categories=categories or None, types=types or None, upcast=upcast
         )
         printed = start
         interrupt = _DeferredInterrupt()
@@ -465,6 +470,7 @@ cli_workflows.register(cli)
 cli_tokens.register(cli)
 cli_quotas.register(cli)
 cli_log.register(cli)
+cli_events.register(cli)
 
 
 def main() -> None:
