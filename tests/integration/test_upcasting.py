@@ -23,7 +23,7 @@ from eventstore import (
     NewEvent,
     UpcastError,
 )
-from projector import ProjectorWorker, WorkerSettings, rebuild
+from projector import ProjectorWorker, WorkerSettings, event_type_catalogue, rebuild, type_counts
 from projector.digest import projection_digest
 from tests.projections import make_counter
 
@@ -198,7 +198,7 @@ def test_rebuild_over_mixed_versions_equals_incremental_state(
     schema = f"p_{uuid.uuid4().hex[:10]}"
     counter = make_counter(name=schema, schema=schema)  # sums data["amount"] per stream
     config = WorkerSettings(lease_ttl=30, heartbeat_interval=10, batch_size=batch_size)
-    worker = ProjectorWorker(typed, [counter], config)
+    worker = ProjectorWorker(typed, [counter, event_type_catalogue], config)
     expected: dict[str, int] = {}
     for kind, n, events in actions:
         if kind == "append":
@@ -213,15 +213,25 @@ def test_rebuild_over_mixed_versions_equals_incremental_state(
             with store.pool.connection() as conn:
                 conn.execute(
                     "UPDATE ledgerflow.projection_leases SET expires_at = clock_timestamp() "
-                    "WHERE projection = %s",
-                    (counter.name,),
+                    "WHERE projection = ANY(%s)",
+                    ([counter.name, event_type_catalogue.name],),
                 )
-            worker = ProjectorWorker(typed, [counter], config)
+            worker = ProjectorWorker(typed, [counter, event_type_catalogue], config)
     worker.run_until_caught_up()
     with store.pool.connection() as conn:
         live = projection_digest(conn, counter, schema)
         totals = dict(conn.execute(f'SELECT stream_id, total FROM "{schema}".counts').fetchall())
+        catalogue = projection_digest(conn, event_type_catalogue, "ledgerflow")
+        counts = type_counts(conn, None)
+        versions = conn.execute(
+            "SELECT coalesce((metadata->>'$schema_version')::int, 0), count(*) FROM ledgerflow.events"
+            " GROUP BY 1 ORDER BY 1"
+        ).fetchall()
     # Every event was applied in its latest shape, whatever version it was stored at.
     assert {s: t for s, t in totals.items() if s.startswith(schema)} == expected
     assert rebuild(typed, counter, batch_size=batch_size).digest == live
+    # The catalogue counts every event by the version it was stored at, as a count of the log does.
+    assert counts is not None
+    assert [(c.schema_version, c.events) for c in counts] == [tuple(r) for r in versions]
+    assert rebuild(typed, event_type_catalogue, batch_size=batch_size).digest == catalogue
     worker.release_all()
