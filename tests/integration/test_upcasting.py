@@ -23,7 +23,15 @@ from eventstore import (
     NewEvent,
     UpcastError,
 )
-from projector import ProjectorWorker, WorkerSettings, event_type_catalogue, rebuild, type_counts
+from projector import (
+    ProjectorWorker,
+    RetrySettings,
+    WorkerSettings,
+    event_type_catalogue,
+    rebuild,
+    state,
+    type_counts,
+)
 from projector.digest import projection_digest
 from tests.projections import make_counter
 
@@ -234,4 +242,25 @@ def test_rebuild_over_mixed_versions_equals_incremental_state(
     assert counts is not None
     assert [(c.schema_version, c.events) for c in counts] == [tuple(r) for r in versions]
     assert rebuild(typed, event_type_catalogue, batch_size=batch_size).digest == catalogue
+    worker.release_all()
+
+
+def test_an_event_no_upcaster_can_read_is_a_projection_failure_to_skip(store: EventStore) -> None:
+    typed = EventStore(store.pool, types=paid_types())
+    typed.append("order-6", [paid(1, 1)])
+    store.append("order-6", [NewEvent("Paid", {"price": 1}, metadata={VERSION_KEY: 1})])  # 1->2 fails
+    typed.append("order-6", [paid(2, 5)])
+    counter = make_counter()
+    retry = RetrySettings(attempts=2, initial_backoff=0.001, max_backoff=0.01)
+    worker = ProjectorWorker(typed, [counter], WorkerSettings(lease_ttl=5, heartbeat_interval=1, retry=retry))
+    worker.run_until_caught_up()
+    with store.pool.connection() as conn:
+        (failure,) = state.list_failures(conn, counter.name, include_closed=True)
+        assert failure.stream_version == 2
+        assert failure.error_class == "eventstore.errors.UpcastError"
+        assert state.request_failure_skip(conn, failure.id, "tester")
+    worker.run_until_caught_up()
+    with store.pool.connection() as conn:
+        totals = conn.execute("SELECT stream_id, n, total FROM ledgerflow.counts").fetchall()
+    assert totals == [("order-6", 2, 105)]
     worker.release_all()
