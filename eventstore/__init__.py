@@ -15,6 +15,7 @@ from eventstore.errors import (
     ConflictError,
     DatabaseUnavailableError,
     EventTooLargeError,
+    EventTypeRegistryError,
     IdempotencyConflictError,
     InvalidInputError,
     LedgerflowError,
@@ -22,6 +23,7 @@ from eventstore.errors import (
     MissingRelationError,
     NotFoundError,
     QuotaExceededError,
+    UpcastError,
     WrongExpectedVersionError,
 )
 from eventstore.events import (
@@ -41,7 +43,7 @@ from eventstore.events import (
     StreamAppend,
     StreamPage,
 )
-from eventstore.eventtypes import EventTypes
+from eventstore.eventtypes import DEFAULT_TYPES, EventTypes, TypeDeclaration, event_type, upcaster
 from eventstore.migrate import Migration, applied_versions, pending_migrations
 from eventstore.migrate import migrate as apply_migrations
 from eventstore.partitions import (
@@ -56,16 +58,20 @@ from eventstore.partitions import (
 from eventstore.settings import DatabaseSettings
 from eventstore.store import EventStore, Horizon
 from eventstore.subscribe import Subscription
+from eventstore.upcasting import UPCAST_FROM_KEY, VERSION_KEY, Upcaster
 
 __ledgerflow_package__ = True
 
 __all__ = [
     "ANY",
+    "DEFAULT_TYPES",
     "EVENT_TYPE_PATTERN",
     "IDEMPOTENCY_KEY_PATTERN",
     "NO_STREAM",
     "START",
     "STREAM_EXISTS",
+    "UPCAST_FROM_KEY",
+    "VERSION_KEY",
     "AppendResult",
     "ArchiveRefusedError",
     "ConfigurationError",
@@ -77,6 +83,7 @@ __all__ = [
     "EncodedPage",
     "EventStore",
     "EventTooLargeError",
+    "EventTypeRegistryError",
     "EventTypes",
     "ExpectedState",
     "ExpectedVersion",
@@ -98,6 +105,9 @@ __all__ = [
     "StreamAppend",
     "StreamPage",
     "Subscription",
+    "TypeDeclaration",
+    "UpcastError",
+    "Upcaster",
     "WrongExpectedVersionError",
     "applied_versions",
     "apply_migrations",
@@ -105,10 +115,12 @@ __all__ = [
     "check_stream_id",
     "check_tenant",
     "ensure_partitions",
+    "event_type",
     "list_partitions",
     "open_store",
     "pending_migrations",
     "redact",
     "resolve_database_url",
     "restore_partition",
+    "upcaster",
 ]

@@ -6,6 +6,7 @@ import structlog
 
 from eventstore.db import open_pool, redact, resolve_database_url
 from eventstore.eventtypes import EventTypes
+from eventstore.importing import import_modules
 from eventstore.migrate import migrate as apply_migrations
 from eventstore.notify import Notifier
 from eventstore.settings import DatabaseSettings
@@ -25,9 +26,14 @@ def open_store(
     """An EventStore ready to use; close it (or use it as a context manager) when done.
 
     The URL is, in order: `url`, LEDGERFLOW_DATABASE_URL, else an embedded PostgreSQL started for it.
-    Pending migrations are applied first unless `migrate=False`.
+    Pending migrations are applied first unless `migrate=False`. Without `types`, the store uses the
+    types declared with the module-level decorators, after importing the modules `settings.event_types`
+    names.
     """
     settings = settings or DatabaseSettings()
+    if types is None and settings.event_types:
+        # Their decorators declare the types in DEFAULT_TYPES, which the store then uses.
+        import_modules(settings.event_types, "event types")
     url = url or resolve_database_url(settings)
     if migrate:
         apply_migrations(url)

@@ -133,3 +133,48 @@ class QuotaExceededError(LedgerflowError):
 
     def details(self) -> dict[str, Any]:
         return {"quota": self.quota, "limit": self.limit, "retry_after": round(self.retry_after, 3)}
+
+
+class EventTypeRegistryError(InvalidInputError):
+    """The declared event types and upcasters do not fit together (a missing step in a chain, a version
+    declared twice): found when they are checked, before any event is read with them."""
+
+    code = "event_type_registry_error"
+
+
+class UpcastError(LedgerflowError):
+    """A stored event could not be brought to its type's latest shape: an upcaster failed, or its result
+    does not fit the latest model. The stored event is unchanged."""
+
+    code = "upcast_failed"
+
+    def __init__(
+        self,
+        *,
+        event_id: object,
+        position: int,
+        event_type: str,
+        version: int,
+        step: tuple[int, int] | None,
+        reason: str,
+    ) -> None:
+        self.event_id = event_id
+        self.position = position
+        self.event_type = event_type
+        self.version = version
+        self.step = step
+        where = f"upcaster {step[0]}->{step[1]}" if step else "the latest model"
+        super().__init__(
+            f"event {event_id} at position {position} ({event_type!r}, stored at version {version}) "
+            f"could not be upcast: {where} failed: {reason}. The stored event is unchanged; fix the "
+            "upcaster (or read with upcasting off) and read again."
+        )
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "event_id": str(self.event_id),
+            "position": self.position,
+            "event_type": self.event_type,
+            "version": self.version,
+            "step": list(self.step) if self.step else None,
+        }

@@ -10,6 +10,8 @@ from datetime import datetime
 from functools import total_ordering
 from typing import Any
 
+import pydantic
+
 JsonObject = dict[str, Any]
 
 
@@ -46,7 +48,8 @@ class StreamAppend:
     """One stream's share of an append that may touch several streams atomically."""
 
     stream_id: str
-    events: Sequence[NewEvent]
+    #: NewEvents, or instances of declared event models (see `eventstore.eventtypes`).
+    events: Sequence[NewEvent | pydantic.BaseModel]
     expected_version: ExpectedVersion = ExpectedState.ANY
 
 

@@ -33,3 +33,6 @@ class DatabaseSettings(BaseSettings):
     max_page_bytes: PositiveInt = 4 * 1024 * 1024
     #: The most events one append may carry (bulk imports have no such limit).
     max_events_per_append: PositiveInt = 10_000
+    #: Modules that declare event types and upcasters (`@event_type`, `@upcaster`), comma-separated;
+    #: imported when a store opens, so that every process reads events in the same shapes.
+    event_types: str = ""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, LiteralString
 
 import psycopg
 import psycopg_pool
+import pydantic
 import structlog
 from psycopg import sql
 
@@ -42,7 +43,7 @@ from eventstore.events import (
     StreamAppend,
     StreamPage,
 )
-from eventstore.eventtypes import EventTypes
+from eventstore.eventtypes import DEFAULT_TYPES, EventTypes
 from eventstore.jsonvalue import loads
 from eventstore.notify import Notifier
 from eventstore.partitions import ensure_partitions
@@ -163,7 +164,9 @@ class EventStore:
         #: The database URL, for the dedicated connections that subscriptions LISTEN on.
         conninfo = pool.conninfo
         self.url = url or (conninfo if isinstance(conninfo, str) else conninfo())
-        self.types = types or EventTypes()
+        #: Declared event types and upcasters (default: those the module-level decorators declared).
+        self.types = DEFAULT_TYPES if types is None else types
+        self.types.check()
         self.max_event_bytes = max_event_bytes
         self.max_events_per_append = max_events_per_append
         #: A read page stops once its events pass this many bytes (always with at least one event).
@@ -206,7 +209,7 @@ class EventStore:
     def append(
         self,
         stream_id: str,
-        events: Sequence[NewEvent],
+        events: Sequence[NewEvent | pydantic.BaseModel],
         *,
         expected_version: ExpectedVersion = ExpectedState.ANY,
         idempotency_key: str | None = None,
@@ -253,7 +256,7 @@ class EventStore:
     def _append_one(
         self,
         stream_id: str,
-        event: NewEvent,
+        event: NewEvent | pydantic.BaseModel,
         expected: ExpectedVersion,
         tenant: str,
         conn: psycopg.Connection[Any] | None,
@@ -263,18 +266,19 @@ class EventStore:
         check.check_tenant(tenant)
         check.check_stream_id(stream_id)
         p = self._prepare(event)
+        new = p.event
         code = _expected_code(expected)
         params = {
             "tenant": tenant,
             "stream_id": stream_id,
             "count": 1,
             "expected": code if code > 0 else None,
-            "event_id": event.event_id,
-            "type": event.type,
+            "event_id": new.event_id,
+            "type": new.type,
             "one_data": p.data,
             "one_metadata": p.metadata,
-            "correlation_id": event.correlation_id,
-            "causation_id": event.causation_id,
+            "correlation_id": new.correlation_id,
+            "causation_id": new.causation_id,
         }
         key = _bump_key(expected)
         return self._write(
@@ -406,7 +410,11 @@ class EventStore:
         return [_recorded(r) for r in rows]
 
     def one_stream_params(
-        self, stream_id: str, events: Sequence[NewEvent], expected_version: ExpectedVersion, tenant: str
+        self,
+        stream_id: str,
+        events: Sequence[NewEvent | pydantic.BaseModel],
+        expected_version: ExpectedVersion,
+        tenant: str,
     ) -> dict[str, Any]:
         """The parameters of an append of `events` to one stream expected at `expected_version`, checked
         as `append` checks them, for a statement that appends as `append_one_stream` does (in queries.sql)
@@ -450,7 +458,9 @@ class EventStore:
         if self._notifier is not None:
             self._notifier.poke()
 
-    def _prepare(self, event: NewEvent) -> _PreparedEvent:
+    def _prepare(self, event: NewEvent | pydantic.BaseModel) -> _PreparedEvent:
+        # A model instance becomes its NewEvent; a declared type is validated and its version recorded.
+        event = self.types.stamp(event)
         if not isinstance(event, NewEvent):
             raise InvalidInputError(f"events must be NewEvent instances, not {type(event).__name__}")
         check.check_event_type(event.type)
@@ -461,7 +471,6 @@ class EventStore:
         if problem is not None:
             raise InvalidInputError(f"metadata of event {event.type!r} {problem}")
         check.check_size(event.type, data, metadata, self.max_event_bytes)
-        self.types.validate(event.type, event.data)
         return _PreparedEvent(event, data, metadata)
 
     def _append_params(
@@ -513,7 +522,7 @@ class EventStore:
 
     def import_events(
         self,
-        events: Iterable[tuple[str, NewEvent]],
+        events: Iterable[tuple[str, NewEvent | pydantic.BaseModel]],
         *,
         tenant: str = DEFAULT_TENANT,
     ) -> int:
@@ -578,9 +587,11 @@ class EventStore:
         from_version: int | None = None,
         backward: bool = False,
         limit: int = 1000,
+        upcast: bool = True,
     ) -> list[RecordedEvent]:
         """A stream's events from `from_version` (inclusive), oldest first or, `backward`, newest first:
-        `limit` of them, or all up to the stream's end. For pages bounded by size, see `read_stream_page`."""
+        `limit` of them, or all up to the stream's end. For pages bounded by size, see `read_stream_page`.
+        Events come in their type's latest shape unless `upcast=False` (see `eventstore.eventtypes`)."""
         check.check_tenant(tenant)
         check.check_stream_id(stream_id)
         _check_limit(limit)
@@ -590,7 +601,7 @@ class EventStore:
             rows = conn.execute(
                 query, {"tenant": tenant, "stream_id": stream_id, "version": version, "limit": limit}
             ).fetchall()
-        return [_recorded(r) for r in rows]
+        return self._shaped([_recorded(r) for r in rows], upcast)
 
     def read_stream_page(
         self,
@@ -601,10 +612,12 @@ class EventStore:
         backward: bool = False,
         limit: int = 1000,
         max_bytes: int | None = None,
+        upcast: bool = False,
     ) -> StreamPage:
         """A page of a stream from `from_version` (inclusive): at most `limit` events, and it stops once
         their size passes `max_bytes` (default: the store's `max_page_bytes`), always with at least one
-        event. The events stay JSON text; continue from the page's `next_version`."""
+        event. The events stay JSON text (stored shape, unless `upcast`); continue from the page's
+        `next_version`."""
         check.check_tenant(tenant)
         check.check_stream_id(stream_id)
         _check_limit(limit)
@@ -621,7 +634,7 @@ class EventStore:
         }
         with wrap_exceptions(), self.pool.connection() as conn:
             rows = conn.execute(_STREAM_PAGE[backward], params).fetchall()
-        events = tuple(_encoded(r) for r in rows)
+        events = self._shaped_encoded(tuple(_encoded(r) for r in rows), upcast)
         if not events or (len(events) < limit and int(rows[-1][0]) < budget):
             return StreamPage(events, None)
         last = events[-1].stream_version
@@ -629,7 +642,7 @@ class EventStore:
         return StreamPage(events, following if following >= 1 else None)
 
     def read_streams(
-        self, stream_ids: Sequence[str], *, tenant: str = DEFAULT_TENANT
+        self, stream_ids: Sequence[str], *, tenant: str = DEFAULT_TENANT, upcast: bool = True
     ) -> dict[str, list[RecordedEvent]]:
         """Several whole streams at once, each oldest first; absent streams map to no events."""
         check.check_tenant(tenant)
@@ -640,8 +653,7 @@ class EventStore:
             rows = conn.execute(
                 Q["read_streams"], {"tenant": tenant, "stream_ids": list(stream_ids)}
             ).fetchall()
-        for row in rows:
-            event = _recorded(row)
+        for event in self._shaped([_recorded(row) for row in rows], upcast):
             found[event.stream_id].append(event)
         return found
 
@@ -685,6 +697,7 @@ class EventStore:
         categories: Sequence[str] | None = None,
         max_bytes: int | None = None,
         conn: psycopg.Connection[Any] | None = None,
+        upcast: bool = True,
     ) -> ReadPage:
         """The next events of the global log after `after`, in resume order, gap-free.
 
@@ -693,10 +706,10 @@ class EventStore:
         holds at most `limit` events and stops once their size passes `max_bytes` (default: the store's
         `max_page_bytes`), always with at least one event; such a page is not `caught_up`. A page may
         also be empty and not `caught_up`: the transaction at the horizon ended while it was read, so more
-        may be readable at once.
+        may be readable at once. Events come in their type's latest shape unless `upcast=False`.
         """
         rows, cursor, caught_up = self._read_all(after, limit, tenant, types, categories, max_bytes, conn)
-        return ReadPage(tuple(_recorded(r[2:]) for r in rows), cursor, caught_up)
+        return ReadPage(tuple(self._shaped([_recorded(r[2:]) for r in rows], upcast)), cursor, caught_up)
 
     def read_all_encoded(
         self,
@@ -708,10 +721,13 @@ class EventStore:
         categories: Sequence[str] | None = None,
         max_bytes: int | None = None,
         conn: psycopg.Connection[Any] | None = None,
+        upcast: bool = False,
     ) -> EncodedPage:
-        """`read_all`, with each event's data and metadata left as JSON text."""
+        """`read_all`, with each event's data and metadata left as JSON text (stored shape, unless
+        `upcast`)."""
         rows, cursor, caught_up = self._read_all(after, limit, tenant, types, categories, max_bytes, conn)
-        return EncodedPage(tuple(_encoded(r[2:]) for r in rows), cursor, caught_up)
+        events = self._shaped_encoded(tuple(_encoded(r[2:]) for r in rows), upcast)
+        return EncodedPage(events, cursor, caught_up)
 
     def _read_all(
         self,
@@ -750,6 +766,21 @@ class EventStore:
         # Everything below the horizon that matches has been read: resume at the horizon. If the
         # transaction it stopped at has ended meanwhile, more may be readable at once.
         return rows, max(after, Cursor(xmin, 0)), not ended
+
+    # Every read's events pass through these two, and nowhere else do reads change an event's shape.
+    def _shaped(self, events: list[RecordedEvent], upcast: bool) -> list[RecordedEvent]:
+        """The events a read returns: in their type's latest shape when `upcast`."""
+        if not upcast:
+            return events
+        upcast_one = self.types.upcast
+        return [upcast_one(e) for e in events]
+
+    def _shaped_encoded(self, events: tuple[EncodedEvent, ...], upcast: bool) -> tuple[EncodedEvent, ...]:
+        """`_shaped` for events kept as JSON text: only events that change are decoded and encoded."""
+        if not upcast:
+            return events
+        upcast_one = self.types.upcast_encoded
+        return tuple(upcast_one(e) for e in events)
 
     def _budget(self, max_bytes: int | None) -> int:
         if max_bytes is None:

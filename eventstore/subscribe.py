@@ -39,11 +39,13 @@ class Subscription:
         categories: Sequence[str] | None = None,
         batch_size: int = 500,
         poll_interval: float = 1.0,
+        upcast: bool = True,
     ) -> None:
         self.store = store
         self.cursor = after
         self._url = url
         self._filters: dict[str, Any] = {"tenant": tenant, "types": types, "categories": categories}
+        self._filters["upcast"] = upcast  # events in their type's latest shape (eventstore.eventtypes)
         self._batch_size = batch_size
         self._poll_interval = poll_interval
         self._stopped = threading.Event()

@@ -39,7 +39,7 @@ from eventstore import (
     resolve_database_url,
 )
 from eventstore.spi import json_dumps, json_loads
-from ops import cli_log, cli_projections, cli_quotas, cli_run_search, cli_tokens, cli_workflows
+from ops import cli_events, cli_log, cli_projections, cli_quotas, cli_run_search, cli_tokens, cli_workflows
 from ops.cli_common import console, emit_json, err_console, settings_of
 from ops.cli_errors import explain
 from ops.settings import Settings
@@ -158,11 +158,14 @@ def append(
 @click.option("--backward", is_flag=True, help="Newest first.")
 @click.option("--limit", default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option("--upcast", is_flag=True, help="Declared types in their latest shape (LEDGERFLOW_EVENT_TYPES).")
 @click.pass_context
-def read(ctx: click.Context, stream_id: str, tenant: str, backward: bool, limit: int, as_json: bool) -> None:
-    """Print a stream's events."""
+def read(
+    ctx: click.Context, stream_id: str, tenant: str, backward: bool, limit: int, as_json: bool, upcast: bool
+) -> None:
+    """Print a stream's events, as stored unless --upcast."""
     with _store(ctx) as store:
-        events = store.read_stream(stream_id, tenant=tenant, backward=backward, limit=limit)
+        events = store.read_stream(stream_id, tenant=tenant, backward=backward, limit=limit, upcast=upcast)
     if as_json:
         for e in events:
             click.echo(
@@ -231,6 +234,7 @@ class _DeferredInterrupt:
     "--category", "categories", multiple=True, help="Only streams of this category (prefix before '-')."
 )
 @click.option("--type", "types", multiple=True, help="Only events of this type.")
+@click.option("--upcast", is_flag=True, help="Declared types in their latest shape (LEDGERFLOW_EVENT_TYPES).")
 @click.pass_context
 def tail(
     ctx: click.Context,
@@ -239,6 +243,7 @@ def tail(
     tenant: str | None,
     categories: tuple[str, ...],
     types: tuple[str, ...],
+    upcast: bool,
 ) -> None:
     """Follow the global log from a cursor, one JSON line per event, until interrupted.
 
@@ -249,7 +254,7 @@ def tail(
         # (a few events committed just before may show).
         start = Cursor(store.horizon().xmin, 0) if from_now else Cursor.parse(after)
         subscription = store.subscribe(
-            start, tenant=tenant, categories=categories or None, types=types or None
+            start, tenant=tenant, categories=categories or None, types=types or None, upcast=upcast
         )
         printed = start
         interrupt = _DeferredInterrupt()
@@ -465,6 +470,7 @@ cli_run_search.register(cli_workflows.workflows_group)
 cli_tokens.register(cli)
 cli_quotas.register(cli)
 cli_log.register(cli)
+cli_events.register(cli)
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ from projector.state import (  # noqa: E402
     request_failure_skip,
 )
 from projector.tables import missing_tables  # noqa: E402
+from projector.type_catalogue import TypeCount, event_type_catalogue, type_counts  # noqa: E402
 from projector.waiting import ProjectionBehindError, wait_for  # noqa: E402
 from projector.worker import ProjectorWorker, WorkerSettings  # noqa: E402
 
@@ -58,9 +59,11 @@ __all__ = [
     "RunInProgressError",
     "Table",
     "TooManyWaitersError",
+    "TypeCount",
     "VerifyResult",
     "WorkerSettings",
     "default_actor",
+    "event_type_catalogue",
     "find",
     "get_run",
     "list_failures",
@@ -77,6 +80,7 @@ __all__ = [
     "start_verify",
     "stream_catalogue",
     "sweep_abandoned",
+    "type_counts",
     "verify",
     "wait_for",
 ]

@@ -134,8 +134,10 @@ class LiveRunner:
         retrying = {f.event_position: f.id for f in failures if f.status == "retry_requested"}
         parked = {(f.tenant, f.stream_id): f.stream_version for f in failures if f.policy == "park"}
 
+        # Read as stored and upcast in `_commit`: an event no upcaster can bring to its latest shape then
+        # fails like a handler does, and is retried, then kept as a failure to retry or skip.
         page = self.store.read_all(
-            self._read_cursor, limit=self.batch_size, types=self.projection.event_types
+            self._read_cursor, limit=self.batch_size, types=self.projection.event_types, upcast=False
         )
         if not page.events:
             if self._cursor_moved_while_idle():
@@ -193,8 +195,10 @@ class LiveRunner:
                 raise _CursorMoved
             events = self._unfenced(conn, events)
             try:
+                upcast = self.store.types.upcast
                 self.projection.apply(
-                    ApplyContext(conn, self.projection.schema, self.projection.table_names), events
+                    ApplyContext(conn, self.projection.schema, self.projection.table_names),
+                    [upcast(e) for e in events],
                 )
             except psycopg.OperationalError:
                 raise  # the connection failed, not the handler: `step` reports the database unavailable

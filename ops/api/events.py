@@ -307,6 +307,12 @@ def append_events(
     )
 
 
+_UPCAST = (
+    "Events of declared types in their latest shape, through the server's upcasters "
+    "(LEDGERFLOW_EVENT_TYPES); the stored events are unchanged. Default: as stored."
+)
+
+
 @router.get("/streams/{stream_id:path}", response_model=StreamPage, responses=NOT_FOUND)
 async def read_stream(
     stream_id: StreamId,
@@ -315,6 +321,7 @@ async def read_stream(
     from_version: Annotated[int | None, Query(ge=1, le=_MAX_BIGINT - 1)] = None,
     backward: bool = False,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    upcast: Annotated[bool, Query(description=_UPCAST)] = False,
 ) -> Response:
     """A stream's events from `from_version` (inclusive), oldest first or, with `backward`, newest first.
 
@@ -325,7 +332,12 @@ async def read_stream(
 
     def answer() -> Response:
         page = store.read_stream_page(
-            stream_id, tenant=principal.tenant, from_version=from_version, backward=backward, limit=limit
+            stream_id,
+            tenant=principal.tenant,
+            from_version=from_version,
+            backward=backward,
+            limit=limit,
+            upcast=upcast,
         )
         if not page.events and store.stream_version(stream_id, tenant=principal.tenant) is None:
             raise NotFoundError(f"no stream {stream_id!r} in this tenant")
@@ -358,6 +370,7 @@ async def read_log(
         list[Category],
         Query(max_length=50, description="Only streams of these categories (`order` of `order-42`)."),
     ] = [],  # noqa: B006
+    upcast: Annotated[bool, Query(description=_UPCAST)] = False,
 ) -> Response:
     """The tenant's events in the global log's resume order, gap-free: resume from `cursor`.
 
@@ -370,7 +383,12 @@ async def read_log(
 
     def answer() -> Response:
         page = store.read_all_encoded(
-            cursor, limit=limit, tenant=principal.tenant, types=type or None, categories=category or None
+            cursor,
+            limit=limit,
+            tenant=principal.tenant,
+            types=type or None,
+            categories=category or None,
+            upcast=upcast,
         )
         return _page_response(page.events, {"cursor": str(page.cursor), "caught_up": page.caught_up})
 
