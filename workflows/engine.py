@@ -477,6 +477,92 @@ class Engine:
         self._with_occ(attempt)
         return self.load(run_id, tenant=tenant)
 
+    def pause(
+        self,
+        run_id: uuid.UUID,
+        *,
+        interrupt_running: bool = False,
+        tenant: str = "default",
+        actor: str = "operator",
+        parent_run_id: uuid.UUID | None = None,
+    ) -> RunState:
+        """Pause the run: it starts no new node until `resume`. Its running nodes finish (their successors
+        wait), or, with `interrupt_running`, stop at their next context call and are handed back, to go on
+        from their checkpoints once resumed. Pausing a paused run changes nothing (unless it now interrupts
+        nodes the first pause let run). An ended run, or one being cancelled, raises RunStateError."""
+
+        def attempt() -> None:
+            run = self.load(run_id, tenant=tenant)
+            if not run.active:
+                raise RunStateError(f"run {run_id} already {run.status}; nothing to pause")
+            if run.cancel_requested:
+                raise RunStateError(f"run {run_id} is being cancelled; a cancelled run cannot be paused")
+            if run.paused and not interrupt_running:
+                return
+            with self.transaction() as conn:
+                # Every row of the run first (the order a node's end and a signal take too): see `pause_run`.
+                queue.lock_run_nodes(conn, run_id, tenant)
+                running, held = queue.pause_run(conn, run_id, tenant, interrupt=interrupt_running)
+                if run.paused and not running:
+                    return  # paused already, and nothing left to interrupt
+                paused = ev.event(
+                    ev.RUN_PAUSED,
+                    run_id,
+                    actor=actor,
+                    interrupt_running=interrupt_running,
+                    **({"parent_run_id": str(parent_run_id)} if parent_run_id is not None else {}),
+                )
+                self.store.append(
+                    ev.run_stream(run_id), [paused], expected_version=run.version, tenant=tenant, conn=conn
+                )
+            log.info(
+                "workflow_paused",
+                run_id=str(run_id),
+                running=running,
+                held=held,
+                interrupt_running=interrupt_running,
+                actor=actor,
+            )
+
+        self._with_occ(attempt)
+        return self.load(run_id, tenant=tenant)
+
+    def resume(
+        self,
+        run_id: uuid.UUID,
+        *,
+        tenant: str = "default",
+        actor: str = "operator",
+        parent_run_id: uuid.UUID | None = None,
+    ) -> RunState:
+        """Resume a paused run where it was: its ready nodes are claimable again (in their old place), its
+        nodes handed back by the pause go on from their checkpoints; completed nodes and memoized steps are
+        never run again. Resuming a run that is not paused changes nothing; an ended run raises
+        RunStateError."""
+
+        def attempt() -> None:
+            run = self.load(run_id, tenant=tenant)
+            if not run.active:
+                raise RunStateError(f"run {run_id} already {run.status}; nothing to resume")
+            if not run.paused:
+                return
+            with self.transaction() as conn:
+                queue.lock_run_nodes(conn, run_id, tenant)
+                ready = queue.resume_run(conn, run_id)
+                resumed = ev.event(
+                    ev.RUN_RESUMED,
+                    run_id,
+                    actor=actor,
+                    **({"parent_run_id": str(parent_run_id)} if parent_run_id is not None else {}),
+                )
+                self.store.append(
+                    ev.run_stream(run_id), [resumed], expected_version=run.version, tenant=tenant, conn=conn
+                )
+            log.info("workflow_resumed", run_id=str(run_id), ready=ready, actor=actor)
+
+        self._with_occ(attempt)
+        return self.load(run_id, tenant=tenant)
+
     def retry(self, run_id: uuid.UUID, *, tenant: str = "default", actor: str = "operator") -> RunState:
         """Run a failed or cancelled run again from its failed nodes; completed nodes are kept, and so are
         the failed nodes' checkpoints and memoized steps."""
@@ -564,6 +650,9 @@ class Engine:
                 )
         with self.transaction() as conn:
             self.store.append_many(appends, tenant=tenant, conn=conn)
+            if not run.active:
+                # A run paused when it ended (its last running nodes ended it) is not paused once reopened.
+                queue.forget_pause(conn, run.run_id)
             queue.enqueue(
                 conn,
                 run.run_id,

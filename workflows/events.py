@@ -40,6 +40,8 @@ RUN_REFRESHED = "wf.RunRefreshed"
 RUN_COMPLETED = "wf.RunCompleted"
 RUN_FAILED = "wf.RunFailed"
 RUN_CANCELLED = "wf.RunCancelled"
+RUN_PAUSED = "wf.RunPaused"
+RUN_RESUMED = "wf.RunResumed"
 NODE_WAITING = "wf.NodeWaiting"
 SIGNAL_RECEIVED = "wf.SignalReceived"
 SIGNAL_TAKEN = "wf.SignalTaken"
@@ -147,6 +149,27 @@ class RunCancelled(WorkflowEvent):
     event_type: ClassVar[str] = RUN_CANCELLED
 
 
+class RunPaused(WorkflowEvent):
+    """The run starts no new node until it is resumed (`Engine.pause`). Its running nodes finish, or, with
+    `interrupt_running`, stop at their next context call and are handed back, to go on from their
+    checkpoints once the run is resumed."""
+
+    event_type: ClassVar[str] = RUN_PAUSED
+    actor: str | None = None
+    interrupt_running: bool = False
+    #: Set when the pause of this run's parent paused it (workflows.children).
+    parent_run_id: str | None = None
+
+
+class RunResumed(WorkflowEvent):
+    """The paused run goes on where it was (`Engine.resume`): its ready nodes are claimable again."""
+
+    event_type: ClassVar[str] = RUN_RESUMED
+    actor: str | None = None
+    #: Set when the resume of this run's parent resumed it (workflows.children).
+    parent_run_id: str | None = None
+
+
 class KeyClaimed(WorkflowEvent):
     """In the key's stream: this run now holds the key."""
 
@@ -233,6 +256,8 @@ class NodeReleased(NodeEvent):
 
     event_type: ClassVar[str] = NODE_RELEASED
     worker: str | None = None
+    #: Why, when not a worker's shutdown: "paused" (the run was paused with its running nodes interrupted).
+    reason: str | None = None
 
 
 class NodeStuck(NodeEvent):
@@ -318,6 +343,8 @@ MODELS: dict[str, type[WorkflowEvent]] = {
         RunCompleted,
         RunFailed,
         RunCancelled,
+        RunPaused,
+        RunResumed,
         KeyClaimed,
         KeyReleased,
     )

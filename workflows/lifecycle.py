@@ -147,7 +147,8 @@ def _hand_off(
         attempts={n: run.node(n).attempt for n in ready},
         successor=None,
     )
-    if claim_next is None or not ready or wf.nodes[ready[0]].limits:
+    # A paused run starts no new node: its ready ones wait for the resume (the claim moves them aside).
+    if claim_next is None or not ready or wf.nodes[ready[0]].limits or run.paused:
         return None, change
     node = ready[0]
     successor = Claim(
@@ -408,6 +409,25 @@ class Lifecycle:
         return retrying
 
     def cancelled(self, claim: Claim, wf: Workflow, *, run: RunState | None = None) -> None:
+        """The node stopped at its fence's cancellation flag. The run is being cancelled: the node is
+        cancelled. Or the run was paused with its running nodes interrupted (or resumed since): the node is
+        handed back, neither a crash nor a failed attempt, to go on from its checkpoints when claimed again,
+        which the pause defers until the resume."""
+        if run is None:
+            run = self.engine.load(claim.run_id, tenant=claim.tenant)
+        for _ in range(_ATTEMPTS):
+            if run.cancel_requested:
+                break
+            try:
+                self._hand_back(claim, run)
+            except WrongExpectedVersionError:
+                self.engine.catch_up(run)  # a cancellation or a resume came between: decide again
+                continue
+            log.info(
+                "workflow_node_interrupted", run_id=str(claim.run_id), node=claim.node, paused=run.paused
+            )
+            return
+
         def decide(run: RunState) -> _Decision:
             statuses = run.statuses
             statuses[claim.node] = NodeStatus.CANCELLED
@@ -417,6 +437,26 @@ class Lifecycle:
 
         self._commit(claim, wf, run, decide)
         log.info("workflow_node_cancelled", run_id=str(claim.run_id), node=claim.node)
+
+    def _hand_back(self, claim: Claim, run: RunState) -> None:
+        """Hand an interrupted node back (see `queue.hand_back`), recorded at the exact version `run` knows:
+        a pause, a resume or a cancellation committed meanwhile fails it (WrongExpectedVersionError)."""
+        released = ev.event(
+            ev.NODE_RELEASED,
+            claim.run_id,
+            node=claim.node,
+            worker=run.node(claim.node).worker,
+            reason="paused",
+        )
+        with fenced_writes(), self.engine.transaction() as conn:
+            if queue.hand_back(conn, claim.run_id, claim.node, claim.token):
+                self.store.append(
+                    ev.run_stream(claim.run_id),
+                    [released],
+                    expected_version=run.version,
+                    tenant=claim.tenant,
+                    conn=conn,
+                )
 
     def suspend(
         self, claim: Claim, wf: Workflow, wait: NodeSuspended, *, run: RunState | None = None

@@ -63,6 +63,8 @@ workflow_tables = Projection(
         ev.RUN_COMPLETED,
         ev.RUN_FAILED,
         ev.RUN_CANCELLED,
+        ev.RUN_PAUSED,
+        ev.RUN_RESUMED,
     ],
     tables=[
         Table(

@@ -22,7 +22,11 @@ WITH presence AS (
                                                                 %(claim_versions)s::text[]))
            -- Never a node with limits: it needs a slot of each, which only the claim admits.
            AND NOT EXISTS (SELECT 1 FROM ledgerflow.workflow_node_limits nl
-                            WHERE nl.workflow = q.workflow AND nl.node = q.node) AS claimable,
+                            WHERE nl.workflow = q.workflow AND nl.node = q.node)
+           -- Never a node of a paused run: it starts no new node. Its row is ready, and the claim moves it
+           -- aside until the run is resumed (migration 0049).
+           AND NOT EXISTS (SELECT 1 FROM ledgerflow.workflow_paused_runs pr WHERE pr.run_id = q.run_id)
+           AS claimable,
            CASE WHEN q.worker_name = %(worker_name)s AND q.worker_instance <> %(instance)s
                      AND q.worker_instance NOT IN (SELECT instance FROM presence WHERE alive)
                 THEN 'worker_restarted'
