@@ -63,7 +63,8 @@ def test_a_paused_run_lets_its_running_node_finish_and_starts_no_other_until_res
         lambda: engine.load(run_id).node("wait_gate").status == "running", what="the gated node to run"
     )
     run = engine.pause(run_id)
-    assert run.status == "paused" and run.paused
+    assert run.status == "paused"
+    assert run.paused
     GATES[str(run_id)].set()
     # The running node finishes; its successor is ready but held: the claim moves it aside.
     wait_until(
@@ -193,7 +194,9 @@ def test_a_crashed_node_of_a_paused_run_waits_for_the_resume_and_resumes_from_it
     run = wait_until(lambda: ended(engine, run_id), what="the run to end")
     assert run.status == "succeeded"
     done = [c for c, _ in calls(engine.store, run_id)]
-    assert done.count("step:setup") == 1 and done.count("item:4") == 1 and done.count("item:10") == 1
+    assert done.count("step:setup") == 1
+    assert done.count("item:4") == 1
+    assert done.count("item:10") == 1
 
 
 def test_the_tables_show_the_pause_and_equal_their_rebuild(engine: Engine) -> None:
