@@ -158,6 +158,7 @@ class Engine:
         conn: psycopg.Connection[Any] | None = None,
         priority: int | None = None,
         debounce: Debounce | None = None,
+        parent: ev.ParentLink | None = None,
     ) -> Started:
         """Start a run. With `key`, at most one run per key is active: a second start returns the active
         run. With `idempotency_key`, a repeat returns the first run; other input under it conflicts.
@@ -167,7 +168,8 @@ class Engine:
         `EventStore.notify_appended`). `priority`: higher is claimed first among the tenant's ready nodes
         (default: the workflow's); recorded in RunStarted.
         `debounce`: one run per burst of starts with its key, after the burst (see workflows.debounce);
-        the run has the workflow's priority.
+        the run has the workflow's priority. `parent`: the run and node that start this one as their
+        child (`NodeContext.start_workflow`), recorded in RunStarted (see workflows.children).
         With `quotas`, a start over the tenant's quota raises QuotaExceededError, having written nothing."""
         check_tenant(tenant)
         wf = self.registry.get(workflow)
@@ -176,6 +178,8 @@ class Engine:
         self.caps.check_input(input)
         if self.quotas is not None:
             self.quotas.take_start(tenant)
+        if debounce is not None and parent is not None:
+            raise InvalidInputError("a child run cannot be debounced: its parent starts it once")
         if debounce is not None:
             return self._debounce(wf, input, key, idempotency_key, tenant, triggered_by, conn, debounce)
         if key is not None and (
@@ -213,6 +217,7 @@ class Engine:
                     triggered_by,
                     conn,
                     priority,
+                    parent,
                 )
             except WrongExpectedVersionError as exc:
                 if exc.stream_id == ev.run_stream(run_id):  # a concurrent idempotent start won
@@ -233,6 +238,7 @@ class Engine:
         triggered_by: ev.TriggeringEvent | None = None,
         caller_conn: psycopg.Connection[Any] | None = None,
         priority: int = 0,
+        parent: ev.ParentLink | None = None,
     ) -> Started:
         roots = wf.roots()
         started = ev.event(
@@ -248,6 +254,7 @@ class Engine:
             # Only when set: every other start writes the same payload as before.
             **({"triggered_by": triggered_by.model_dump()} if triggered_by is not None else {}),
             **({"priority": priority} if priority else {}),
+            **({"parent": parent.model_dump()} if parent is not None else {}),
         )
         appends = [
             StreamAppend(
@@ -473,6 +480,34 @@ class Engine:
                 appends += release_key_appends(run) if ended else []
                 self.store.append_many(appends, tenant=tenant, conn=conn)
             log.info("workflow_cancel_requested", run_id=str(run_id), running=running, actor=actor)
+
+        self._with_occ(attempt)
+        return self.load(run_id, tenant=tenant)
+
+    def terminate(self, run_id: uuid.UUID, *, tenant: str = "default", actor: str = "operator") -> RunState:
+        """Cancel at once, without letting running nodes finish: the run's queue rows go, so a running node's
+        next write finds its claim gone (NodeLeaseLost) and stops without recording anything, and the run is
+        cancelled now. What running nodes did before (checkpoints, memoized steps) stays in the log, and
+        Retry can run the run again from there. A run being cancelled is ended at once too."""
+
+        def attempt() -> None:
+            run = self.load(run_id, tenant=tenant)
+            if not run.active:
+                raise RunStateError(f"run {run_id} already {run.status}; nothing to terminate")
+            with self.transaction() as conn:
+                queue.lock_run_nodes(conn, run_id, tenant)
+                dropped = queue.terminate_run(conn, run_id)
+                events = (
+                    [] if run.cancel_requested else [ev.event(ev.RUN_CANCEL_REQUESTED, run_id, actor=actor)]
+                )
+                events += [ev.event(ev.NODE_CANCELLED, run_id, node=n) for n in dropped]
+                events.append(ev.event(ev.RUN_CANCELLED, run_id))
+                appends = [
+                    StreamAppend(ev.run_stream(run_id), events, run.version),
+                    *release_key_appends(run),
+                ]
+                self.store.append_many(appends, tenant=tenant, conn=conn)
+            log.info("workflow_terminated", run_id=str(run_id), nodes=dropped, actor=actor)
 
         self._with_occ(attempt)
         return self.load(run_id, tenant=tenant)

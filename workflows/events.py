@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict
@@ -93,6 +93,24 @@ class TriggeringEvent(BaseModel):
     position: int
 
 
+#: What happens to a child run when its parent is cancelled, fails or is paused (`parent_close=` of
+#: `NodeContext.start_workflow`): the same (`cancel`: its running nodes finish first), the same at once
+#: (`terminate`: its running nodes are not let finish), or nothing (`abandon`).
+PARENT_CLOSE_POLICIES = ("terminate", "cancel", "abandon")
+ParentClose = Literal["terminate", "cancel", "abandon"]
+
+
+class ParentLink(BaseModel):
+    """The run whose node started this one (`NodeContext.start_workflow`), and what this run does when
+    that run is cancelled, fails or is paused (workflows.children)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    run_id: str
+    node: str
+    parent_close: ParentClose = "cancel"
+
+
 class RunStarted(WorkflowEvent):
     event_type: ClassVar[str] = RUN_STARTED
     workflow: str
@@ -108,6 +126,8 @@ class RunStarted(WorkflowEvent):
     #: Higher is claimed first among its tenant's ready nodes; absent (0) for most starts. The queue's rows
     #: take it from here (migration 0028), so they can be rebuilt from the log.
     priority: int = 0
+    #: Set for a run a node of another run started (a child run), absent for every other start.
+    parent: ParentLink | None = None
 
 
 class NodesReady(WorkflowEvent):
@@ -218,6 +238,8 @@ class ChildStarted(NodeEvent):
     key: str
     child_run_id: str
     workflow: str | None = None
+    #: The child's parent-close policy (absent for children started before there were policies).
+    parent_close: str | None = None
 
 
 class NodeSucceeded(NodeEvent):

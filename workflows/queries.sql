@@ -177,6 +177,17 @@ WITH flagged AS (
 )
 SELECT (SELECT coalesce(array_agg(node), '{}') FROM flagged), (SELECT coalesce(array_agg(node), '{}') FROM dropped)
 
+-- name: terminate_run
+-- After `lock_run_nodes`: every row of the run goes, claimed ones too (their holders' next fenced write
+-- fails: the lease is lost), and so does its pause. Returns the nodes dropped.
+WITH unpaused AS (
+    DELETE FROM ledgerflow.workflow_paused_runs WHERE run_id = %(run_id)s
+), dropped AS (
+    DELETE FROM ledgerflow.workflow_queue WHERE run_id = %(run_id)s
+    RETURNING node
+)
+SELECT coalesce(array_agg(node ORDER BY node), '{}') FROM dropped
+
 -- name: pause_run
 -- In the transaction that appends RunPaused, after `lock_run_nodes` (every row of the run locked: a claim,
 -- a node's end or a reclaim in flight commits first, or waits for this and then sees the pause; see

@@ -496,6 +496,13 @@ def pause_run(conn: Conn, run_id: uuid.UUID, tenant: str, *, interrupt: bool) ->
     return list(row[0]), list(row[1])
 
 
+def terminate_run(conn: Conn, run_id: uuid.UUID) -> list[str]:
+    """Drop every queue row of the run (after `lock_run_nodes`); returns the nodes dropped."""
+    row = conn.execute(Q["terminate_run"], {"run_id": run_id}).fetchone()
+    assert row is not None
+    return list(row[0])
+
+
 def resume_run(conn: Conn, run_id: uuid.UUID) -> list[str]:
     """Resume the run's queue (after `lock_run_nodes`); returns the nodes ready again."""
     row = conn.execute(Q["resume_run"], {"run_id": run_id}).fetchone()
