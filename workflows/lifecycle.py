@@ -207,7 +207,10 @@ class Lifecycle:
             except WrongExpectedVersionError:
                 self.engine.catch_up(run)
                 continue
+            ended_paused = run.paused and terminal
             advance(run, events, result, outcome.recorded_at, written)
+            if ended_paused:
+                self._forget_pause(run)
             if successor is not None and successor.run_id == run.run_id:
                 successor = dataclasses.replace(successor, crashes=outcome.successor_crashes)
             return successor
@@ -437,6 +440,16 @@ class Lifecycle:
 
         self._commit(claim, wf, run, decide)
         log.info("workflow_node_cancelled", run_id=str(claim.run_id), node=claim.node)
+
+    def _forget_pause(self, run: RunState) -> None:
+        """A paused run that its last running nodes ended is paused no more: its pause row goes. Best
+        effort, after the end committed: a row left behind holds nothing back (the run has no queue rows),
+        and a retry or refresh of the run drops it (Engine._reopen)."""
+        try:
+            with wrap_exceptions(), self.store.pool.connection() as conn:
+                queue.forget_pause(conn, run.run_id)
+        except Exception as exc:
+            log.warning("workflow_pause_not_forgotten", run_id=str(run.run_id), error=str(exc))
 
     def _hand_back(self, claim: Claim, run: RunState) -> None:
         """Hand an interrupted node back (see `queue.hand_back`), recorded at the exact version `run` knows:

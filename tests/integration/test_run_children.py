@@ -97,7 +97,7 @@ def test_each_policy_on_pause_resume_and_cancel(engine: Engine, worker: Workflow
     for policy in ("terminate", "cancel"):
         wait_until(lambda p=policy: status(engine, kids[p]).status == "cancelled", what=f"the {policy} child")
     assert status(engine, kids["abandon"]).status == "running"
-    GATES[str(kids["abandon"])].set()
+    GATES.setdefault(str(kids["abandon"]), threading.Event()).set()
     wait_until(
         lambda: status(engine, kids["abandon"]).status == "succeeded", what="the abandoned child to end"
     )
@@ -125,3 +125,15 @@ def test_a_child_started_after_its_parent_was_cancelled_is_cancelled_once(engine
         assert len(engine.store.read_stream(ev.run_stream(child))) == before
     finally:
         follower.release_all()
+
+
+def test_a_run_its_last_running_node_ends_while_paused_keeps_no_pause(
+    engine: Engine, worker: WorkflowWorker
+) -> None:
+    run_id = engine.start("held", input={}).run_id
+    wait_until(lambda: running(engine, run_id, "hold"), what="the node to run")
+    engine.pause(run_id)
+    GATES.setdefault(str(run_id), threading.Event()).set()
+    wait_until(lambda: status(engine, run_id).status == "succeeded", what="the run to end")
+    with engine.store.pool.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM ledgerflow.workflow_paused_runs").fetchone() == (0,)

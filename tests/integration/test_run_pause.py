@@ -65,7 +65,7 @@ def test_a_paused_run_lets_its_running_node_finish_and_starts_no_other_until_res
     run = engine.pause(run_id)
     assert run.status == "paused"
     assert run.paused
-    GATES[str(run_id)].set()
+    GATES.setdefault(str(run_id), threading.Event()).set()
     # The running node finishes; its successor is ready but held: the claim moves it aside.
     wait_until(
         lambda: queue_rows(engine.store, run_id) == {"after_gate": "paused"}, what="the successor held"
@@ -104,7 +104,7 @@ def test_pause_with_interrupt_hands_the_running_node_back_and_resume_runs_it_aga
     assert [e.data["reason"] for e in released] == ["paused"]
     engine.resume(run_id)
     wait_until(lambda: engine.load(run_id).node("wait_gate").attempt == 2, what="the node claimed again")
-    GATES[str(run_id)].set()
+    GATES.setdefault(str(run_id), threading.Event()).set()
     run = wait_until(lambda: ended(engine, run_id), what="the resumed run to end")
     assert run.status == "succeeded"
     assert calls(engine.store, run_id) == [("after_gate", 1)]
