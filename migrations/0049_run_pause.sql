@@ -21,6 +21,19 @@ ALTER TABLE ledgerflow.workflow_queue DROP CONSTRAINT workflow_queue_status_chec
 ALTER TABLE ledgerflow.workflow_queue
     ADD CONSTRAINT workflow_queue_status_check CHECK (status IN ('ready', 'claimed', 'parked', 'paused'));
 
+-- Whether the run is paused, read with a snapshot of its own (VOLATILE: each call looks again), taken
+-- when it is called, not when the calling statement began. A claim or a reclaim asks only once it holds
+-- the node's row lock; a pause or a resume of that run first locks every row of the run (see
+-- `lock_run_nodes`), so one that committed before the lock was taken is seen, and none is in flight. The
+-- statement's own snapshot could be older than a resume that committed meanwhile, and would hold a
+-- resumed run's node back for good.
+CREATE FUNCTION ledgerflow.wf_run_paused(p_run_id uuid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM ledgerflow.workflow_paused_runs pr WHERE pr.run_id = p_run_id);
+END
+$$;
+
 -- The claim of migration 0028, with the rows of paused runs left out: those it picked move to `paused`
 -- (out of the ready index: no later claim walks them again) and are neither admitted nor claimed.
 CREATE OR REPLACE FUNCTION ledgerflow.wf_claim(
@@ -39,13 +52,13 @@ LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
     WITH picked_all AS (
-        SELECT p.run_id, p.node, p.workflow, p.n,
-               EXISTS (SELECT 1 FROM ledgerflow.workflow_paused_runs pr WHERE pr.run_id = p.run_id) AS paused
+        -- (The pick runs to its end, its rows locked, before the first wf_run_paused call.)
+        SELECT p.run_id, p.node, p.workflow, p.n, ledgerflow.wf_run_paused(p.run_id) AS paused
           FROM ledgerflow.wf_claim_pick(p_workflows, p_versions, p_limit) p
     ), held AS (
         -- A paused run starts no new node. The picked rows are locked (FOR UPDATE in the pick), and a pause
-        -- locks every row of its run before it writes its row here: a row picked before the pause committed
-        -- is claimed before it (the pause then finds it running), one picked after it sees it.
+        -- locks every row of its run before it writes its row: a row picked before the pause committed is
+        -- claimed before it (the pause then finds it running), one picked after it is held.
         UPDATE ledgerflow.workflow_queue q SET status = 'paused'
           FROM picked_all p
          WHERE p.paused AND q.run_id = p.run_id AND q.node = p.node
