@@ -135,5 +135,12 @@ def test_a_run_its_last_running_node_ends_while_paused_keeps_no_pause(
     engine.pause(run_id)
     GATES.setdefault(str(run_id), threading.Event()).set()
     wait_until(lambda: status(engine, run_id).status == "succeeded", what="the run to end")
-    with engine.store.pool.connection() as conn:
-        assert conn.execute("SELECT count(*) FROM ledgerflow.workflow_paused_runs").fetchone() == (0,)
+
+    def pauses() -> int:
+        with engine.store.pool.connection() as conn:
+            row = conn.execute("SELECT count(*) FROM ledgerflow.workflow_paused_runs").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    # Dropped by the worker just after the end committed.
+    wait_until(lambda: pauses() == 0, what="the pause row to go")
