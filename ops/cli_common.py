@@ -42,6 +42,7 @@ err_console = Console(stderr=True)
 ICONS = {
     "succeeded": "[green]✓[/]",
     "running": "[yellow]▶[/]",
+    "paused": "[yellow]‖[/]",
     "ready": "[cyan]…[/]",
     "pending": "○",
     "failed": "[red]✗[/]",

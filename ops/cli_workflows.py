@@ -94,7 +94,7 @@ def worker_command(ctx: click.Context, name: str | None) -> None:
 
 @click.group("workflows")
 def workflows_group() -> None:
-    """Start, list, show, signal, cancel, retry and refresh workflow runs.
+    """Start, list, show, signal, pause, resume, cancel, retry and refresh workflow runs.
 
     `ledgerflow workflows schedules` lists the schedules with their cron, catch-up, last and next tick."""
 
@@ -421,6 +421,37 @@ def cancel(ctx: click.Context, run_id: str, tenant: str) -> None:
     run = _action(ctx, run_id, tenant, "cancel")
     state = "cancelled" if not run.active else "cancel requested; running nodes stop at their next call"
     console.print(f"run {run_id}: {state}")
+
+
+@workflows_group.command("pause")
+@click.argument("run_id")
+@click.option(
+    "--interrupt-running",
+    is_flag=True,
+    help="Stop the running nodes at their next context call (they go on from their checkpoints on resume).",
+)
+@click.option("--tenant", default="default", show_default=True)
+@click.pass_context
+def pause(ctx: click.Context, run_id: str, interrupt_running: bool, tenant: str) -> None:
+    """Pause a run: it starts no new node until `workflows resume`; its running nodes finish."""
+    run = _action(ctx, run_id, tenant, "pause", interrupt_running=interrupt_running, actor="cli")
+    running = [n.name for n in run.nodes.values() if n.status == "running"]
+    then = (
+        f"; running: {', '.join(running)} ({'stop at their next call' if interrupt_running else 'finish'})"
+        if running
+        else ""
+    )
+    console.print(f"run {run_id}: paused{then}", highlight=False)
+
+
+@workflows_group.command("resume")
+@click.argument("run_id")
+@click.option("--tenant", default="default", show_default=True)
+@click.pass_context
+def resume(ctx: click.Context, run_id: str, tenant: str) -> None:
+    """Resume a paused run where it was; completed nodes and memoized steps are not run again."""
+    run = _action(ctx, run_id, tenant, "resume", actor="cli")
+    console.print(f"run {run_id}: {run.status}", highlight=False)
 
 
 @workflows_group.command("retry")

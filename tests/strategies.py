@@ -66,6 +66,7 @@ class _RunModel:
     crashes: dict[str, int] = field(default_factory=dict)
     run_status: str = "running"
     cancel_requested: bool = False
+    paused: bool = False
     tokens: int = 0
     names: int = 0  # for fresh checkpoint items, step keys, child keys
 
@@ -167,7 +168,10 @@ def _moves(run: _RunModel) -> list[Move]:
     moves: list[Move] = []
     if not run.cancel_requested:
         moves.append(_cancel_run)
-        moves += [_claim(n) for n in run.with_status("ready", "retry_scheduled", "waiting")]
+        # A paused run starts no node until it is resumed.
+        moves.append(_resume_run if run.paused else _pause_run)
+        if not run.paused:
+            moves += [_claim(n) for n in run.with_status("ready", "retry_scheduled", "waiting")]
     moves += [_signal, _tag]
     for n in run.with_status("running"):
         if run.cancel_requested:
@@ -335,7 +339,18 @@ def _cancelled_at_next_write(node: str) -> Move:
     return move
 
 
+def _pause_run(draw: st.DrawFn, run: _RunModel) -> None:
+    run.paused = True
+    run.emit(ev.RUN_PAUSED, actor="operator", interrupt_running=draw(st.booleans()))
+
+
+def _resume_run(draw: st.DrawFn, run: _RunModel) -> None:
+    run.paused = False
+    run.emit(ev.RUN_RESUMED, actor="operator")
+
+
 def _cancel_run(draw: st.DrawFn, run: _RunModel) -> None:
+    run.paused = False  # a cancellation ends the pause
     run.cancel_requested = True
     run.emit(ev.RUN_CANCEL_REQUESTED, actor="operator")
     for n in run.with_status("pending", "ready", "retry_scheduled", "waiting"):
@@ -349,7 +364,7 @@ def _retry_run(draw: st.DrawFn, run: _RunModel) -> None:
     reset = run.descendants(set(run.with_status("failed", "parked", "cancelled"))) - set(
         run.with_status("succeeded")
     )
-    run.run_status, run.cancel_requested = "running", False
+    run.run_status, run.cancel_requested, run.paused = "running", False, False
     run.emit(ev.RUN_RETRIED, nodes=sorted(reset), actor="operator")
     for n in reset:
         run.status[n], run.crashes[n] = "pending", 0
@@ -360,7 +375,7 @@ def _refresh_run(draw: st.DrawFn, run: _RunModel) -> None:
     """An operator's refresh with new input: the changed nodes and their descendants run again."""
     changed = draw(st.sets(st.sampled_from(sorted(run.status)), min_size=1))
     rerun = run.descendants(changed)
-    run.run_status = "running"
+    run.run_status, run.paused = "running", False
     fingerprints = {n: draw(st.sampled_from(["f1", "f2"])) for n in run.status}
     run.emit(
         ev.RUN_REFRESHED,

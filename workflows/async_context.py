@@ -31,6 +31,7 @@ from concurrent.futures import Executor
 from datetime import datetime
 from typing import Any, TypeVar
 
+from workflows import events as ev
 from workflows.context import NodeContext
 
 T = TypeVar("T")
@@ -116,11 +117,23 @@ class AsyncNodeContext:
     # -- child workflows -----------------------------------------------------------------------------------
 
     async def start_workflow(
-        self, workflow: str, *, input: Any = None, key: str | None = None, child_key: str = "default"
+        self,
+        workflow: str,
+        *,
+        input: Any = None,
+        key: str | None = None,
+        child_key: str = "default",
+        parent_close: ev.ParentClose = "cancel",
     ) -> uuid.UUID:
-        """Start another workflow exactly once for this node, however often the node is retried."""
+        """Start another workflow exactly once for this node, however often the node is retried; see
+        NodeContext.start_workflow for `parent_close`."""
         return await self._call(
-            self._sync.start_workflow, workflow, input=input, key=key, child_key=child_key
+            self._sync.start_workflow,
+            workflow,
+            input=input,
+            key=key,
+            child_key=child_key,
+            parent_close=parent_close,
         )
 
     # -- tags --------------------------------------------------------------------------------------------

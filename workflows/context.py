@@ -268,18 +268,32 @@ class NodeContext:
     # -- child workflows ------------------------------------------------------------------------------
 
     def start_workflow(
-        self, workflow: str, *, input: Any = None, key: str | None = None, child_key: str = "default"
+        self,
+        workflow: str,
+        *,
+        input: Any = None,
+        key: str | None = None,
+        child_key: str = "default",
+        parent_close: ev.ParentClose = "cancel",
     ) -> uuid.UUID:
-        """Start another workflow exactly once for this node, however often the node is retried."""
+        """Start another workflow exactly once for this node, however often the node is retried. When this
+        run is cancelled, fails or is paused, the child is too (`parent_close="cancel"`), at once, without
+        letting its running nodes finish (`"terminate"`), or left alone (`"abandon"`): see
+        workflows.children."""
+        if parent_close not in ev.PARENT_CLOSE_POLICIES:
+            raise InvalidInputError(
+                f"parent_close must be one of {', '.join(ev.PARENT_CLOSE_POLICIES)}, got {parent_close!r}"
+            )
         if child_key in self._state.children:
             return uuid.UUID(self._state.children[child_key])
         self.check()
+        parent = ev.ParentLink(run_id=str(self.run_id), node=self.node, parent_close=parent_close)
         # The same key on every retry: the store returns the first start instead of starting again.
         idempotency_key = (
             "child:" + hashlib.sha256(f"{self.run_id}:{self.node}:{child_key}".encode()).hexdigest()
         )
         started = self._engine.start(
-            workflow, input=input, key=key, idempotency_key=idempotency_key, tenant=self.tenant
+            workflow, input=input, key=key, idempotency_key=idempotency_key, tenant=self.tenant, parent=parent
         )
         self._write(
             [
@@ -290,6 +304,7 @@ class NodeContext:
                     key=child_key,
                     child_run_id=str(started.run_id),
                     workflow=workflow,
+                    parent_close=parent_close,
                 )
             ]
         )

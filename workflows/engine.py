@@ -162,6 +162,7 @@ class Engine:
         priority: int | None = None,
         debounce: Debounce | None = None,
         tags: dict[str, str] | None = None,
+        parent: ev.ParentLink | None = None,
     ) -> Started:
         """Start a run. With `key`, at most one run per key is active: a second start returns the active
         run. With `idempotency_key`, a repeat returns the first run; other input under it conflicts.
@@ -174,6 +175,8 @@ class Engine:
         the run has the workflow's priority.
         `tags`: key/value strings recorded in RunStarted, to find the run by (`workflows.search_runs`);
         bounded (workflows.tags: TagLimitError, nothing written). Not with `debounce`.
+        `parent`: the run and node that start this one as their child (`NodeContext.start_workflow`),
+        recorded in RunStarted (see workflows.children).
         With `quotas`, a start over the tenant's quota raises QuotaExceededError, having written nothing."""
         check_tenant(tenant)
         wf = self.registry.get(workflow)
@@ -185,6 +188,8 @@ class Engine:
             raise InvalidInputError("a debounced start takes no tags: tag the run from its nodes instead")
         if self.quotas is not None:
             self.quotas.take_start(tenant)
+        if debounce is not None and parent is not None:
+            raise InvalidInputError("a child run cannot be debounced: its parent starts it once")
         if debounce is not None:
             return self._debounce(wf, input, key, idempotency_key, tenant, triggered_by, conn, debounce)
         if key is not None and (
@@ -223,6 +228,7 @@ class Engine:
                     conn,
                     priority,
                     checked_tags,
+                    parent,
                 )
             except WrongExpectedVersionError as exc:
                 if exc.stream_id == ev.run_stream(run_id):  # a concurrent idempotent start won
@@ -244,6 +250,7 @@ class Engine:
         caller_conn: psycopg.Connection[Any] | None = None,
         priority: int = 0,
         tags: dict[str, str] | None = None,
+        parent: ev.ParentLink | None = None,
     ) -> Started:
         roots = wf.roots()
         started = ev.event(
@@ -260,6 +267,7 @@ class Engine:
             **({"triggered_by": triggered_by.model_dump()} if triggered_by is not None else {}),
             **({"priority": priority} if priority else {}),
             **({"tags": tags} if tags else {}),
+            **({"parent": parent.model_dump()} if parent is not None else {}),
         )
         appends = [
             StreamAppend(
@@ -489,6 +497,120 @@ class Engine:
         self._with_occ(attempt)
         return self.load(run_id, tenant=tenant)
 
+    def terminate(self, run_id: uuid.UUID, *, tenant: str = "default", actor: str = "operator") -> RunState:
+        """Cancel at once, without letting running nodes finish: the run's queue rows go, so a running node's
+        next write finds its claim gone (NodeLeaseLost) and stops without recording anything, and the run is
+        cancelled now. What running nodes did before (checkpoints, memoized steps) stays in the log, and
+        Retry can run the run again from there. A run being cancelled is ended at once too."""
+
+        def attempt() -> None:
+            run = self.load(run_id, tenant=tenant)
+            if not run.active:
+                raise RunStateError(f"run {run_id} already {run.status}; nothing to terminate")
+            with self.transaction() as conn:
+                queue.lock_run_nodes(conn, run_id, tenant)
+                dropped = queue.terminate_run(conn, run_id)
+                events = (
+                    [] if run.cancel_requested else [ev.event(ev.RUN_CANCEL_REQUESTED, run_id, actor=actor)]
+                )
+                events += [ev.event(ev.NODE_CANCELLED, run_id, node=n) for n in dropped]
+                events.append(ev.event(ev.RUN_CANCELLED, run_id))
+                appends = [
+                    StreamAppend(ev.run_stream(run_id), events, run.version),
+                    *release_key_appends(run),
+                ]
+                self.store.append_many(appends, tenant=tenant, conn=conn)
+            log.info("workflow_terminated", run_id=str(run_id), nodes=dropped, actor=actor)
+
+        self._with_occ(attempt)
+        return self.load(run_id, tenant=tenant)
+
+    def pause(
+        self,
+        run_id: uuid.UUID,
+        *,
+        interrupt_running: bool = False,
+        tenant: str = "default",
+        actor: str = "operator",
+        parent_run_id: uuid.UUID | None = None,
+    ) -> RunState:
+        """Pause the run: it starts no new node until `resume`. Its running nodes finish (their successors
+        wait), or, with `interrupt_running`, stop at their next context call and are handed back, to go on
+        from their checkpoints once resumed. Pausing a paused run changes nothing (unless it now interrupts
+        nodes the first pause let run). An ended run, or one being cancelled, raises RunStateError."""
+
+        def attempt() -> None:
+            run = self.load(run_id, tenant=tenant)
+            if not run.active:
+                raise RunStateError(f"run {run_id} already {run.status}; nothing to pause")
+            if run.cancel_requested:
+                raise RunStateError(f"run {run_id} is being cancelled; a cancelled run cannot be paused")
+            if run.paused and not interrupt_running:
+                return
+            with self.transaction() as conn:
+                # Every row of the run first (the order a node's end and a signal take too): see `pause_run`.
+                queue.lock_run_nodes(conn, run_id, tenant)
+                running, held = queue.pause_run(conn, run_id, tenant, interrupt=interrupt_running)
+                if run.paused and not running:
+                    return  # paused already, and nothing left to interrupt
+                paused = ev.event(
+                    ev.RUN_PAUSED,
+                    run_id,
+                    actor=actor,
+                    interrupt_running=interrupt_running,
+                    **({"parent_run_id": str(parent_run_id)} if parent_run_id is not None else {}),
+                )
+                self.store.append(
+                    ev.run_stream(run_id), [paused], expected_version=run.version, tenant=tenant, conn=conn
+                )
+            log.info(
+                "workflow_paused",
+                run_id=str(run_id),
+                running=running,
+                held=held,
+                interrupt_running=interrupt_running,
+                actor=actor,
+            )
+
+        self._with_occ(attempt)
+        return self.load(run_id, tenant=tenant)
+
+    def resume(
+        self,
+        run_id: uuid.UUID,
+        *,
+        tenant: str = "default",
+        actor: str = "operator",
+        parent_run_id: uuid.UUID | None = None,
+    ) -> RunState:
+        """Resume a paused run where it was: its ready nodes are claimable again (in their old place), its
+        nodes handed back by the pause go on from their checkpoints; completed nodes and memoized steps are
+        never run again. Resuming a run that is not paused changes nothing; an ended run raises
+        RunStateError."""
+
+        def attempt() -> None:
+            run = self.load(run_id, tenant=tenant)
+            if not run.active:
+                raise RunStateError(f"run {run_id} already {run.status}; nothing to resume")
+            if not run.paused:
+                return
+            with self.transaction() as conn:
+                queue.lock_run_nodes(conn, run_id, tenant)
+                ready = queue.resume_run(conn, run_id)
+                resumed = ev.event(
+                    ev.RUN_RESUMED,
+                    run_id,
+                    actor=actor,
+                    **({"parent_run_id": str(parent_run_id)} if parent_run_id is not None else {}),
+                )
+                self.store.append(
+                    ev.run_stream(run_id), [resumed], expected_version=run.version, tenant=tenant, conn=conn
+                )
+            log.info("workflow_resumed", run_id=str(run_id), ready=ready, actor=actor)
+
+        self._with_occ(attempt)
+        return self.load(run_id, tenant=tenant)
+
     def retry(self, run_id: uuid.UUID, *, tenant: str = "default", actor: str = "operator") -> RunState:
         """Run a failed or cancelled run again from its failed nodes; completed nodes are kept, and so are
         the failed nodes' checkpoints and memoized steps."""
@@ -576,6 +698,9 @@ class Engine:
                 )
         with self.transaction() as conn:
             self.store.append_many(appends, tenant=tenant, conn=conn)
+            if not run.active:
+                # A run paused when it ended (its last running nodes ended it) is not paused once reopened.
+                queue.forget_pause(conn, run.run_id)
             queue.enqueue(
                 conn,
                 run.run_id,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict
@@ -40,6 +40,8 @@ RUN_REFRESHED = "wf.RunRefreshed"
 RUN_COMPLETED = "wf.RunCompleted"
 RUN_FAILED = "wf.RunFailed"
 RUN_CANCELLED = "wf.RunCancelled"
+RUN_PAUSED = "wf.RunPaused"
+RUN_RESUMED = "wf.RunResumed"
 NODE_WAITING = "wf.NodeWaiting"
 SIGNAL_RECEIVED = "wf.SignalReceived"
 SIGNAL_TAKEN = "wf.SignalTaken"
@@ -92,6 +94,24 @@ class TriggeringEvent(BaseModel):
     position: int
 
 
+#: What happens to a child run when its parent is cancelled, fails or is paused (`parent_close=` of
+#: `NodeContext.start_workflow`): the same (`cancel`: its running nodes finish first), the same at once
+#: (`terminate`: its running nodes are not let finish), or nothing (`abandon`).
+PARENT_CLOSE_POLICIES = ("terminate", "cancel", "abandon")
+ParentClose = Literal["terminate", "cancel", "abandon"]
+
+
+class ParentLink(BaseModel):
+    """The run whose node started this one (`NodeContext.start_workflow`), and what this run does when
+    that run is cancelled, fails or is paused (workflows.children)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    run_id: str
+    node: str
+    parent_close: ParentClose = "cancel"
+
+
 class RunStarted(WorkflowEvent):
     event_type: ClassVar[str] = RUN_STARTED
     workflow: str
@@ -109,6 +129,8 @@ class RunStarted(WorkflowEvent):
     priority: int = 0
     #: Key/value tags given at the start (`Engine.start(tags=)`), absent when none: see workflows.tags.
     tags: dict[str, str] = {}
+    #: Set for a run a node of another run started (a child run), absent for every other start.
+    parent: ParentLink | None = None
 
 
 class NodesReady(WorkflowEvent):
@@ -161,6 +183,27 @@ class RunTagged(WorkflowEvent):
     actor: str | None = None
 
 
+class RunPaused(WorkflowEvent):
+    """The run starts no new node until it is resumed (`Engine.pause`). Its running nodes finish, or, with
+    `interrupt_running`, stop at their next context call and are handed back, to go on from their
+    checkpoints once the run is resumed."""
+
+    event_type: ClassVar[str] = RUN_PAUSED
+    actor: str | None = None
+    interrupt_running: bool = False
+    #: Set when the pause of this run's parent paused it (workflows.children).
+    parent_run_id: str | None = None
+
+
+class RunResumed(WorkflowEvent):
+    """The paused run goes on where it was (`Engine.resume`): its ready nodes are claimable again."""
+
+    event_type: ClassVar[str] = RUN_RESUMED
+    actor: str | None = None
+    #: Set when the resume of this run's parent resumed it (workflows.children).
+    parent_run_id: str | None = None
+
+
 class KeyClaimed(WorkflowEvent):
     """In the key's stream: this run now holds the key."""
 
@@ -209,6 +252,8 @@ class ChildStarted(NodeEvent):
     key: str
     child_run_id: str
     workflow: str | None = None
+    #: The child's parent-close policy (absent for children started before there were policies).
+    parent_close: str | None = None
 
 
 class NodeSucceeded(NodeEvent):
@@ -247,6 +292,8 @@ class NodeReleased(NodeEvent):
 
     event_type: ClassVar[str] = NODE_RELEASED
     worker: str | None = None
+    #: Why, when not a worker's shutdown: "paused" (the run was paused with its running nodes interrupted).
+    reason: str | None = None
 
 
 class NodeStuck(NodeEvent):
@@ -333,6 +380,8 @@ MODELS: dict[str, type[WorkflowEvent]] = {
         RunFailed,
         RunCancelled,
         RunTagged,
+        RunPaused,
+        RunResumed,
         KeyClaimed,
         KeyReleased,
     )

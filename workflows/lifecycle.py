@@ -155,7 +155,8 @@ def _hand_off(
         attempts={n: run.node(n).attempt for n in ready},
         successor=None,
     )
-    if claim_next is None or not ready or wf.nodes[ready[0]].limits:
+    # A paused run starts no new node: its ready ones wait for the resume (the claim moves them aside).
+    if claim_next is None or not ready or wf.nodes[ready[0]].limits or run.paused:
         return None, change
     node = ready[0]
     successor = Claim(
@@ -214,7 +215,10 @@ class Lifecycle:
             except WrongExpectedVersionError:
                 self.engine.catch_up(run)
                 continue
+            ended_paused = run.paused and terminal
             advance(run, events, result, outcome.recorded_at, written)
+            if ended_paused:
+                self._forget_pause(run)
             if successor is not None and successor.run_id == run.run_id:
                 successor = dataclasses.replace(successor, crashes=outcome.successor_crashes)
             return successor
@@ -416,6 +420,25 @@ class Lifecycle:
         return retrying
 
     def cancelled(self, claim: Claim, wf: Workflow, *, run: RunState | None = None) -> None:
+        """The node stopped at its fence's cancellation flag. The run is being cancelled: the node is
+        cancelled. Or the run was paused with its running nodes interrupted (or resumed since): the node is
+        handed back, neither a crash nor a failed attempt, to go on from its checkpoints when claimed again,
+        which the pause defers until the resume."""
+        if run is None:
+            run = self.engine.load(claim.run_id, tenant=claim.tenant)
+        for _ in range(_ATTEMPTS):
+            if run.cancel_requested:
+                break
+            try:
+                self._hand_back(claim, run)
+            except WrongExpectedVersionError:
+                self.engine.catch_up(run)  # a cancellation or a resume came between: decide again
+                continue
+            log.info(
+                "workflow_node_interrupted", run_id=str(claim.run_id), node=claim.node, paused=run.paused
+            )
+            return
+
         def decide(run: RunState) -> _Decision:
             statuses = run.statuses
             statuses[claim.node] = NodeStatus.CANCELLED
@@ -425,6 +448,36 @@ class Lifecycle:
 
         self._commit(claim, wf, run, decide)
         log.info("workflow_node_cancelled", run_id=str(claim.run_id), node=claim.node)
+
+    def _forget_pause(self, run: RunState) -> None:
+        """A paused run that its last running nodes ended is paused no more: its pause row goes. Best
+        effort, after the end committed: a row left behind holds nothing back (the run has no queue rows),
+        and a retry or refresh of the run drops it (Engine._reopen)."""
+        try:
+            with wrap_exceptions(), self.store.pool.connection() as conn:
+                queue.forget_pause(conn, run.run_id)
+        except Exception as exc:
+            log.warning("workflow_pause_not_forgotten", run_id=str(run.run_id), error=str(exc))
+
+    def _hand_back(self, claim: Claim, run: RunState) -> None:
+        """Hand an interrupted node back (see `queue.hand_back`), recorded at the exact version `run` knows:
+        a pause, a resume or a cancellation committed meanwhile fails it (WrongExpectedVersionError)."""
+        released = ev.event(
+            ev.NODE_RELEASED,
+            claim.run_id,
+            node=claim.node,
+            worker=run.node(claim.node).worker,
+            reason="paused",
+        )
+        with fenced_writes(), self.engine.transaction() as conn:
+            if queue.hand_back(conn, claim.run_id, claim.node, claim.token):
+                self.store.append(
+                    ev.run_stream(claim.run_id),
+                    [released],
+                    expected_version=run.version,
+                    tenant=claim.tenant,
+                    conn=conn,
+                )
 
     def suspend(
         self, claim: Claim, wf: Workflow, wait: NodeSuspended, *, run: RunState | None = None

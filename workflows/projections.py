@@ -68,6 +68,8 @@ workflow_tables = Projection(
         ev.RUN_TAGGED,
         # Read only to link a child run to its parent (search_rows): it changes no row of the parent.
         ev.CHILD_STARTED,
+        ev.RUN_PAUSED,
+        ev.RUN_RESUMED,
     ],
     tables=[
         Table(

@@ -119,10 +119,10 @@ SELECT node FROM ledgerflow.workflow_queue
    FOR UPDATE
 
 -- name: wake_waiting
--- The nodes waiting for this signal are due now.
+-- The nodes waiting for this signal are due now (those of a paused run once it is resumed).
 UPDATE ledgerflow.workflow_queue
    SET ready_at = clock_timestamp()
- WHERE run_id = %(run_id)s AND status = 'ready' AND waiting_for = %(signal)s
+ WHERE run_id = %(run_id)s AND status IN ('ready', 'paused') AND waiting_for = %(signal)s
    AND ready_at > clock_timestamp()
 
 -- name: begin
@@ -142,22 +142,89 @@ UPDATE ledgerflow.workflow_queue
  WHERE run_id = %(run_id)s AND node = %(node)s AND token = %(token)s
 RETURNING run_id
 
+-- name: forget_pause
+DELETE FROM ledgerflow.workflow_paused_runs WHERE run_id = %(run_id)s
+
+-- name: hand_back
+-- A node interrupted by its run's pause goes back, not counted as a crash: paused while the run is (so no
+-- claim walks it), else ready at once; its interruption flag is cleared, so that the next claim runs it.
+UPDATE ledgerflow.workflow_queue q
+   SET status = CASE WHEN EXISTS (SELECT 1 FROM ledgerflow.workflow_paused_runs pr WHERE pr.run_id = q.run_id)
+                     THEN 'paused' ELSE 'ready' END,
+       ready_at = clock_timestamp(), token = NULL, worker_name = NULL, worker_instance = NULL,
+       lease_expires_at = NULL, cancel_requested = false
+ WHERE run_id = %(run_id)s AND node = %(node)s AND token = %(token)s AND status = 'claimed'
+RETURNING run_id
+
 -- name: heartbeat
 -- One statement renews every lease of this worker process, each for the TTL from when its row is locked:
 -- see ledgerflow.wf_heartbeat (migration 0034). Heartbeats stay out of the log.
 SELECT ledgerflow.wf_heartbeat(%(instance)s, %(tokens)s::bigint[], %(ttl)s)
 
 -- name: cancel_run
--- Pending nodes never start: their rows go. Claimed nodes learn of it at their next fenced write.
+-- Pending nodes never start: their rows go. Claimed nodes learn of it at their next fenced write. A
+-- cancelled run is no longer paused: its pause goes with it (migration 0049).
 WITH flagged AS (
     UPDATE ledgerflow.workflow_queue SET cancel_requested = true
      WHERE run_id = %(run_id)s AND status = 'claimed'
     RETURNING node
 ), dropped AS (
-    DELETE FROM ledgerflow.workflow_queue WHERE run_id = %(run_id)s AND status IN ('ready', 'parked')
+    DELETE FROM ledgerflow.workflow_queue
+     WHERE run_id = %(run_id)s AND status IN ('ready', 'parked', 'paused')
     RETURNING node
+), unpaused AS (
+    DELETE FROM ledgerflow.workflow_paused_runs WHERE run_id = %(run_id)s
 )
 SELECT (SELECT coalesce(array_agg(node), '{}') FROM flagged), (SELECT coalesce(array_agg(node), '{}') FROM dropped)
+
+-- name: terminate_run
+-- After `lock_run_nodes`: every row of the run goes, claimed ones too (their holders' next fenced write
+-- fails: the lease is lost), and so does its pause. Returns the nodes dropped.
+WITH unpaused AS (
+    DELETE FROM ledgerflow.workflow_paused_runs WHERE run_id = %(run_id)s
+), dropped AS (
+    DELETE FROM ledgerflow.workflow_queue WHERE run_id = %(run_id)s
+    RETURNING node
+)
+SELECT coalesce(array_agg(node ORDER BY node), '{}') FROM dropped
+
+-- name: pause_run
+-- In the transaction that appends RunPaused, after `lock_run_nodes` (every row of the run locked: a claim,
+-- a node's end or a reclaim in flight commits first, or waits for this and then sees the pause; see
+-- migration 0049). The run's ready rows move to `paused`, keeping their place; with %(interrupt)s, its
+-- claimed nodes are flagged as a cancellation flags them, so that each stops at its next fenced write
+-- (the worker then hands it back: see Lifecycle.cancelled). Returns (running, held) node names.
+WITH paused AS (
+    INSERT INTO ledgerflow.workflow_paused_runs (run_id, tenant) VALUES (%(run_id)s, %(tenant)s)
+    ON CONFLICT (run_id) DO NOTHING
+), held AS (
+    UPDATE ledgerflow.workflow_queue SET status = 'paused'
+     WHERE run_id = %(run_id)s AND status = 'ready'
+    RETURNING node
+), running AS (
+    UPDATE ledgerflow.workflow_queue SET cancel_requested = cancel_requested OR %(interrupt)s
+     WHERE run_id = %(run_id)s AND status = 'claimed'
+    RETURNING node
+)
+SELECT (SELECT coalesce(array_agg(node ORDER BY node), '{}') FROM running),
+       (SELECT coalesce(array_agg(node ORDER BY node), '{}') FROM held)
+
+-- name: resume_run
+-- In the transaction that appends RunResumed, after `lock_run_nodes`: the pause goes first, then the
+-- run's paused rows are ready again where they were (their ready_at kept), and the interruption flags of
+-- its nodes are cleared (a run that is being cancelled is not resumed). Returns the nodes made ready.
+WITH unpaused AS (
+    DELETE FROM ledgerflow.workflow_paused_runs WHERE run_id = %(run_id)s
+), cleared AS (
+    -- Claimed nodes not yet interrupted go on; nodes taken back from a dead worker while interrupted run.
+    UPDATE ledgerflow.workflow_queue SET cancel_requested = false
+     WHERE run_id = %(run_id)s AND status <> 'paused' AND cancel_requested
+), ready AS (
+    UPDATE ledgerflow.workflow_queue SET status = 'ready', cancel_requested = false
+     WHERE run_id = %(run_id)s AND status = 'paused'
+    RETURNING node
+)
+SELECT coalesce(array_agg(node ORDER BY node), '{}') FROM ready
 
 -- name: recent_recoveries
 SELECT id, worker, trigger, started_at, duration_ms, found, reclaimed, parked, stuck, failed

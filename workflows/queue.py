@@ -467,6 +467,12 @@ def release(conn: Conn, run_id: uuid.UUID, node: str, token: int) -> bool:
     return conn.execute(Q["release"], {"run_id": run_id, "node": node, "token": token}).fetchone() is not None
 
 
+def hand_back(conn: Conn, run_id: uuid.UUID, node: str, token: int) -> bool:
+    """Hand back a node its run's pause interrupted; False if the claim no longer holds it."""
+    params = {"run_id": run_id, "node": node, "token": token}
+    return conn.execute(Q["hand_back"], params).fetchone() is not None
+
+
 def heartbeat(conn: Conn, instance: str, tokens: Sequence[int], ttl: float) -> set[int]:
     rows = conn.execute(Q["heartbeat"], {"instance": instance, "tokens": list(tokens), "ttl": ttl}).fetchall()
     return {int(r[0]) for r in rows}
@@ -477,6 +483,34 @@ def cancel_run(conn: Conn, run_id: uuid.UUID) -> tuple[list[str], list[str]]:
     row = conn.execute(Q["cancel_run"], {"run_id": run_id}).fetchone()
     assert row is not None
     return list(row[0]), list(row[1])
+
+
+def pause_run(conn: Conn, run_id: uuid.UUID, tenant: str, *, interrupt: bool) -> tuple[list[str], list[str]]:
+    """Pause the run's queue (after `lock_run_nodes`); returns (running, held) node names."""
+    row = conn.execute(
+        Q["pause_run"], {"run_id": run_id, "tenant": tenant, "interrupt": interrupt}
+    ).fetchone()
+    assert row is not None
+    return list(row[0]), list(row[1])
+
+
+def terminate_run(conn: Conn, run_id: uuid.UUID) -> list[str]:
+    """Drop every queue row of the run (after `lock_run_nodes`); returns the nodes dropped."""
+    row = conn.execute(Q["terminate_run"], {"run_id": run_id}).fetchone()
+    assert row is not None
+    return list(row[0])
+
+
+def resume_run(conn: Conn, run_id: uuid.UUID) -> list[str]:
+    """Resume the run's queue (after `lock_run_nodes`); returns the nodes ready again."""
+    row = conn.execute(Q["resume_run"], {"run_id": run_id}).fetchone()
+    assert row is not None
+    return list(row[0])
+
+
+def forget_pause(conn: Conn, run_id: uuid.UUID) -> None:
+    """Drop the pause of a run that ended while paused, as it is reopened."""
+    conn.execute(Q["forget_pause"], {"run_id": run_id})
 
 
 @dataclass(frozen=True)

@@ -38,12 +38,17 @@ WITH presence AS (
      ORDER BY q.lease_expires_at
      LIMIT %(limit)s
        FOR UPDATE OF q SKIP LOCKED
+), checked AS (
+    -- Never a node of a paused run: it starts no new node. Its row becomes ready, and the claim moves it
+    -- aside until the run is resumed. Asked once the row is locked, with a snapshot of its own (see
+    -- migration 0049).
+    SELECT lapsed.*, claimable AND NOT ledgerflow.wf_run_paused(run_id) AS can_claim FROM lapsed
 ), taken AS (
     -- (A window function cannot sit beside FOR UPDATE: the rows are locked first, then counted.)
     SELECT run_id, node, previous_worker, reason,
-           claimable AND row_number() OVER (PARTITION BY claimable ORDER BY lease_expires_at)
+           can_claim AND row_number() OVER (PARTITION BY can_claim ORDER BY lease_expires_at)
                          <= %(claim_slots)s AS claim
-      FROM lapsed
+      FROM checked
 )
 UPDATE ledgerflow.workflow_queue q
    SET status = CASE WHEN t.claim THEN 'claimed'

@@ -127,6 +127,11 @@ class RunState:
         return {name: n.status for name, n in self.nodes.items()}
 
     @property
+    def paused(self) -> bool:
+        """Paused (`Engine.pause`): the run starts no new node until it is resumed."""
+        return self.status == "paused"
+
+    @property
     def active(self) -> bool:
         return self.status not in TERMINAL_RUN
 
@@ -228,6 +233,18 @@ def _nodes_ready(run: RunState, e: ev.NodesReady, at: datetime) -> None:
 @_on(ev.RunCancelRequested)
 def _cancel_requested(run: RunState, e: ev.RunCancelRequested, at: datetime) -> None:
     run.cancel_requested = True
+    if run.status == "paused":  # a cancellation ends the pause (its queue side: `cancel_run`)
+        run.status = "running"
+
+
+@_on(ev.RunPaused)
+def _run_paused(run: RunState, e: ev.RunPaused, at: datetime) -> None:
+    run.status = "paused"
+
+
+@_on(ev.RunResumed)
+def _run_resumed(run: RunState, e: ev.RunResumed, at: datetime) -> None:
+    run.status = "running"
 
 
 def _ended(run: RunState, status: str, error: str | None, at: datetime) -> None:
@@ -250,7 +267,9 @@ def _run_cancelled(run: RunState, e: ev.RunCancelled, at: datetime) -> None:
 
 
 def _reopened(run: RunState) -> None:
-    run.status, run.error, run.finished_at, run.cancel_requested = "running", None, None, False
+    # A paused run with parked nodes retried stays paused: its nodes made ready wait for the resume.
+    status = "paused" if run.status == "paused" else "running"
+    run.status, run.error, run.finished_at, run.cancel_requested = status, None, None, False
 
 
 @_on(ev.RunRetried)

@@ -34,6 +34,7 @@ from eventstore.spi import is_unavailable, load_queries
 from projector import ApplyContext, Projection, ProjectorWorker, Table
 from projector import WorkerSettings as ProjectorSettings
 from workflows import events as ev
+from workflows.children import children_projection
 from workflows.definition import Trigger, Workflow, WorkflowRegistry
 from workflows.engine import Engine
 
@@ -189,7 +190,8 @@ class TriggerConsumer:
     def __init__(
         self, engine: Engine, registry: WorkflowRegistry, *, worker_id: str, lease_ttl: float = 10.0
     ) -> None:
-        self._projections = trigger_projections(engine, registry)
+        # Beside the triggers, the projection by which child runs follow their parents (workflows.children).
+        self._projections = [*trigger_projections(engine, registry), children_projection(engine)]
         self._store = engine.store
         self._worker_id = f"{worker_id}/triggers"
         # The leases last as long as the workflow worker's node leases: a peer takes over a dead

@@ -171,8 +171,8 @@ class WorkflowWorker:
         wanted = {"listener": 1, "notifier": 1}
         if settings.recovery:
             wanted["presence"] = 1  # and, for a moment when it registers, a second one to check it
-        if any(registry.get(n).triggers for n in registry.names()):
-            wanted["trigger_listener"] = 1  # the trigger projections' projector worker
+        # The projector worker of the trigger projections and of the children's (workflows.children).
+        wanted["trigger_listener"] = 1
         return wanted
 
     # -- the loop -------------------------------------------------------------------------------------

@@ -440,34 +440,33 @@ CREATE FUNCTION ledgerflow.wf_claim(p_worker_name text, p_instance text, p_worke
     AS $$
 #variable_conflict use_column
 BEGIN
-    -- Gap-freedom without a subtransaction: the log writer lock before the claim's first write (the pick
-    -- locks rows, the claim updates them), while the transaction has no xid yet. The NodeClaimed events
-    -- then carry the transaction's own xid (ledgerflow.log_writer_stamp), handed out after the lock. A
-    -- claim that finds nothing holds the lock for this statement only and takes no xid.
+    -- Gap-freedom without a subtransaction, as in migration 0043: the log writer lock before the claim's
+    -- first write, while the transaction has no xid yet; NodeClaimed then carries the transaction's own xid.
     PERFORM ledgerflow.log_writer_early();
-    -- As in migration 0027 (exactly one winner per node, a fresh fencing token, admission of nodes with
-    -- limits, each claim's NodeClaimed appended), but the nodes are picked by ledgerflow.wf_claim_pick:
-    -- tenants in turn, priorities within a tenant, bounded whatever the backlog.
     RETURN QUERY
-    WITH picked AS (
-        SELECT p.run_id, p.node, p.workflow, p.n
+    WITH picked_all AS (
+        -- (The pick runs to its end, its rows locked, before the first wf_run_paused call.)
+        SELECT p.run_id, p.node, p.workflow, p.n, ledgerflow.wf_run_paused(p.run_id) AS paused
           FROM ledgerflow.wf_claim_pick(p_workflows, p_versions, p_limit) p
+    ), held AS (
+        -- A paused run starts no new node. The picked rows are locked (FOR UPDATE in the pick), and a pause
+        -- locks every row of its run before it writes its row: a row picked before the pause committed is
+        -- claimed before it (the pause then finds it running), one picked after it is held.
+        UPDATE ledgerflow.workflow_queue q SET status = 'paused'
+          FROM picked_all p
+         WHERE p.paused AND q.run_id = p.run_id AND q.node = p.node
+    ), picked AS (
+        SELECT p.run_id, p.node, p.workflow, p.n FROM picked_all p WHERE NOT p.paused
     ), needs AS (
-        -- The limits each picked node needs: one index probe per node, nothing found when nothing has
-        -- limits.
         SELECT p.n, unnest(nl.limits) AS key
           FROM picked p JOIN ledgerflow.workflow_node_limits nl ON nl.workflow = p.workflow AND nl.node = p.node
     ), refused AS (
-        -- Admission, only when a picked node needs a slot: exact under concurrent claimers (an advisory
-        -- lock per limit key until commit; see ledgerflow.wf_limits_admit).
         SELECT g.candidate, g.wake_at
           FROM (SELECT WHERE EXISTS (SELECT FROM needs)) AS some_needs
          CROSS JOIN LATERAL ledgerflow.wf_limits_admit(ARRAY(SELECT n FROM needs ORDER BY n, key),
                                                        ARRAY(SELECT key FROM needs ORDER BY n, key)) g
          WHERE NOT g.admitted
     ), deferred AS (
-        -- A node refused a slot stays ready, due again when a slot may be free: until then the walk passes
-        -- it by, so the nodes queued behind it are not starved.
         UPDATE ledgerflow.workflow_queue q SET ready_at = refused.wake_at
           FROM picked JOIN refused ON refused.candidate = picked.n
          WHERE q.run_id = picked.run_id AND q.node = picked.node
@@ -484,7 +483,6 @@ BEGIN
         RETURNING q.run_id, q.node, q.tenant, q.workflow, q.attempt, q.token, q.cancel_requested, q.crashes,
                   q.version
     ), ordered AS (
-        -- In the order the run streams are locked in (see ledgerflow.wf_record_claims).
         SELECT c.*, row_number() OVER (ORDER BY c.tenant, c.run_id, c.node) AS k FROM claimed c
     )
     SELECT o.run_id, o.node, o.tenant, o.workflow, o.attempt, o.token, o.cancel_requested, o.crashes,
@@ -1209,6 +1207,18 @@ END
 $$;
 
 --
+-- Name: wf_run_paused(uuid); Type: FUNCTION; Schema: ledgerflow; Owner: -
+--
+
+CREATE FUNCTION ledgerflow.wf_run_paused(p_run_id uuid) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM ledgerflow.workflow_paused_runs pr WHERE pr.run_id = p_run_id);
+END
+$$;
+
+--
 -- Name: wf_run_priority(text, uuid); Type: FUNCTION; Schema: ledgerflow; Owner: -
 --
 
@@ -1746,6 +1756,16 @@ CREATE TABLE ledgerflow.workflow_node_limits (
 );
 
 --
+-- Name: workflow_paused_runs; Type: TABLE; Schema: ledgerflow; Owner: -
+--
+
+CREATE TABLE ledgerflow.workflow_paused_runs (
+    run_id uuid NOT NULL,
+    tenant text NOT NULL,
+    paused_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+);
+
+--
 -- Name: workflow_queue; Type: TABLE; Schema: ledgerflow; Owner: -
 --
 
@@ -1773,7 +1793,7 @@ CREATE TABLE ledgerflow.workflow_queue (
     version text NOT NULL,
     priority integer NOT NULL,
     CONSTRAINT workflow_queue_on_stuck_check CHECK ((on_stuck = ANY (ARRAY['retry'::text, 'fail'::text]))),
-    CONSTRAINT workflow_queue_status_check CHECK ((status = ANY (ARRAY['ready'::text, 'claimed'::text, 'parked'::text])))
+    CONSTRAINT workflow_queue_status_check CHECK ((status = ANY (ARRAY['ready'::text, 'claimed'::text, 'parked'::text, 'paused'::text])))
 );
 
 --
@@ -2023,6 +2043,13 @@ ALTER TABLE ONLY ledgerflow.workflow_limits
 
 ALTER TABLE ONLY ledgerflow.workflow_node_limits
     ADD CONSTRAINT workflow_node_limits_pkey PRIMARY KEY (workflow, node);
+
+--
+-- Name: workflow_paused_runs workflow_paused_runs_pkey; Type: CONSTRAINT; Schema: ledgerflow; Owner: -
+--
+
+ALTER TABLE ONLY ledgerflow.workflow_paused_runs
+    ADD CONSTRAINT workflow_paused_runs_pkey PRIMARY KEY (run_id);
 
 --
 -- Name: workflow_queue workflow_queue_pkey; Type: CONSTRAINT; Schema: ledgerflow; Owner: -

@@ -23,7 +23,7 @@ from workflows import NodeState, RunState
 
 router = APIRouter(tags=["runs"])
 
-RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
+RunStatus = Literal["running", "paused", "succeeded", "failed", "cancelled"]
 
 
 class ProgressOut(BaseModel):
@@ -211,6 +211,37 @@ def get_node(
 def cancel_run(run_id: uuid.UUID, principal: Operator, services: ServicesDep) -> RunDetailOut:
     """Cancel: waiting nodes never start; a running node stops at its next call to its context."""
     run = services.engine.cancel(run_id, tenant=principal.tenant, actor=f"api:{principal.token_id}")
+    return run_detail(run, services, principal)
+
+
+class PauseRequest(BaseModel):
+    interrupt_running: bool = Field(
+        default=False,
+        description="Stop the running nodes at their next call to their context and hand them back, to go "
+        "on from their checkpoints once resumed (default: they finish).",
+    )
+
+
+@router.post("/runs/{run_id}/pause", response_model=RunDetailOut, responses={**NOT_FOUND, **CONFLICT})
+def pause_run(
+    run_id: uuid.UUID, principal: Operator, services: ServicesDep, body: PauseRequest | None = None
+) -> RunDetailOut:
+    """Pause: the run starts no new node until resumed; its running nodes finish (or, with
+    `interrupt_running`, stop and go back). Pausing a paused run changes nothing; an ended run: 409."""
+    run = services.engine.pause(
+        run_id,
+        interrupt_running=body.interrupt_running if body is not None else False,
+        tenant=principal.tenant,
+        actor=f"api:{principal.token_id}",
+    )
+    return run_detail(run, services, principal)
+
+
+@router.post("/runs/{run_id}/resume", response_model=RunDetailOut, responses={**NOT_FOUND, **CONFLICT})
+def resume_run(run_id: uuid.UUID, principal: Operator, services: ServicesDep) -> RunDetailOut:
+    """Resume a paused run where it was; completed nodes and memoized steps are not run again. Resuming a
+    run that is not paused changes nothing; an ended run: 409."""
+    run = services.engine.resume(run_id, tenant=principal.tenant, actor=f"api:{principal.token_id}")
     return run_detail(run, services, principal)
 
 

@@ -109,7 +109,7 @@ export function h(tag, attrs = {}, ...children) {
 
 export const ICONS = {
   succeeded: "✓", running: "▶", pending: "○", ready: "○", failed: "✗",
-  retry_scheduled: "↻", parked: "⏸", cancelled: "⊘", skipped: "–", waiting: "◷",
+  retry_scheduled: "↻", parked: "⏸", cancelled: "⊘", skipped: "–", waiting: "◷", paused: "‖",
 };
 export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 

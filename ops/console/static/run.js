@@ -1,7 +1,7 @@
 // #/runs/<id>: one run's DAG (dag.js), polled every second while the run is active (and only then); a click
-// on a node opens its output and error (node.js); Cancel, Retry and Refresh as the run's status allows, each
-// confirmed first (confirm.js); what waiting nodes wait for, with Approve and Reject for a signal (waiting.js);
-// the run's history: a timeline of its events and a Gantt of its node attempts (history.js).
+// on a node opens its output and error (node.js); Pause, Resume, Cancel, Retry and Refresh as the run's status
+// allows, each confirmed first (confirm.js); what waiting nodes wait for, with Approve and Reject for a signal
+// (waiting.js); the run's history: a timeline of its events and a Gantt of its node attempts (history.js).
 import { get, h, poll, post, showError, showNotice, TERMINAL, when } from "./api.js";
 import { confirmAction } from "./confirm.js";
 import { dag } from "./dag.js";
@@ -9,7 +9,7 @@ import { historyPanel } from "./history.js";
 import { nodePanel } from "./node.js";
 import { waitingPanel } from "./waiting.js";
 
-const LABELS = { running: "Running", succeeded: "Succeeded", failed: "Failed", cancelled: "Cancelled" };
+const LABELS = { running: "Running", paused: "Paused", succeeded: "Succeeded", failed: "Failed", cancelled: "Cancelled" };
 
 export function render(root, runId) {
   const status = h("p", { id: "run-status", "data-testid": "run-status" }, "loading…");
@@ -18,6 +18,8 @@ export function render(root, runId) {
   const refreshInput = h("textarea", { id: "refresh-input", rows: 2, placeholder: "the input to run with (JSON)" });
   const buttons = {
     cancel: h("button", { id: "run-cancel", class: "danger", hidden: true, onclick: () => act("cancel") }, "Cancel run"),
+    pause: h("button", { id: "run-pause", hidden: true, onclick: () => act("pause") }, "Pause"),
+    resume: h("button", { id: "run-resume", hidden: true, onclick: () => act("resume") }, "Resume"),
     retry: h("button", { id: "run-retry", hidden: true, onclick: () => act("retry") }, "Retry"),
     refresh: h("button", { id: "run-refresh", hidden: true, onclick: () => act("refresh") }, "Refresh"),
   };
@@ -30,7 +32,8 @@ export function render(root, runId) {
   const history = historyPanel(runId);
   root.append(h("h2", {}, h("a", { href: "#/runs" }, "Runs"), " / ", h("span", { class: "mono" }, runId)),
     meta, unknown, svgBox, h("p", { class: "muted hint" }, "Click a node to see its output and error."),
-    waiting.el, panel.el, h("div", { class: "row" }, status, buttons.cancel, buttons.retry), refreshBox, error, history.el);
+    waiting.el, panel.el, h("div", { class: "row" }, status, buttons.pause, buttons.resume, buttons.cancel, buttons.retry),
+    refreshBox, error, history.el);
 
   let run = null;
   let stop = null;
@@ -99,6 +102,8 @@ export function render(root, runId) {
     const operates = run.may_operate !== false; // a token without the operate scope gets no levers
     buttons.cancel.hidden = !active || !operates;
     buttons.cancel.disabled = Boolean(run.cancel_requested);
+    buttons.pause.hidden = !active || !operates || run.status === "paused" || Boolean(run.cancel_requested);
+    buttons.resume.hidden = !operates || run.status !== "paused";
     buttons.retry.hidden = !operates || !(run.status === "failed" || run.status === "cancelled");
     refreshBox.hidden = buttons.refresh.hidden = !operates || run.status !== "succeeded";
     if (!refreshBox.hidden && !refreshInput.value) refreshInput.value = JSON.stringify(run.input);
@@ -136,6 +141,24 @@ function consequences(action, run, body) {
         kept, "Retry can run it again later from where it stopped.",
       ].filter(Boolean),
       confirm: "Cancel the run", keep: "Keep it running",
+    };
+  }
+  if (action === "pause") {
+    return {
+      title: `Pause ${title}?`,
+      body: [
+        "No node of the run starts until it is resumed" +
+          (running.length ? `; the running node(s) ${list(running)} finish.` : "."),
+        kept, "Resume goes on where it stopped.",
+      ].filter(Boolean),
+      confirm: "Pause the run", keep: "Keep it running",
+    };
+  }
+  if (action === "resume") {
+    return {
+      title: `Resume ${title}?`,
+      body: ["Its ready nodes start again where they were; completed nodes and recorded steps are not run again."],
+      confirm: "Resume the run",
     };
   }
   if (action === "retry") {
