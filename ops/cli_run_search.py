@@ -52,7 +52,9 @@ def _run_id(text: str | None) -> uuid.UUID | None:
 
 @click.command("list")
 @click.option(
-    "--status", multiple=True, help="running, paused, succeeded, failed or cancelled (repeatable: any of them)."
+    "--status",
+    multiple=True,
+    help="running, paused, succeeded, failed or cancelled (repeatable: any of them).",
 )
 @click.option("--workflow", default=None)
 @click.option("--version", "version", default=None, help="The definition's version the runs started with.")
