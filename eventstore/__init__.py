@@ -20,6 +20,8 @@ from eventstore.errors import (
     IdempotencyConflictError,
     InvalidInputError,
     LedgerflowError,
+    MasterKeyMissingError,
+    MasterKeyUnknownError,
     MigrationError,
     NotFoundError,
     QuotaExceededError,
@@ -45,6 +47,8 @@ from eventstore.events import (
 from eventstore.eventtypes import EventTypes
 from eventstore.jsonvalue import dumps as json_dumps
 from eventstore.jsonvalue import loads as json_loads
+from eventstore.keys import Forgotten, RotationProgress
+from eventstore.masterkeys import MasterKeys, generate_master_key
 from eventstore.migrate import Migration, applied_versions, pending_migrations
 from eventstore.migrate import migrate as apply_migrations
 from eventstore.outage import Outage, OutageState, backoff, is_unavailable, sleeper
@@ -57,9 +61,11 @@ from eventstore.partitions import (
     list_partitions,
     restore_partition,
 )
+from eventstore.personal import REDACTED, Personal, personal_fields
 from eventstore.settings import DatabaseSettings
 from eventstore.sqlfile import load_queries
 from eventstore.store import EventStore, Horizon
+from eventstore.subjects import FORGOTTEN_STREAM, forget_subject, rotate_master_key
 from eventstore.subscribe import Subscription
 
 __ledgerflow_package__ = True
@@ -67,8 +73,10 @@ __ledgerflow_package__ = True
 __all__ = [
     "ANY",
     "EVENT_TYPE_PATTERN",
+    "FORGOTTEN_STREAM",
     "IDEMPOTENCY_KEY_PATTERN",
     "NO_STREAM",
+    "REDACTED",
     "START",
     "STREAM_EXISTS",
     "AppendResult",
@@ -85,12 +93,16 @@ __all__ = [
     "EventTypes",
     "ExpectedState",
     "ExpectedVersion",
+    "Forgotten",
     "Horizon",
     "IdempotencyConflictError",
     "InvalidInputError",
     "LedgerflowError",
     "LogEnd",
     "Manifest",
+    "MasterKeyMissingError",
+    "MasterKeyUnknownError",
+    "MasterKeys",
     "Migration",
     "MigrationError",
     "NewEvent",
@@ -98,9 +110,11 @@ __all__ = [
     "Outage",
     "OutageState",
     "Partition",
+    "Personal",
     "QuotaExceededError",
     "ReadPage",
     "RecordedEvent",
+    "RotationProgress",
     "StreamAppend",
     "StreamPage",
     "Subscription",
@@ -112,6 +126,8 @@ __all__ = [
     "check_stream_id",
     "check_tenant",
     "ensure_partitions",
+    "forget_subject",
+    "generate_master_key",
     "is_unavailable",
     "json_dumps",
     "json_loads",
@@ -120,11 +136,13 @@ __all__ = [
     "open_connection",
     "open_store",
     "pending_migrations",
+    "personal_fields",
     "pipelined",
     "redact",
     "require_ledgerflow_packages",
     "resolve_database_url",
     "restore_partition",
+    "rotate_master_key",
     "sleeper",
     "synced",
     "translate",

@@ -44,4 +44,5 @@ def open_store(
         max_page_bytes=settings.max_page_bytes,
         notifier=Notifier(url),
         pinned_connections=settings.pinned_connections,
+        master_keys=settings.master_keys(),
     )

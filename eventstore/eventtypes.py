@@ -13,6 +13,7 @@ import pydantic
 from eventstore._validation import check_event_type
 from eventstore.errors import EventDecodeError, InvalidInputError
 from eventstore.events import NewEvent, RecordedEvent
+from eventstore.personal import declare_model
 
 M = TypeVar("M", bound=type[pydantic.BaseModel])
 
@@ -28,6 +29,7 @@ class EventTypes:
         check_event_type(name)
         if self._models.get(name, model) is not model:
             raise InvalidInputError(f"event type {name!r} is already declared with another model")
+        declare_model(name, model)  # its `Personal(...)` fields, sealed at append (eventstore.personal)
         self._models[name] = model
         self._names[model] = name
 

@@ -44,8 +44,11 @@ from eventstore.events import (
 )
 from eventstore.eventtypes import EventTypes
 from eventstore.jsonvalue import loads
+from eventstore.keys import SubjectKeys
+from eventstore.masterkeys import MasterKeys
 from eventstore.notify import Notifier
 from eventstore.partitions import ensure_partitions
+from eventstore.personal import Shredder
 from eventstore.pinning import PinnedConnections
 from eventstore.pooling import Pool
 from eventstore.sqlfile import load_queries
@@ -158,8 +161,11 @@ class EventStore:
         max_page_bytes: int = 4 * 1024 * 1024,
         notifier: Notifier | None = None,
         pinned_connections: int | None = None,
+        master_keys: MasterKeys | None = None,
     ) -> None:
         self.pool = pool
+        #: Personal fields: sealed at append, revealed or redacted at read (see `eventstore.personal`).
+        self.personal = Shredder(SubjectKeys(pool, master_keys or MasterKeys(None)))
         #: The database URL, for the dedicated connections that subscriptions LISTEN on.
         conninfo = pool.conninfo
         self.url = url or (conninfo if isinstance(conninfo, str) else conninfo())
@@ -262,7 +268,7 @@ class EventStore:
         checks in the same order as `append_many`, one plain statement with plain parameters."""
         check.check_tenant(tenant)
         check.check_stream_id(stream_id)
-        p = self._prepare(event)
+        p = self._prepare(event, tenant)
         code = _expected_code(expected)
         params = {
             "tenant": tenant,
@@ -450,11 +456,13 @@ class EventStore:
         if self._notifier is not None:
             self._notifier.poke()
 
-    def _prepare(self, event: NewEvent) -> _PreparedEvent:
+    def _prepare(self, event: NewEvent, tenant: str) -> _PreparedEvent:
         if not isinstance(event, NewEvent):
             raise InvalidInputError(f"events must be NewEvent instances, not {type(event).__name__}")
         check.check_event_type(event.type)
-        data, problem = check.dumped_json_object(event.data)
+        # The stored data: personal fields sealed. `event` keeps the plain data for the idempotency hash,
+        # so a retry hashes the same whatever the ciphertexts' random nonces.
+        data, problem = check.dumped_json_object(self.personal.seal(tenant, event))
         if problem is not None:
             raise InvalidInputError(f"data of event {event.type!r} {problem}")
         metadata, problem = check.dumped_json_object(event.metadata)
@@ -490,7 +498,7 @@ class EventStore:
             )
         # Streams are locked in a fixed order so that two multi-stream appends cannot deadlock.
         ordered = sorted(appends, key=lambda a: a.stream_id)
-        prepared = [[self._prepare(e) for e in a.events] for a in ordered]
+        prepared = [[self._prepare(e, tenant) for e in a.events] for a in ordered]
         flat = [p for group in prepared for p in group]
         expected = [_expected_code(a.expected_version) for a in ordered]
         request_hash = None
@@ -547,7 +555,7 @@ class EventStore:
             # back, so nothing of the import is written.
             with conn.cursor().copy(Q["copy_events"]) as copy:
                 for stream_id, event in pairs:
-                    p = self._prepare(event)
+                    p = self._prepare(event, tenant)
                     version = next_version[stream_id]
                     next_version[stream_id] = version + 1
                     e = p.event
@@ -590,6 +598,7 @@ class EventStore:
             rows = conn.execute(
                 query, {"tenant": tenant, "stream_id": stream_id, "version": version, "limit": limit}
             ).fetchall()
+            rows = self.personal.reveal(conn, rows, 0)
         return [_recorded(r) for r in rows]
 
     def read_stream_page(
@@ -620,7 +629,7 @@ class EventStore:
             "max_bytes": budget,
         }
         with wrap_exceptions(), self.pool.connection() as conn:
-            rows = conn.execute(_STREAM_PAGE[backward], params).fetchall()
+            rows = self.personal.reveal(conn, conn.execute(_STREAM_PAGE[backward], params).fetchall(), 0)
         events = tuple(_encoded(r) for r in rows)
         if not events or (len(events) < limit and int(rows[-1][0]) < budget):
             return StreamPage(events, None)
@@ -640,6 +649,7 @@ class EventStore:
             rows = conn.execute(
                 Q["read_streams"], {"tenant": tenant, "stream_ids": list(stream_ids)}
             ).fetchall()
+            rows = self.personal.reveal(conn, rows, 0)
         for row in rows:
             event = _recorded(row)
             found[event.stream_id].append(event)
@@ -740,9 +750,8 @@ class EventStore:
         }
         with wrap_exceptions(), self._connection(conn) as c:
             rows = c.execute(Q["read_all"], params).fetchall()
-        xmin, ended = int(rows[0][0]), bool(rows[0][1])
-        if rows[0][3] is None:
-            rows = []
+            xmin, ended = int(rows[0][0]), bool(rows[0][1])
+            rows = [] if rows[0][3] is None else self.personal.reveal(c, rows, 2)
         if rows and (len(rows) == limit or int(rows[-1][2]) >= budget):
             # Stopped at the count or the byte budget: more may follow at once.
             last = rows[-1]
