@@ -40,7 +40,7 @@ from eventstore import (
     open_store,
     resolve_database_url,
 )
-from ops import cli_log, cli_projections, cli_quotas, cli_tokens, cli_workflows
+from ops import cli_log, cli_projections, cli_quotas, cli_subjects, cli_tokens, cli_workflows
 from ops.cli_common import console, emit_json, err_console, settings_of
 from ops.cli_errors import explain
 from ops.settings import Settings
@@ -464,6 +464,7 @@ cli_projections.register(cli)
 cli_workflows.register(cli)
 cli_tokens.register(cli)
 cli_quotas.register(cli)
+cli_subjects.register(cli)
 cli_log.register(cli)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 from fastapi import APIRouter, FastAPI
 
-from ops.api import errors, events, failures, health, limits, projections, recovery, runs, workflows
+from ops.api import errors, events, failures, health, limits, projections, recovery, runs, subjects, workflows
 from ops.api.authn import AuthenticateFirstMiddleware
 from ops.api.deps import SECURITY_SCHEME
 from ops.api.docs import mount_docs
@@ -107,7 +107,7 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
     app.add_middleware(SecurityHeadersMiddleware)
 
     v1 = APIRouter(prefix=f"/api/{API_VERSION}", responses=COMMON_RESPONSES)
-    for module in (events, workflows, runs, projections, failures, recovery, limits):
+    for module in (events, workflows, runs, projections, failures, recovery, limits, subjects):
         v1.include_router(module.router)
     app.include_router(v1)
     app.include_router(health.router, prefix="/api")
