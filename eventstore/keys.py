@@ -11,7 +11,8 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,10 +101,18 @@ class RotationProgress:
 class SubjectKeys:
     """The data key table, through one pool."""
 
-    def __init__(self, pool: psycopg_pool.ConnectionPool, masters: MasterKeys) -> None:
+    def __init__(
+        self,
+        pool: psycopg_pool.ConnectionPool,
+        masters: MasterKeys,
+        statement_connection: Callable[[], AbstractContextManager[psycopg.Connection[Any]]] | None = None,
+    ) -> None:
         self.pool = pool
         self.masters = masters
         self.cache = KeyCache()
+        #: Where a key is created: the appending thread's own connection (`EventStore.statement_connection`),
+        #: so an append that creates a key neither holds two connections nor gives its pinned one back.
+        self._statement_connection = statement_connection or pool.connection
 
     def key_for_append(self, tenant: str, subject: str) -> SubjectKey:
         """The subject's key, created at its first personal field. A forgotten subject answers a key that
@@ -122,7 +131,7 @@ class SubjectKeys:
             "master_key_id": master_id,
         }
         row = None
-        with wrap_exceptions(), self.pool.connection() as conn:
+        with wrap_exceptions(), self._statement_connection() as conn:
             # Autocommit, committed before the append that uses it: a key is never lost with a rolled-back
             # caller's transaction while an append path still holds it. Twice at most: the second
             # statement sees the row of an insert that won while the first waited.

@@ -151,8 +151,9 @@ class Shredder:
 
     def reveal(self, conn: psycopg.Connection[Any], rows: list[Any], offset: int) -> list[Any]:
         """`rows` of a read (each: a running size, then the event's columns, after `offset` leading
-        columns) with personal fields decrypted, or `REDACTED` where their subject was forgotten. The keys
-        are read on `conn` at this moment, never from memory."""
+        columns) with personal fields decrypted, or `REDACTED` where their subject was forgotten; the data
+        column of such a row becomes the decoded dict (the readers decode it no more). The keys are read
+        on `conn` at this moment, never from memory."""
         data_at = offset + 8
         marked = [i for i, row in enumerate(rows) if row[data_at] is not None and _MARK_TEXT in row[data_at]]
         if not marked:
@@ -173,7 +174,7 @@ class Shredder:
                 if _is_envelope(value):
                     key = keys.get((tenant, value["subject"]))
                     data[name] = _open(key, value, _aad(tenant, value["subject"], event_type, name, event_id))
-            out[i] = (*row[:data_at], jsonvalue.dumps(data), *row[data_at + 1 :])
+            out[i] = (*row[:data_at], data, *row[data_at + 1 :])
         return out
 
 

@@ -121,6 +121,10 @@ def _expected_code(expected: ExpectedVersion) -> int:
 
 def _encoded(row: Sequence[Any]) -> EncodedEvent:
     """An event from a read query's row: its running page size, then the event's columns in order."""
+    if type(row[8]) is dict:  # revealed personal fields, decoded (eventstore.personal)
+        columns = list(row[1:])
+        columns[7] = jsonvalue.dumps(row[8])
+        return EncodedEvent(*columns)
     return EncodedEvent(*row[1:])
 
 
@@ -135,7 +139,7 @@ def _recorded(row: Sequence[Any]) -> RecordedEvent:
         version,
         event_id,
         type_,
-        loads(data),
+        loads(data) if type(data) is str else data,  # a dict: revealed personal fields
         loads(metadata),
         corr,
         cause,
@@ -164,8 +168,7 @@ class EventStore:
         master_keys: MasterKeys | None = None,
     ) -> None:
         self.pool = pool
-        #: Personal fields: sealed at append, revealed or redacted at read (see `eventstore.personal`).
-        self.personal = Shredder(SubjectKeys(pool, master_keys or MasterKeys(None)))
+
         #: The database URL, for the dedicated connections that subscriptions LISTEN on.
         conninfo = pool.conninfo
         self.url = url or (conninfo if isinstance(conninfo, str) else conninfo())
@@ -179,6 +182,8 @@ class EventStore:
         #: pool, so that other work always finds connections.
         pinned = pool.max_size // 2 if pinned_connections is None else pinned_connections
         self._pins = PinnedConnections(pool, limit=min(pinned, pool.max_size))
+        #: Personal fields: sealed at append, revealed or redacted at read (see `eventstore.personal`).
+        self.personal = Shredder(SubjectKeys(pool, master_keys or MasterKeys(None), self._pins.connection))
         if isinstance(pool, Pool):
             pool.before_checkout = self._pins.give_back_idle  # no hold-and-wait (see eventstore.pooling)
             pool.reclaim_idle = self._pins.give_back_all_idle
