@@ -5,8 +5,9 @@ Run by hand (it is not a test):
 
     python bench/personal.py [--runs 5] [--events 2000] [--subjects 500]
 
-Each run uses a fresh database and alternates rounds of the two kinds (plain first in odd runs, sealed
-first in even ones). Appends, one event per append, one thread, the store's ordinary path, in two phases:
+Each run uses a fresh database and alternates the two kinds in chunks of 50 appends (which goes first
+alternating too), and reads of each kind in turn. Appends, one event per append, one thread, the store's
+ordinary path, in two phases:
 `first`, one append per subject of `--subjects` (a sealed one creates the subject's key: one statement more,
 once per subject), then `append`, `--events` appends over those subjects (their keys known). Reads:
 `read_all` of each kind's events (one type filter), pages of 1000; revealing asks the key table once per
@@ -40,6 +41,7 @@ from eventstore.migrate import migrate
 
 personal_fields("BenchSealed", subject="customer_id", fields=["email"])
 KINDS = ("BenchPlain", "BenchSealed")
+CHUNK = 50
 
 
 def _append(store: EventStore, kind: str, events: int, subjects: int, run: int, start: int = 0) -> float:
@@ -48,6 +50,19 @@ def _append(store: EventStore, kind: str, events: int, subjects: int, run: int, 
         data = {"customer_id": f"c{i % subjects}", "email": f"person{i}@example.com", "plan": "basic"}
         store.append(f"{kind}-{run}-{i % 100}", [NewEvent(kind, data)])
     return events / (time.perf_counter() - began)
+
+
+def _interleaved(
+    store: EventStore, order: tuple[str, ...], events: int, subjects: int, run: int, start: int, phase: str
+) -> dict[str, dict[str, float]]:
+    """Both kinds' appends in alternating chunks of `CHUNK` (the first kind alternating too), so that the
+    machine's load swings hit both alike; events per second of each kind over its own time."""
+    seconds = dict.fromkeys(KINDS, 0.0)
+    for n, at in enumerate(range(start, start + events, CHUNK)):
+        size = min(CHUNK, start + events - at)
+        for kind in order if n % 2 == 0 else order[::-1]:
+            seconds[kind] += size / _append(store, kind, size, subjects, run, at)
+    return {kind: {phase: events / seconds[kind]} for kind in KINDS}
 
 
 def _read(store: EventStore, kind: str) -> float:
@@ -81,11 +96,10 @@ def main() -> None:
             migrate(url)
             with open_store(settings, url=url, migrate=False) as store:
                 order = KINDS if run % 2 == 0 else KINDS[::-1]
-                got: dict[str, dict[str, float]] = {k: {} for k in KINDS}
-                for kind in order:
-                    got[kind]["first"] = _append(store, kind, args.subjects, args.subjects, run)
-                for kind in order:
-                    got[kind]["append"] = _append(store, kind, args.events, args.subjects, run, args.subjects)
+                got = _interleaved(store, order, args.subjects, args.subjects, run, 0, "first")
+                later = _interleaved(store, order, args.events, args.subjects, run, args.subjects, "append")
+                for kind in KINDS:
+                    got[kind].update(later[kind])
                 for kind in order:
                     got[kind]["read"] = _read(store, kind)
         for kind in KINDS:

@@ -37,10 +37,12 @@ KEY_CACHE_SIZE = 10_000
 class SubjectKey:
     """A subject's data key as an append or a read uses it; `cipher` None: the subject is forgotten."""
 
-    __slots__ = ("cipher", "key_id")
+    __slots__ = ("cipher", "key_id", "key_text")
 
     def __init__(self, key_id: uuid.UUID, secret: bytes | None) -> None:
         self.key_id = key_id
+        #: As written in the envelopes (compared for each field read).
+        self.key_text = str(key_id)
         self.cipher = None if secret is None else AESGCM(secret)
 
 

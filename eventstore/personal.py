@@ -17,6 +17,7 @@ import base64
 import os
 import threading
 import uuid
+from binascii import a2b_base64
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -99,10 +100,10 @@ def declared(event_type: str) -> Mapping[str, str]:
     return _declared.get(event_type, {})
 
 
-def _aad(tenant: str, subject: str, event_type: str, field: str, event_id: uuid.UUID | str) -> bytes:
+def _aad(tenant: str, subject: str, event_type: str, field: str, event_id: uuid.UUID) -> bytes:
     """A ciphertext is bound to its place: copied into another field, event, subject or tenant, it does
     not decrypt."""
-    return f"{tenant}\x00{subject}\x00{event_type}\x00{field}\x00{event_id}".encode()
+    return f"{tenant}\x00{subject}\x00{event_type}\x00{field}\x00".encode() + event_id.bytes
 
 
 class Shredder:
@@ -119,9 +120,8 @@ class Shredder:
             if isinstance(data, Mapping):
                 _refuse_envelopes(event.type, data)
             return data
-        _, problem = dumped_json_object(data)
-        if problem is not None:
-            raise InvalidInputError(f"data of event {event.type!r} {problem}")
+        if not isinstance(data, Mapping):
+            return data  # refused with its reason where the stored data is checked
         _refuse_envelopes(event.type, data)
         sealed = dict(data)
         for name, subject_field in fields.items():
@@ -136,15 +136,21 @@ class Shredder:
             key = self.keys.key_for_append(tenant, subject)
             # A forgotten subject's data is sealed with a key nobody keeps: forgotten as it is written.
             cipher = key.cipher or AESGCM(os.urandom(KEY_BYTES))
+            # Checked as the stored data is (the ciphertext hides it from that check): sealed as the JSON
+            # object {name: value}, which is also what a read decodes.
+            plain, problem = dumped_json_object({name: data[name]})
+            if problem is not None:
+                raise InvalidInputError(f"data of event {event.type!r} {problem}")
             nonce = os.urandom(NONCE_BYTES)
-            plain = jsonvalue.dumps(data[name]).encode()
             sealed[name] = {
                 MARK: 1,
                 "subject": subject,
-                "key": str(key.key_id),
+                "key": key.key_text,
                 "nonce": base64.b64encode(nonce).decode(),
                 "ct": base64.b64encode(
-                    cipher.encrypt(nonce, plain, _aad(tenant, subject, event.type, name, event.event_id))
+                    cipher.encrypt(
+                        nonce, plain.encode(), _aad(tenant, subject, event.type, name, event.event_id)
+                    )
                 ).decode(),
             }
         return sealed
@@ -173,7 +179,8 @@ class Shredder:
             for name, value in data.items():
                 if _is_envelope(value):
                     key = keys.get((tenant, value["subject"]))
-                    data[name] = _open(key, value, _aad(tenant, value["subject"], event_type, name, event_id))
+                    aad = _aad(tenant, value["subject"], event_type, name, event_id)
+                    data[name] = _open(key, name, value, aad)
             out[i] = (*row[:data_at], data, *row[data_at + 1 :])
         return out
 
@@ -196,14 +203,14 @@ def _refuse_envelopes(event_type: str, data: Mapping[str, Any]) -> None:
             )
 
 
-def _open(key: SubjectKey | None, envelope: dict[str, Any], aad: bytes) -> Any:
-    if key is None or key.cipher is None or str(key.key_id) != envelope.get("key"):
+def _open(key: SubjectKey | None, name: str, envelope: dict[str, Any], aad: bytes) -> Any:
+    if key is None or key.cipher is None or key.key_text != envelope.get("key"):
         return REDACTED
     try:
-        plain = key.cipher.decrypt(base64.b64decode(envelope["nonce"]), base64.b64decode(envelope["ct"]), aad)
-    except (InvalidTag, KeyError, ValueError) as exc:
+        plain = key.cipher.decrypt(a2b_base64(envelope["nonce"]), a2b_base64(envelope["ct"]), aad)
+    except (InvalidTag, KeyError, ValueError, TypeError) as exc:
         raise EventDecodeError(
             f"a personal field of subject {envelope.get('subject')!r} does not decrypt with its key: the "
             "stored ciphertext does not belong where it is"
         ) from exc
-    return jsonvalue.loads(plain)
+    return jsonvalue.loads(plain)[name]

@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from eventstore import check_tenant, forget_subject
 from ops.api.deps import Admin, ServicesDep
+from ops.api.errors import CONFLICT
 
 router = APIRouter(tags=["subjects"])
 
@@ -36,7 +37,7 @@ class SubjectForgotten(BaseModel):
     already: bool = Field(description="True when the subject had been forgotten before: nothing changed.")
 
 
-@router.post("/subjects/{subject}/forget", response_model=SubjectForgotten)
+@router.post("/subjects/{subject}/forget", response_model=SubjectForgotten, responses=CONFLICT)
 async def forget(
     subject: Subject,
     principal: Admin,
