@@ -19,6 +19,8 @@ from eventstore.errors import (
     IdempotencyConflictError,
     InvalidInputError,
     LedgerflowError,
+    MasterKeyMissingError,
+    MasterKeyUnknownError,
     MigrationError,
     MissingRelationError,
     NotFoundError,
@@ -44,6 +46,8 @@ from eventstore.events import (
     StreamPage,
 )
 from eventstore.eventtypes import DEFAULT_TYPES, EventTypes, TypeDeclaration, event_type, upcaster
+from eventstore.keys import Forgotten, RotationProgress
+from eventstore.masterkeys import MasterKeys, generate_master_key
 from eventstore.migrate import Migration, applied_versions, pending_migrations
 from eventstore.migrate import migrate as apply_migrations
 from eventstore.partitions import (
@@ -55,8 +59,10 @@ from eventstore.partitions import (
     list_partitions,
     restore_partition,
 )
+from eventstore.personal import REDACTED, Personal, personal_fields
 from eventstore.settings import DatabaseSettings
 from eventstore.store import EventStore, Horizon
+from eventstore.subjects import FORGOTTEN_STREAM, forget_subject, rotate_master_key
 from eventstore.subscribe import Subscription
 from eventstore.upcasting import UPCAST_FROM_KEY, VERSION_KEY, Upcaster
 
@@ -66,8 +72,10 @@ __all__ = [
     "ANY",
     "DEFAULT_TYPES",
     "EVENT_TYPE_PATTERN",
+    "FORGOTTEN_STREAM",
     "IDEMPOTENCY_KEY_PATTERN",
     "NO_STREAM",
+    "REDACTED",
     "START",
     "STREAM_EXISTS",
     "UPCAST_FROM_KEY",
@@ -87,21 +95,27 @@ __all__ = [
     "EventTypes",
     "ExpectedState",
     "ExpectedVersion",
+    "Forgotten",
     "Horizon",
     "IdempotencyConflictError",
     "InvalidInputError",
     "LedgerflowError",
     "LogEnd",
     "Manifest",
+    "MasterKeyMissingError",
+    "MasterKeyUnknownError",
+    "MasterKeys",
     "Migration",
     "MigrationError",
     "MissingRelationError",
     "NewEvent",
     "NotFoundError",
     "Partition",
+    "Personal",
     "QuotaExceededError",
     "ReadPage",
     "RecordedEvent",
+    "RotationProgress",
     "StreamAppend",
     "StreamPage",
     "Subscription",
@@ -116,11 +130,15 @@ __all__ = [
     "check_tenant",
     "ensure_partitions",
     "event_type",
+    "forget_subject",
+    "generate_master_key",
     "list_partitions",
     "open_store",
     "pending_migrations",
+    "personal_fields",
     "redact",
     "resolve_database_url",
     "restore_partition",
+    "rotate_master_key",
     "upcaster",
 ]

@@ -50,4 +50,5 @@ def open_store(
         max_page_bytes=settings.max_page_bytes,
         notifier=Notifier(url),
         pinned_connections=settings.pinned_connections,
+        master_keys=settings.master_keys(),
     )

@@ -178,3 +178,32 @@ class UpcastError(LedgerflowError):
             "version": self.version,
             "step": list(self.step) if self.step else None,
         }
+
+
+class MasterKeyMissingError(ConfigurationError):
+    """Personal fields are to be encrypted or decrypted, and no master key is configured."""
+
+    code = "master_key_missing"
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what}, but no master key is configured: set LEDGERFLOW_MASTER_KEY (the base64 of 32 random "
+            "bytes; `ledgerflow keys generate` prints one) or LEDGERFLOW_MASTER_KEY_FILE (a file holding it)"
+        )
+
+
+class MasterKeyUnknownError(ConfigurationError):
+    """A data key is wrapped by a master key that is not configured (neither current nor previous)."""
+
+    code = "master_key_unknown"
+
+    def __init__(self, master_key_id: str) -> None:
+        self.master_key_id = master_key_id
+        super().__init__(
+            f"a subject's data key is wrapped by master key {master_key_id}, which is not configured: set "
+            "it as LEDGERFLOW_MASTER_KEY, or list it in LEDGERFLOW_PREVIOUS_MASTER_KEYS until "
+            "`ledgerflow keys rotate-master` has re-wrapped every data key"
+        )
+
+    def details(self) -> dict[str, Any]:
+        return {"master_key_id": self.master_key_id}

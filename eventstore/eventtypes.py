@@ -31,6 +31,7 @@ from eventstore import jsonvalue
 from eventstore._validation import check_event_type
 from eventstore.errors import EventDecodeError, EventTypeRegistryError, InvalidInputError, UpcastError
 from eventstore.events import EncodedEvent, NewEvent, RecordedEvent
+from eventstore.personal import declare_model
 from eventstore.upcasting import UPCAST_FROM_KEY, VERSION_KEY, StepFailed, Upcaster, UpcasterFunction
 
 M = TypeVar("M", bound=type[pydantic.BaseModel])
@@ -80,6 +81,10 @@ class EventTypes:
             versions[version] = model
             self._names[model] = (name, version)
             self._latest[name] = max(self._latest.get(name, 0), version)
+            if self._latest[name] == version:
+                # Its `Personal(...)` fields are sealed at append (eventstore.personal): an append is
+                # recorded in the latest shape, so the latest version's model says which fields are personal.
+                declare_model(name, model)
             self._checked = False
 
     def event(self, name: str, version: int = 1) -> Callable[[M], M]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveInt, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from eventstore.masterkeys import MasterKeys
 
 
 class DatabaseSettings(BaseSettings):
@@ -36,3 +38,18 @@ class DatabaseSettings(BaseSettings):
     #: Modules that declare event types and upcasters (`@event_type`, `@upcaster`), comma-separated;
     #: imported when a store opens, so that every process reads events in the same shapes.
     event_types: str = ""
+    #: The master key that wraps the subjects' data keys (personal fields, see eventstore.personal): the
+    #: base64 of 32 random bytes (`ledgerflow keys generate`). Or a file holding it. Without either, an
+    #: append of personal fields is refused.
+    master_key: SecretStr | None = None
+    master_key_file: Path | None = None
+    #: Master keys replaced by `master_key`, comma-separated: they still unwrap data keys until
+    #: `ledgerflow keys rotate-master` has re-wrapped them all under the current one.
+    previous_master_keys: SecretStr | None = None
+
+    def master_keys(self) -> MasterKeys:
+        return MasterKeys.from_settings(
+            self.master_key.get_secret_value() if self.master_key else None,
+            self.master_key_file,
+            self.previous_master_keys.get_secret_value() if self.previous_master_keys else None,
+        )

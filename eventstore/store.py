@@ -45,8 +45,11 @@ from eventstore.events import (
 )
 from eventstore.eventtypes import DEFAULT_TYPES, EventTypes
 from eventstore.jsonvalue import loads
+from eventstore.keys import SubjectKeys
+from eventstore.masterkeys import MasterKeys
 from eventstore.notify import Notifier
 from eventstore.partitions import ensure_partitions
+from eventstore.personal import Shredder
 from eventstore.pinning import PinnedConnections
 from eventstore.pooling import Pool
 from eventstore.sqlfile import load_queries
@@ -119,6 +122,10 @@ def _expected_code(expected: ExpectedVersion) -> int:
 
 def _encoded(row: Sequence[Any]) -> EncodedEvent:
     """An event from a read query's row: its running page size, then the event's columns in order."""
+    if type(row[8]) is dict:  # revealed personal fields, decoded (eventstore.personal)
+        columns = list(row[1:])
+        columns[7] = jsonvalue.dumps(row[8])
+        return EncodedEvent(*columns)
     return EncodedEvent(*row[1:])
 
 
@@ -133,7 +140,7 @@ def _recorded(row: Sequence[Any]) -> RecordedEvent:
         version,
         event_id,
         type_,
-        loads(data),
+        loads(data) if type(data) is str else data,  # a dict: revealed personal fields
         loads(metadata),
         corr,
         cause,
@@ -159,8 +166,10 @@ class EventStore:
         max_page_bytes: int = 4 * 1024 * 1024,
         notifier: Notifier | None = None,
         pinned_connections: int | None = None,
+        master_keys: MasterKeys | None = None,
     ) -> None:
         self.pool = pool
+
         #: The database URL, for the dedicated connections that subscriptions LISTEN on.
         conninfo = pool.conninfo
         self.url = url or (conninfo if isinstance(conninfo, str) else conninfo())
@@ -176,6 +185,8 @@ class EventStore:
         #: pool, so that other work always finds connections.
         pinned = pool.max_size // 2 if pinned_connections is None else pinned_connections
         self._pins = PinnedConnections(pool, limit=min(pinned, pool.max_size))
+        #: Personal fields: sealed at append, revealed or redacted at read (see `eventstore.personal`).
+        self.personal = Shredder(SubjectKeys(pool, master_keys or MasterKeys(None), self._pins.connection))
         if isinstance(pool, Pool):
             pool.before_checkout = self._pins.give_back_idle  # no hold-and-wait (see eventstore.pooling)
             pool.reclaim_idle = self._pins.give_back_all_idle
@@ -265,7 +276,7 @@ class EventStore:
         checks in the same order as `append_many`, one plain statement with plain parameters."""
         check.check_tenant(tenant)
         check.check_stream_id(stream_id)
-        p = self._prepare(event)
+        p = self._prepare(event, tenant)
         new = p.event
         code = _expected_code(expected)
         params = {
@@ -458,13 +469,15 @@ class EventStore:
         if self._notifier is not None:
             self._notifier.poke()
 
-    def _prepare(self, event: NewEvent | pydantic.BaseModel) -> _PreparedEvent:
+    def _prepare(self, event: NewEvent | pydantic.BaseModel, tenant: str) -> _PreparedEvent:
         # A model instance becomes its NewEvent; a declared type is validated and its version recorded.
         event = self.types.stamp(event)
         if not isinstance(event, NewEvent):
             raise InvalidInputError(f"events must be NewEvent instances, not {type(event).__name__}")
         check.check_event_type(event.type)
-        data, problem = check.dumped_json_object(event.data)
+        # The stored data: personal fields sealed. `event` keeps the plain data for the idempotency hash,
+        # so a retry hashes the same whatever the ciphertexts' random nonces.
+        data, problem = check.dumped_json_object(self.personal.seal(tenant, event))
         if problem is not None:
             raise InvalidInputError(f"data of event {event.type!r} {problem}")
         metadata, problem = check.dumped_json_object(event.metadata)
@@ -499,7 +512,7 @@ class EventStore:
             )
         # Streams are locked in a fixed order so that two multi-stream appends cannot deadlock.
         ordered = sorted(appends, key=lambda a: a.stream_id)
-        prepared = [[self._prepare(e) for e in a.events] for a in ordered]
+        prepared = [[self._prepare(e, tenant) for e in a.events] for a in ordered]
         flat = [p for group in prepared for p in group]
         expected = [_expected_code(a.expected_version) for a in ordered]
         request_hash = None
@@ -556,7 +569,7 @@ class EventStore:
             # back, so nothing of the import is written.
             with conn.cursor().copy(Q["copy_events"]) as copy:
                 for stream_id, event in pairs:
-                    p = self._prepare(event)
+                    p = self._prepare(event, tenant)
                     version = next_version[stream_id]
                     next_version[stream_id] = version + 1
                     e = p.event
@@ -601,6 +614,7 @@ class EventStore:
             rows = conn.execute(
                 query, {"tenant": tenant, "stream_id": stream_id, "version": version, "limit": limit}
             ).fetchall()
+            rows = self.personal.reveal(conn, rows, 0)
         return self._shaped([_recorded(r) for r in rows], upcast)
 
     def read_stream_page(
@@ -633,7 +647,7 @@ class EventStore:
             "max_bytes": budget,
         }
         with wrap_exceptions(), self.pool.connection() as conn:
-            rows = conn.execute(_STREAM_PAGE[backward], params).fetchall()
+            rows = self.personal.reveal(conn, conn.execute(_STREAM_PAGE[backward], params).fetchall(), 0)
         events = self._shaped_encoded(tuple(_encoded(r) for r in rows), upcast)
         if not events or (len(events) < limit and int(rows[-1][0]) < budget):
             return StreamPage(events, None)
@@ -653,6 +667,7 @@ class EventStore:
             rows = conn.execute(
                 Q["read_streams"], {"tenant": tenant, "stream_ids": list(stream_ids)}
             ).fetchall()
+            rows = self.personal.reveal(conn, rows, 0)
         for event in self._shaped([_recorded(row) for row in rows], upcast):
             found[event.stream_id].append(event)
         return found
@@ -756,9 +771,8 @@ class EventStore:
         }
         with wrap_exceptions(), self._connection(conn) as c:
             rows = c.execute(Q["read_all"], params).fetchall()
-        xmin, ended = int(rows[0][0]), bool(rows[0][1])
-        if rows[0][3] is None:
-            rows = []
+            xmin, ended = int(rows[0][0]), bool(rows[0][1])
+            rows = [] if rows[0][3] is None else self.personal.reveal(c, rows, 2)
         if rows and (len(rows) == limit or int(rows[-1][2]) >= budget):
             # Stopped at the count or the byte budget: more may follow at once.
             last = rows[-1]

@@ -388,3 +388,17 @@ def _refresh_run(draw: st.DrawFn, run: _RunModel) -> None:
     for n in rerun:
         run.status[n], run.crashes[n] = "pending", 0
     run.make_ready()
+
+
+#: Histories of personal data: appends of a subject's personal value (and a plain one), forgettings, and
+#: retries of an earlier append under its idempotency key (by index, modulo the appends so far).
+shredding_subjects = st.sampled_from(["ann", "bob", "cyd"])
+shredding_moves = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), shredding_subjects, storable_text, st.integers(0, 99)),
+        st.tuples(st.just("forget"), shredding_subjects),
+        st.tuples(st.just("retry"), st.integers(0, 50)),
+    ),
+    min_size=1,
+    max_size=15,
+)

@@ -1644,6 +1644,23 @@ CREATE TABLE ledgerflow.streams (
 );
 
 --
+-- Name: subject_keys; Type: TABLE; Schema: ledgerflow; Owner: -
+--
+
+CREATE TABLE ledgerflow.subject_keys (
+    tenant text NOT NULL,
+    subject text NOT NULL,
+    key_id uuid NOT NULL,
+    wrapped_key bytea,
+    master_key_id text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    forgotten_at timestamp with time zone,
+    forgotten_by text,
+    CONSTRAINT subject_keys_forgotten_has_no_key CHECK ((((wrapped_key IS NULL) = (forgotten_at IS NOT NULL)) AND ((wrapped_key IS NULL) = (master_key_id IS NULL)))),
+    CONSTRAINT subject_keys_subject_check CHECK (((length(subject) >= 1) AND (length(subject) <= 256)))
+);
+
+--
 -- Name: tenant_quotas; Type: TABLE; Schema: ledgerflow; Owner: -
 --
 
@@ -2003,6 +2020,13 @@ ALTER TABLE ONLY ledgerflow.streams
     ADD CONSTRAINT streams_pkey PRIMARY KEY (tenant, stream_id);
 
 --
+-- Name: subject_keys subject_keys_pkey; Type: CONSTRAINT; Schema: ledgerflow; Owner: -
+--
+
+ALTER TABLE ONLY ledgerflow.subject_keys
+    ADD CONSTRAINT subject_keys_pkey PRIMARY KEY (tenant, subject);
+
+--
 -- Name: tenant_quotas tenant_quotas_pkey; Type: CONSTRAINT; Schema: ledgerflow; Owner: -
 --
 
@@ -2146,6 +2170,12 @@ CREATE UNIQUE INDEX projection_runs_one_operator_run ON ledgerflow.projection_ru
 --
 
 CREATE INDEX projection_runs_running ON ledgerflow.projection_runs USING btree (heartbeat_at) WHERE (status = 'running'::text);
+
+--
+-- Name: subject_keys_by_master; Type: INDEX; Schema: ledgerflow; Owner: -
+--
+
+CREATE INDEX subject_keys_by_master ON ledgerflow.subject_keys USING btree (master_key_id) WHERE (wrapped_key IS NOT NULL);
 
 --
 -- Name: workflow_debounces_due; Type: INDEX; Schema: ledgerflow; Owner: -

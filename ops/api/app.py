@@ -25,6 +25,7 @@ from ops.api import (
     recovery,
     run_search,
     runs,
+    subjects,
     workflows,
 )
 from ops.api.authn import AuthenticateFirstMiddleware
@@ -122,7 +123,7 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
     app.add_middleware(SecurityHeadersMiddleware)
 
     v1 = APIRouter(prefix=f"/api/{API_VERSION}", responses=COMMON_RESPONSES)
-    for module in (events, workflows, run_search, runs, projections, failures, recovery, limits):
+    for module in (events, workflows, run_search, runs, projections, failures, recovery, limits, subjects):
         v1.include_router(module.router)
     app.include_router(v1)
     app.include_router(health.router, prefix="/api")

@@ -61,6 +61,8 @@ NEXT: dict[str, str] = {
     "migration_error": "apply the pending migrations",
     "job_queue_full": "ask again after Retry-After seconds, once some of your queued runs have ended",
     "quota_exceeded": "wait as long as Retry-After says (details.retry_after), then send it again",
+    "master_key_missing": "the server's operator sets LEDGERFLOW_MASTER_KEY or LEDGERFLOW_MASTER_KEY_FILE",
+    "master_key_unknown": "ask the server's operator to configure the master key named in details",
 }
 
 

@@ -33,6 +33,7 @@ def test_migrate_creates_the_schema_and_reapplying_is_a_no_op(fresh_database: st
         ("r", "idempotency_keys"),
         ("r", "schema_migrations"),
         ("f", "append_events"),
+        ("r", "subject_keys"),  # the subjects' data keys (0054)
     } <= objects
     assert migrate(fresh_database) == []
     assert schema_objects(fresh_database) == objects

@@ -1,0 +1,221 @@
+"""The subjects' data keys: created once per (tenant, subject), wrapped by a master key, forgotten by
+deleting them, re-wrapped when the master key changes. The only module that runs the key SQL (keys.sql).
+
+A data key never reaches the log; the table (migration 0054) holds it only wrapped. Appends may keep a
+subject's key in memory (`KeyCache`): were it forgotten meanwhile, what they seal with it can no longer be
+read, since every read asks the table again (see `eventstore.personal`).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import psycopg_pool
+import structlog
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from eventstore.db import wrap_exceptions
+from eventstore.errors import ConfigurationError, ConflictError, InvalidInputError
+from eventstore.masterkeys import KEY_BYTES, MasterKeys
+from eventstore.sqlfile import load_queries
+
+log = structlog.get_logger(__name__)
+Q = load_queries("eventstore", "keys.sql")
+
+MAX_SUBJECT_LENGTH = 256
+#: Data keys an append path keeps in memory (about 200 bytes each).
+KEY_CACHE_SIZE = 10_000
+
+
+class SubjectKey:
+    """A subject's data key as an append or a read uses it; `cipher` None: the subject is forgotten."""
+
+    __slots__ = ("cipher", "key_id", "key_text")
+
+    def __init__(self, key_id: uuid.UUID, secret: bytes | None) -> None:
+        self.key_id = key_id
+        #: As written in the envelopes (compared for each field read).
+        self.key_text = str(key_id)
+        self.cipher = None if secret is None else AESGCM(secret)
+
+
+def check_subject(subject: object) -> str:
+    """A subject id from an event's field: a non-empty string (or integer) of at most 256 characters."""
+    if isinstance(subject, int) and not isinstance(subject, bool):
+        subject = str(subject)
+    if not isinstance(subject, str) or not subject or len(subject) > MAX_SUBJECT_LENGTH:
+        raise InvalidInputError(
+            f"subject {subject!r} is invalid: personal fields need a subject field holding a string of "
+            f"1-{MAX_SUBJECT_LENGTH} characters (or an integer)"
+        )
+    if not subject.isprintable():
+        raise InvalidInputError(f"subject {subject!r} contains control characters")
+    return subject
+
+
+class KeyCache:
+    """Data keys appends have used, least recently used first out; bounded by `KEY_CACHE_SIZE`."""
+
+    def __init__(self, size: int = KEY_CACHE_SIZE) -> None:
+        self._size = size
+        self._keys: OrderedDict[tuple[str, str], SubjectKey] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, tenant: str, subject: str) -> SubjectKey | None:
+        with self._lock:
+            key = self._keys.get((tenant, subject))
+            if key is not None:
+                self._keys.move_to_end((tenant, subject))
+            return key
+
+    def put(self, tenant: str, subject: str, key: SubjectKey) -> None:
+        with self._lock:
+            self._keys[(tenant, subject)] = key
+            self._keys.move_to_end((tenant, subject))
+            while len(self._keys) > self._size:
+                self._keys.popitem(last=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """The answer to `forget`: the forgotten key's id, when, and whether it had been forgotten before."""
+
+    tenant: str
+    subject: str
+    key_id: uuid.UUID
+    forgotten_at: Any
+    already: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RotationProgress:
+    rewrapped: int
+    remaining: int
+
+
+class SubjectKeys:
+    """The data key table, through one pool."""
+
+    def __init__(
+        self,
+        pool: psycopg_pool.ConnectionPool,
+        masters: MasterKeys,
+        statement_connection: Callable[[], AbstractContextManager[psycopg.Connection[Any]]] | None = None,
+    ) -> None:
+        self.pool = pool
+        self.masters = masters
+        self.cache = KeyCache()
+        #: Where a key is created: the appending thread's own connection (`EventStore.statement_connection`),
+        #: so an append that creates a key neither holds two connections nor gives its pinned one back.
+        self._statement_connection = statement_connection or pool.connection
+
+    def key_for_append(self, tenant: str, subject: str) -> SubjectKey:
+        """The subject's key, created at its first personal field. A forgotten subject answers a key that
+        no one keeps (`secret` None), so what is sealed for it is forgotten at once."""
+        cached = self.cache.get(tenant, subject)
+        if cached is not None:
+            return cached
+        key_id = uuid.uuid4()
+        secret = AESGCM.generate_key(bit_length=KEY_BYTES * 8)
+        wrapped, master_id = self.masters.wrap(tenant, subject, key_id, secret)
+        params = {
+            "tenant": tenant,
+            "subject": subject,
+            "key_id": key_id,
+            "wrapped_key": wrapped,
+            "master_key_id": master_id,
+        }
+        row = None
+        with wrap_exceptions(), self._statement_connection() as conn:
+            # Autocommit, committed before the append that uses it: a key is never lost with a rolled-back
+            # caller's transaction while an append path still holds it. Twice at most: the second
+            # statement sees the row of an insert that won while the first waited.
+            for _ in range(2):
+                row = conn.execute(Q["create_key"], params).fetchone()
+                if row is not None:
+                    break
+        if row is None:
+            raise ConfigurationError(f"the data key of subject {subject!r} could not be read back")
+        found_id, found_wrapped, found_master = row
+        if found_wrapped is None:
+            key = SubjectKey(found_id, None)
+        elif found_id == key_id:
+            key = SubjectKey(key_id, secret)
+            log.info("subject_key_created", tenant=tenant, key_id=str(key_id))
+        else:
+            key = SubjectKey(
+                found_id, self.masters.unwrap(tenant, subject, found_id, bytes(found_wrapped), found_master)
+            )
+        self.cache.put(tenant, subject, key)
+        return key
+
+    def keys_for_read(
+        self, conn: psycopg.Connection[Any], wanted: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], SubjectKey]:
+        """The live keys of `wanted` (tenant, subject) pairs, read now on `conn`; forgotten ones are
+        absent. Never from memory: a forgotten key must not decrypt anything after its forgetting."""
+        pairs = sorted(set(wanted))
+        rows = conn.execute(
+            Q["keys_for_read"],
+            {"tenants": [t for t, _ in pairs], "subjects": [s for _, s in pairs]},
+        ).fetchall()
+        return {
+            (tenant, subject): SubjectKey(
+                key_id, self.masters.unwrap(tenant, subject, key_id, bytes(wrapped), master_id)
+            )
+            for tenant, subject, key_id, wrapped, master_id in rows
+        }
+
+    def forget_txn(self, conn: psycopg.Connection[Any], tenant: str, subject: str, by: str) -> Forgotten:
+        """Delete the subject's key, leaving a tombstone, in the caller's transaction (READ COMMITTED: each
+        statement sees what committed before it, so a key created between two of them is found)."""
+        subject = check_subject(subject)
+        params = {"tenant": tenant, "subject": subject, "by": by}
+        for _ in range(3):
+            for name in ("forget_key", "forget_keyless"):
+                row = conn.execute(Q[name], params).fetchone()
+                if row is not None:
+                    return Forgotten(tenant, subject, row[0], row[1], already=False)
+            row = conn.execute(Q["forgotten"], params).fetchone()
+            if row is not None:
+                return Forgotten(tenant, subject, row[0], row[1], already=True)
+        raise ConflictError(
+            f"subject {subject!r} (tenant {tenant!r}) had its key created and changed while being "
+            "forgotten; nothing was forgotten. Run the forgetting again."
+        )
+
+    def rotate_batch(self, limit: int = 500) -> RotationProgress:
+        """Re-wrap up to `limit` data keys under the current master key, in one transaction: a crash
+        loses at most this batch's work, and running again goes on from what is left."""
+        master = self.masters.require("rotating the master key needs the new one")
+        with wrap_exceptions(), self.pool.connection() as conn:
+            with conn.transaction():
+                wanted = {"current": master.key_id, "limit": limit}
+                rows = conn.execute(Q["keys_to_rotate"], wanted).fetchall()
+                for tenant, subject, key_id, wrapped, master_id in rows:
+                    secret = self.masters.unwrap(tenant, subject, key_id, bytes(wrapped), master_id)
+                    rewrapped, _ = self.masters.wrap(tenant, subject, key_id, secret)
+                    conn.execute(
+                        Q["rewrap"],
+                        {
+                            "tenant": tenant,
+                            "subject": subject,
+                            "wrapped_key": rewrapped,
+                            "master_key_id": master.key_id,
+                        },
+                    )
+            counts = {str(m): int(n) for m, n in conn.execute(Q["key_counts"]).fetchall()}
+        remaining = sum(n for m, n in counts.items() if m not in ("", master.key_id))
+        return RotationProgress(len(rows), remaining)
+
+    def key_counts(self) -> dict[str, int]:
+        """Data keys per master key id ('' for forgotten subjects)."""
+        with wrap_exceptions(), self.pool.connection() as conn:
+            return {str(m): int(n) for m, n in conn.execute(Q["key_counts"]).fetchall()}
