@@ -39,7 +39,7 @@ from eventstore import (
     resolve_database_url,
 )
 from eventstore.spi import json_dumps, json_loads
-from ops import cli_log, cli_projections, cli_quotas, cli_run_search, cli_tokens, cli_workflows
+from ops import cli_bulk, cli_log, cli_projections, cli_quotas, cli_run_search, cli_tokens, cli_workflows
 from ops.cli_common import console, emit_json, err_console, settings_of
 from ops.cli_errors import explain
 from ops.settings import Settings
@@ -462,6 +462,7 @@ def _psql_binary() -> str:
 cli_projections.register(cli)
 cli_workflows.register(cli)
 cli_run_search.register(cli_workflows.workflows_group)
+cli_bulk.register(cli_workflows.workflows_group)
 cli_tokens.register(cli)
 cli_quotas.register(cli)
 cli_log.register(cli)
