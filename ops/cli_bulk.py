@@ -37,7 +37,7 @@ def _kind_command(kind: str) -> click.Command:
     @click.option("--yes", is_flag=True, help="Do not ask for confirmation (scripts).")
     @click.option("--json", "as_json", is_flag=True, help="The action's record as one JSON object.")
     @click.pass_context
-    def command(ctx: click.Context, dry_run: bool, yes: bool, as_json: bool, **filters: Any) -> None:
+    def command(ctx: click.Context, /, dry_run: bool, yes: bool, as_json: bool, **filters: Any) -> None:
         tenant = filters.pop("tenant")
         wanted = run_filter(**filters)
         settings = settings_of(ctx)

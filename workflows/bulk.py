@@ -121,7 +121,9 @@ class BulkPlan:
 
 
 def filter_to_json(wanted: RunFilter) -> dict[str, Any]:
-    return json.loads(json.dumps(asdict(wanted), default=str))
+    """The filter as JSON (times in ISO 8601, ids as text), as the action's record keeps it."""
+    value: dict[str, Any] = json.loads(json.dumps(asdict(wanted), default=str))
+    return value
 
 
 def filter_from_json(value: Mapping[str, Any]) -> RunFilter:

@@ -74,7 +74,8 @@ def test_more_runs_than_the_limit_is_a_422_that_records_nothing(
     services.settings.bulk_max_runs = 2
     refused = client.post("/api/v1/runs/bulk/retry", json={"tag": ["batch=x"]}, headers=acme)
     assert refused.status_code == 422, refused.text
-    assert refused.json()["code"] == "bulk_limit"
+    assert refused.json()["error"]["code"] == "bulk_limit"
+    assert refused.json()["error"]["details"]["limit"] == 2
     assert "LEDGERFLOW_BULK_MAX_RUNS" in refused.text
     with services.store.pool.connection() as conn:
         assert conn.execute("SELECT count(*) FROM ledgerflow.bulk_actions").fetchone() == (0,)
