@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import threading
 import uuid
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
 
 from eventstore import EventStore, NotFoundError
 from projector import ProjectorWorker
 from tests.flows import registry
+from tests.strategies import bulk_fleets
 from tests.waiting import joined
 from workflows import (
     BulkLimitError,
@@ -183,3 +186,40 @@ def test_more_matching_runs_than_the_limit_are_refused_and_nothing_is_recorded(
     assert all(engine.load(r).active for r in chosen)
     with pytest.raises(ValueError, match="unknown bulk action"):
         plan_bulk(store, kind="explode", tenant="default", filter=BATCH_A)
+
+
+@settings(max_examples=15, deadline=None)
+@given(bulk_fleets())
+def test_a_bulk_cancel_touches_exactly_the_runs_its_filter_selects(
+    store: EventStore, engine: Engine, fleet: tuple[list[tuple[str, str, bool]], Any]
+) -> None:
+    runs, (team, env, running_only) = fleet
+    tenant = f"t{uuid.uuid4().hex[:12]}"  # each example in a tenant of its own
+    started = []
+    for run_team, run_env, cancelled in runs:
+        run_id = engine.start(
+            "linear", input=None, tags={"team": run_team, "env": run_env}, tenant=tenant
+        ).run_id
+        if cancelled:
+            engine.cancel(run_id, tenant=tenant)
+        started.append((run_id, run_team, run_env, cancelled))
+    project(store)
+    tags = tuple((k, v) for k, v in (("team", team), ("env", env)) if v is not None)
+    wanted = RunFilter(tags=tags, statuses=("running",) if running_only else ())
+    action = create_bulk_action(store, kind="cancel", tenant=tenant, filter=wanted, actor="property")
+    ended = run_bulk_action(engine, action.id, tenant=tenant)
+    selected = {
+        r
+        for r, t, e, cancelled in started
+        if team in (None, t) and env in (None, e) and not (running_only and cancelled)
+    }
+    assert ended.matched == ended.processed == len(selected)
+    for run_id, _, _, cancelled in started:
+        by_action = [
+            e
+            for e in store.read_stream(ev.run_stream(run_id), tenant=tenant)
+            if e.type == ev.RUN_CANCEL_REQUESTED and e.data.get("actor") == f"bulk:{action.id}"
+        ]
+        # A run the filter keeps that was cancelled before is skipped, not cancelled again.
+        assert len(by_action) == (1 if run_id in selected and not cancelled else 0)
+    assert ended.skipped == sum(1 for r, *_, c in started if r in selected and c)
