@@ -18,7 +18,7 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from eventstore.spi import wrap_exceptions
-from ops.api.deps import JobsDep, Operator, ServicesDep
+from ops.api.deps import JobsDep, Operator, Reader, ServicesDep
 from ops.api.errors import NOT_FOUND
 from workflows import (
     BULK_KINDS,
@@ -130,7 +130,7 @@ def start_bulk_action(
 
 
 @router.get("/runs/bulk/{action_id}", response_model=BulkActionOut, responses=NOT_FOUND)
-def get_bulk_action(action_id: uuid.UUID, principal: Operator, services: ServicesDep) -> BulkActionOut:
+def get_bulk_action(action_id: uuid.UUID, principal: Reader, services: ServicesDep) -> BulkActionOut:
     """A bulk action's record and progress (its counts and the last run it processed)."""
     with wrap_exceptions():
         return _out(bulk_action(services.store, action_id, tenant=principal.tenant))
@@ -141,3 +141,24 @@ def _out(action: BulkAction) -> BulkActionOut:
     fields.pop("tenant")
     limit = fields.pop("max_runs")
     return BulkActionOut(**fields, dry_run=False, limit=limit)
+
+
+@router.post(
+    "/runs/bulk/{action_id}/continue", status_code=202, response_model=BulkActionOut, responses=NOT_FOUND
+)
+def continue_bulk_action(
+    action_id: uuid.UUID, principal: Operator, services: ServicesDep, jobs: JobsDep
+) -> BulkActionOut:
+    """Work on an action that stopped (its server was stopped or killed) from where it stopped; a run it
+    already acted on is not acted on again. An ended action is answered as it is."""
+    with wrap_exceptions():
+        action = bulk_action(services.store, action_id, tenant=principal.tenant)
+        if action.state == "running":
+            engine, tenant = services.engine, principal.tenant
+            with jobs.reserve(tenant) as place:
+                place.submit(
+                    f"bulk_{action.kind}",
+                    lambda: run_bulk_action(engine, action_id, tenant=tenant),
+                    bulk_id=str(action_id),
+                )
+    return _out(action)

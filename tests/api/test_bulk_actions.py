@@ -63,6 +63,10 @@ def test_bulk_cancel_over_http(client: TestClient, make_token: MakeToken, servic
     assert status_of(client, acme, kept) == "running"
     assert status_of(client, globex, theirs) == "running"
     assert client.get(f"/api/v1/runs/bulk/{action_id}", headers=globex).status_code == 404
+    again = client.post(f"/api/v1/runs/bulk/{action_id}/continue", headers=acme)
+    assert again.status_code == 202, again.text
+    assert again.json()["done"] == 4
+    assert client.post(f"/api/v1/runs/bulk/{action_id}/continue", headers=globex).status_code == 404
 
 
 def test_more_runs_than_the_limit_is_a_422_that_records_nothing(
