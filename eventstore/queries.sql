@@ -243,6 +243,10 @@ SELECT 0::bigint, position, transaction_id::text::bigint, tenant, stream_id, str
 -- name: stream_version
 SELECT version FROM ledgerflow.streams WHERE tenant = %(tenant)s AND stream_id = %(stream_id)s
 
+-- name: idempotency_key_used
+-- Whether a committed append used the key (any content), read without writing.
+SELECT 1 FROM ledgerflow.idempotency_keys k WHERE k.tenant = %(tenant)s AND k.key = %(idempotency_key)s
+
 -- name: earlier_append
 -- What an append under an idempotency key answered (see ledgerflow.append_events), read without writing:
 -- one row per event, each with the key's request hash. No row if no committed append used the key.

@@ -680,6 +680,17 @@ class EventStore:
             row = conn.execute(Q["stream_version"], {"tenant": tenant, "stream_id": stream_id}).fetchone()
         return None if row is None else int(row[0])
 
+    def idempotency_key_used(self, idempotency_key: str, *, tenant: str = DEFAULT_TENANT) -> bool:
+        """Whether a committed append used `idempotency_key` (whatever its content): a read, nothing is
+        written or locked. An append under the key still in flight is not seen; its repeat meets it."""
+        check.check_tenant(tenant)
+        check.check_idempotency_key(idempotency_key)
+        with wrap_exceptions(), self.pool.connection() as conn:
+            row = conn.execute(
+                Q["idempotency_key_used"], {"tenant": tenant, "idempotency_key": idempotency_key}
+            ).fetchone()
+        return row is not None
+
     def earlier_append(
         self,
         appends: Sequence[StreamAppend],

@@ -40,6 +40,7 @@ from eventstore import (
 )
 from eventstore.spi import json_dumps, json_loads
 from ops import (
+    cli_bulk,
     cli_events,
     cli_log,
     cli_projections,
@@ -476,6 +477,7 @@ def _psql_binary() -> str:
 cli_projections.register(cli)
 cli_workflows.register(cli)
 cli_run_search.register(cli_workflows.workflows_group)
+cli_bulk.register(cli_workflows.workflows_group)
 cli_tokens.register(cli)
 cli_quotas.register(cli)
 cli_subjects.register(cli)

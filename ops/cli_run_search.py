@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -50,22 +51,65 @@ def _run_id(text: str | None) -> uuid.UUID | None:
         ) from None
 
 
+def filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The run filters every listing takes (`list`, `bulk`), in the order `--help` shows them; the
+    command builds its RunFilter with `run_filter(...)`."""
+    for option in reversed(
+        (
+            click.option(
+                "--status",
+                multiple=True,
+                help="running, paused, succeeded, failed or cancelled (repeatable: any of them).",
+            ),
+            click.option("--workflow", default=None),
+            click.option(
+                "--version", "version", default=None, help="The definition's version the runs started with."
+            ),
+            click.option("--tag", multiple=True, help="KEY=VALUE (repeatable): runs carrying every one."),
+            click.option(
+                "--since", default=None, help="Started at or after: ISO 8601, or an age (30m, 2h, 7d)."
+            ),
+            click.option("--until", default=None, help="Started before: ISO 8601, or an age."),
+            click.option("--ended-since", default=None, help="Ended at or after: ISO 8601, or an age."),
+            click.option("--ended-until", default=None, help="Ended before: ISO 8601, or an age."),
+            click.option("--parent", default=None, help="Children started by this run."),
+            click.option("--triggered-by", default=None, help="Started by the log event with this id."),
+            click.option("--tenant", default="default", show_default=True),
+        )
+    ):
+        command = option(command)
+    return command
+
+
+def run_filter(
+    status: tuple[str, ...],
+    workflow: str | None,
+    version: str | None,
+    tag: tuple[str, ...],
+    since: str | None,
+    until: str | None,
+    ended_since: str | None,
+    ended_until: str | None,
+    parent: str | None,
+    triggered_by: str | None,
+) -> RunFilter:
+    """The RunFilter of `filter_options`' values."""
+    return RunFilter(
+        workflow=workflow,
+        version=version,
+        statuses=status,
+        tags=tag_filter(tag),
+        started_after=when(since, "--since"),
+        started_before=when(until, "--until"),
+        ended_after=when(ended_since, "--ended-since"),
+        ended_before=when(ended_until, "--ended-until"),
+        parent=_run_id(parent),
+        triggered_by=triggered_by,
+    )
+
+
 @click.command("list")
-@click.option(
-    "--status",
-    multiple=True,
-    help="running, paused, succeeded, failed or cancelled (repeatable: any of them).",
-)
-@click.option("--workflow", default=None)
-@click.option("--version", "version", default=None, help="The definition's version the runs started with.")
-@click.option("--tag", multiple=True, help="KEY=VALUE (repeatable): runs carrying every one.")
-@click.option("--since", default=None, help="Started at or after: ISO 8601, or an age (30m, 2h, 7d).")
-@click.option("--until", default=None, help="Started before: ISO 8601, or an age.")
-@click.option("--ended-since", default=None, help="Ended at or after: ISO 8601, or an age.")
-@click.option("--ended-until", default=None, help="Ended before: ISO 8601, or an age.")
-@click.option("--parent", default=None, help="Children started by this run.")
-@click.option("--triggered-by", default=None, help="Started by the log event with this id.")
-@click.option("--tenant", default="default", show_default=True)
+@filter_options
 @click.option("--limit", default=30, show_default=True, type=click.IntRange(1, 500), help="Runs per page.")
 @click.option("--after", default=None, help="The cursor a previous page printed, for the next page.")
 @click.option("--json", "as_json", is_flag=True, help='One JSON object: {"runs": [...], "next": cursor}.')
@@ -89,17 +133,8 @@ def list_runs(
 ) -> None:
     """Runs, newest first, that every given filter keeps, from the workflow_runs projection (kept by
     `ledgerflow projector` or `serve`, so a moment behind); a page at a time (--after the printed cursor)."""
-    wanted = RunFilter(
-        workflow=workflow,
-        version=version,
-        statuses=status,
-        tags=tag_filter(tag),
-        started_after=when(since, "--since"),
-        started_before=when(until, "--until"),
-        ended_after=when(ended_since, "--ended-since"),
-        ended_before=when(ended_until, "--ended-until"),
-        parent=_run_id(parent),
-        triggered_by=triggered_by,
+    wanted = run_filter(
+        status, workflow, version, tag, since, until, ended_since, ended_until, parent, triggered_by
     )
     with open_store(settings_of(ctx)) as store:
         page = search_runs(store, tenant=tenant, filter=wanted, limit=limit, after=after)

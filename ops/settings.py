@@ -53,6 +53,9 @@ class Settings(DatabaseSettings):
     #: How long a process keeps what it read of ledgerflow.tenant_quotas (seconds).
     tenant_quotas_refresh: float = Field(default=5.0, gt=0)
 
+    #: The most runs one bulk operator action (`workflows bulk`, `POST /api/v1/runs/bulk/...`) takes.
+    bulk_max_runs: int = Field(default=10_000, ge=1, le=10_000_000)
+
     @property
     def projection_paths(self) -> list[str]:
         return _split(self.projections)

@@ -6,6 +6,21 @@ from eventstore.spi import require_ledgerflow_packages
 require_ledgerflow_packages("eventstore", "projector")
 
 from workflows.async_context import AsyncNodeContext  # noqa: E402
+from workflows.bulk import (  # noqa: E402
+    KINDS as BULK_KINDS,
+)
+from workflows.bulk import (  # noqa: E402
+    MAX_BULK_RUNS,
+    BulkAction,
+    BulkLimitError,
+    BulkPlan,
+    bulk_action,
+    create_bulk_action,
+    filter_from_json,
+    filter_to_json,
+    plan_bulk,
+    run_bulk_action,
+)
 from workflows.caps import RunCaps  # noqa: E402
 from workflows.context import NodeContext  # noqa: E402
 from workflows.debounce import MAX_WINDOW as MAX_DEBOUNCE_WINDOW  # noqa: E402
@@ -76,6 +91,8 @@ from workflows.worker import WorkerSettings, WorkflowWorker  # noqa: E402
 __ledgerflow_package__ = True
 
 __all__ = [
+    "BULK_KINDS",
+    "MAX_BULK_RUNS",
     "MAX_DEBOUNCE_WINDOW",
     "NODE_CHECKPOINT",
     "NODE_RECLAIMED",
@@ -86,6 +103,9 @@ __all__ = [
     "RESERVED_TYPE_PREFIX",
     "STEP_RECORDED",
     "AsyncNodeContext",
+    "BulkAction",
+    "BulkLimitError",
+    "BulkPlan",
     "Debounce",
     "DefinitionError",
     "Engine",
@@ -128,16 +148,22 @@ __all__ = [
     "WorkflowEventError",
     "WorkflowRegistry",
     "WorkflowWorker",
+    "bulk_action",
     "clear_tenant_quota",
+    "create_bulk_action",
     "demo_registry",
+    "filter_from_json",
+    "filter_to_json",
     "limit_usage",
     "list_runs",
     "list_schedules",
     "load_workflows",
     "next_tick",
     "pending_debounces",
+    "plan_bulk",
     "queue_summary",
     "recent_recoveries",
+    "run_bulk_action",
     "run_history",
     "run_nodes",
     "run_started_by",

@@ -473,10 +473,20 @@ class Engine:
 
     # -- operator actions ------------------------------------------------------------------------------
 
-    def cancel(self, run_id: uuid.UUID, *, tenant: str = "default", actor: str = "operator") -> RunState:
-        """Cancel cooperatively: waiting nodes never start; a running node stops at its next context call."""
+    def cancel(
+        self,
+        run_id: uuid.UUID,
+        *,
+        tenant: str = "default",
+        actor: str = "operator",
+        idempotency_key: str | None = None,
+    ) -> RunState:
+        """Cancel cooperatively: waiting nodes never start; a running node stops at its next context call.
+        With `idempotency_key`, the cancel is recorded under it: a repeat does nothing."""
 
         def attempt() -> None:
+            if self._repeated(idempotency_key, tenant):
+                return
             run = self.load(run_id, tenant=tenant)
             if not run.active:
                 raise RunStateError(f"run {run_id} already {run.status}; nothing to cancel")
@@ -491,7 +501,7 @@ class Engine:
                     events.append(ev.event(ev.RUN_CANCELLED, run_id))
                 appends = [StreamAppend(ev.run_stream(run_id), events, run.version)]
                 appends += release_key_appends(run) if ended else []
-                self.store.append_many(appends, tenant=tenant, conn=conn)
+                self.store.append_many(appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn)
             log.info("workflow_cancel_requested", run_id=str(run_id), running=running, actor=actor)
 
         self._with_occ(attempt)
@@ -611,11 +621,21 @@ class Engine:
         self._with_occ(attempt)
         return self.load(run_id, tenant=tenant)
 
-    def retry(self, run_id: uuid.UUID, *, tenant: str = "default", actor: str = "operator") -> RunState:
+    def retry(
+        self,
+        run_id: uuid.UUID,
+        *,
+        tenant: str = "default",
+        actor: str = "operator",
+        idempotency_key: str | None = None,
+    ) -> RunState:
         """Run a failed or cancelled run again from its failed nodes; completed nodes are kept, and so are
-        the failed nodes' checkpoints and memoized steps."""
+        the failed nodes' checkpoints and memoized steps. With `idempotency_key`, the retry is recorded
+        under it: a repeat (even one that raced the first) does nothing."""
 
         def attempt() -> None:
+            if self._repeated(idempotency_key, tenant):
+                return
             run = self.load(run_id, tenant=tenant)
             if run.status not in ("failed", "cancelled") and not any(
                 n.status == NodeStatus.PARKED for n in run.nodes.values()
@@ -625,9 +645,8 @@ class Engine:
                 )
             wf = self.registry.get(run.workflow, run.workflow_version)  # the version it started with
             reset = retry_from_failed(wf, run.statuses)
-            self._reopen(
-                run, wf, ev.event(ev.RUN_RETRIED, run_id, nodes=sorted(reset), actor=actor), reset, tenant
-            )
+            retried = ev.event(ev.RUN_RETRIED, run_id, nodes=sorted(reset), actor=actor)
+            self._reopen(run, wf, retried, reset, tenant, idempotency_key)
             log.info("workflow_retried", run_id=str(run_id), nodes=sorted(reset), actor=actor)
 
         self._with_occ(attempt)
@@ -667,7 +686,15 @@ class Engine:
         self._with_occ(attempt)
         return rerun
 
-    def _reopen(self, run: RunState, wf: Workflow, cause: NewEvent, reset: set[str], tenant: str) -> None:
+    def _reopen(
+        self,
+        run: RunState,
+        wf: Workflow,
+        cause: NewEvent,
+        reset: set[str],
+        tenant: str,
+        idempotency_key: str | None = None,
+    ) -> None:
         statuses = run.statuses
         for name in reset:
             statuses[name] = NodeStatus.PENDING
@@ -697,7 +724,11 @@ class Engine:
                     )
                 )
         with self.transaction() as conn:
-            self.store.append_many(appends, tenant=tenant, conn=conn)
+            written = self.store.append_many(
+                appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn
+            )
+            if written.duplicate:  # a repeat under the idempotency key: the first one enqueued the nodes
+                return
             if not run.active:
                 # A run paused when it ended (its last running nodes ended it) is not paused once reopened.
                 queue.forget_pause(conn, run.run_id)
@@ -733,6 +764,11 @@ class Engine:
             yield conn
         if notify is None or notify():
             self.store.notify_appended()
+
+    def _repeated(self, idempotency_key: str | None, tenant: str) -> bool:
+        """Whether an operator action under `idempotency_key` was already recorded: its repeat does
+        nothing (whatever the run's state is now, e.g. a retried run that failed again)."""
+        return idempotency_key is not None and self.store.idempotency_key_used(idempotency_key, tenant=tenant)
 
     @staticmethod
     def _with_occ(attempt: Callable[[], None]) -> None:

@@ -183,3 +183,9 @@ def _decode(cursor: str, digest: str) -> tuple[datetime, uuid.UUID]:
 def tag_filter(texts: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """`KEY=VALUE` texts (the CLI's and the API's `tag`) as a RunFilter's tags."""
     return tuple(parse_tag(t) for t in texts)
+
+
+def cursor_at(tenant: str, filter: RunFilter, created_at: datetime, run_id: uuid.UUID) -> str:
+    """The page cursor of `filter`'s search that continues right below the run (`created_at`, `run_id`):
+    how a resumed walk over the results (a bulk action) picks up where it stopped."""
+    return _encode(created_at, run_id, _digest(tenant, filter))

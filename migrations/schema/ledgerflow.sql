@@ -1371,6 +1371,35 @@ CREATE TABLE ledgerflow.api_tokens (
 );
 
 --
+-- Name: bulk_actions; Type: TABLE; Schema: ledgerflow; Owner: -
+--
+
+CREATE TABLE ledgerflow.bulk_actions (
+    id uuid NOT NULL,
+    tenant text NOT NULL,
+    kind text NOT NULL,
+    actor text NOT NULL,
+    filter jsonb NOT NULL,
+    state text DEFAULT 'running'::text NOT NULL,
+    matched integer NOT NULL,
+    max_runs integer NOT NULL,
+    top_created_at timestamp with time zone,
+    top_run_id uuid,
+    done integer DEFAULT 0 NOT NULL,
+    failed integer DEFAULT 0 NOT NULL,
+    skipped integer DEFAULT 0 NOT NULL,
+    last_created_at timestamp with time zone,
+    last_run_id uuid,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    ended_at timestamp with time zone,
+    CONSTRAINT bulk_actions_matched_check CHECK ((matched >= 0)),
+    CONSTRAINT bulk_actions_max_runs_check CHECK ((max_runs >= 1)),
+    CONSTRAINT bulk_actions_state_check CHECK ((state = ANY (ARRAY['running'::text, 'completed'::text, 'failed'::text])))
+);
+
+--
 -- Name: event_ids; Type: TABLE; Schema: ledgerflow; Owner: -
 --
 
@@ -1915,6 +1944,13 @@ ALTER TABLE ONLY ledgerflow.api_tokens
     ADD CONSTRAINT api_tokens_pkey PRIMARY KEY (id);
 
 --
+-- Name: bulk_actions bulk_actions_pkey; Type: CONSTRAINT; Schema: ledgerflow; Owner: -
+--
+
+ALTER TABLE ONLY ledgerflow.bulk_actions
+    ADD CONSTRAINT bulk_actions_pkey PRIMARY KEY (id);
+
+--
 -- Name: event_partitioning event_partitioning_pkey; Type: CONSTRAINT; Schema: ledgerflow; Owner: -
 --
 
@@ -2122,6 +2158,12 @@ ALTER TABLE ONLY ledgerflow.workflow_worker_versions
 --
 
 CREATE INDEX api_tokens_by_tenant ON ledgerflow.api_tokens USING btree (tenant, created_at);
+
+--
+-- Name: bulk_actions_by_tenant; Type: INDEX; Schema: ledgerflow; Owner: -
+--
+
+CREATE INDEX bulk_actions_by_tenant ON ledgerflow.bulk_actions USING btree (tenant, created_at DESC);
 
 --
 -- Name: events_p000001_stream_version_unique; Type: INDEX; Schema: ledgerflow; Owner: -

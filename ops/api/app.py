@@ -16,6 +16,7 @@ import structlog
 from fastapi import APIRouter, FastAPI
 
 from ops.api import (
+    bulk,
     errors,
     events,
     failures,
@@ -123,7 +124,19 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
     app.add_middleware(SecurityHeadersMiddleware)
 
     v1 = APIRouter(prefix=f"/api/{API_VERSION}", responses=COMMON_RESPONSES)
-    for module in (events, workflows, run_search, runs, projections, failures, recovery, limits, subjects):
+    # bulk before runs: /runs/bulk/cancel is a bulk action, not the cancel of a run whose id is `bulk`.
+    for module in (
+        events,
+        workflows,
+        run_search,
+        bulk,
+        runs,
+        projections,
+        failures,
+        recovery,
+        limits,
+        subjects,
+    ):
         v1.include_router(module.router)
     app.include_router(v1)
     app.include_router(health.router, prefix="/api")

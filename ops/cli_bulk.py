@@ -1,0 +1,137 @@
+"""`ledgerflow workflows bulk KIND [filters]`: an operator action over every run the `list` filters keep
+(cancel, retry: one command per kind of `workflows.BULK_KINDS`), recorded, with a dry run and progress;
+`bulk show ID` and `bulk continue ID` (work an action that stopped, e.g. with its process killed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+import click
+
+from eventstore import InvalidInputError, open_store
+from ops.cli_common import console, emit_json, settings_of
+from ops.cli_run_search import filter_options, run_filter
+from ops.cli_workflows import registry_of
+from workflows import (
+    BULK_KINDS,
+    BulkAction,
+    Engine,
+    bulk_action,
+    create_bulk_action,
+    plan_bulk,
+    run_bulk_action,
+)
+
+
+@click.group("bulk")
+def bulk_group() -> None:
+    """Act on every run a filter keeps (the filters of `workflows list`), as one recorded action."""
+
+
+def _kind_command(kind: str) -> click.Command:
+    @click.command(kind)
+    @filter_options
+    @click.option("--dry-run", is_flag=True, help="Only say how many runs the action would touch.")
+    @click.option("--yes", is_flag=True, help="Do not ask for confirmation (scripts).")
+    @click.option("--json", "as_json", is_flag=True, help="The action's record as one JSON object.")
+    @click.pass_context
+    def command(ctx: click.Context, /, dry_run: bool, yes: bool, as_json: bool, **filters: Any) -> None:
+        tenant = filters.pop("tenant")
+        wanted = run_filter(**filters)
+        settings = settings_of(ctx)
+        limit = settings.bulk_max_runs
+        with open_store(settings) as store:
+            plan = plan_bulk(store, kind=kind, tenant=tenant, filter=wanted, limit=limit)
+            if dry_run:
+                if as_json:
+                    emit_json({**dataclasses.asdict(plan), "over_limit": plan.over_limit})
+                    return
+                count = f"more than {limit}" if plan.over_limit else str(plan.matched)
+                console.print(f"{kind} would touch {count} runs of tenant {tenant!r} (dry run: nothing done)")
+                if plan.over_limit:
+                    console.print(f"one action takes at most {limit} (LEDGERFLOW_BULK_MAX_RUNS)")
+                return
+            if not yes and plan.matched and not plan.over_limit:
+                click.confirm(f"{kind} {plan.matched} runs of tenant {tenant!r}?", abort=True, err=True)
+            action = create_bulk_action(
+                store, kind=kind, tenant=tenant, filter=wanted, actor="cli", limit=limit
+            )
+            click.echo(f"bulk action {action.id}: {kind} of {action.matched} runs", err=True)
+            ended = run_bulk_action(
+                Engine(store, registry_of(settings)), action.id, tenant=tenant, progress=_progress
+            )
+        _report(ended, as_json)
+
+    command.help = (
+        f"{kind.capitalize()} every run the filters keep, as one recorded action (see `bulk show`); "
+        f"it asks first unless --yes, and --dry-run only counts."
+    )
+    return command
+
+
+@bulk_group.command("show")
+@click.argument("action_id")
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def show(ctx: click.Context, action_id: str, tenant: str, as_json: bool) -> None:
+    """A bulk action's record and progress."""
+    with open_store(settings_of(ctx)) as store:
+        action = bulk_action(store, _action_id(action_id), tenant=tenant)
+    _report(action, as_json, exit_on_failure=False)
+
+
+@bulk_group.command("continue")
+@click.argument("action_id")
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def continue_action(ctx: click.Context, action_id: str, tenant: str, as_json: bool) -> None:
+    """Work a bulk action that stopped (its process was killed) from where it stopped; a run it already
+    acted on is not acted on again."""
+    settings = settings_of(ctx)
+    with open_store(settings) as store:
+        ended = run_bulk_action(
+            Engine(store, registry_of(settings)), _action_id(action_id), tenant=tenant, progress=_progress
+        )
+    _report(ended, as_json)
+
+
+def _progress(action: BulkAction) -> None:
+    click.echo(
+        f"{action.processed}/{action.matched} runs: {action.done} done, {action.failed} failed, "
+        f"{action.skipped} skipped",
+        err=True,
+    )
+
+
+def _report(action: BulkAction, as_json: bool, exit_on_failure: bool = True) -> None:
+    if as_json:
+        emit_json(dataclasses.asdict(action))
+    else:
+        console.print(
+            f"bulk action {action.id} ({action.kind}, by {action.actor}): {action.state}; "
+            f"{action.matched} matched, {action.done} done, {action.failed} failed, {action.skipped} skipped",
+            highlight=False,
+        )
+        if action.last_error:
+            console.print(f"last error: {action.last_error}", highlight=False)
+        if action.state == "running":
+            console.print(f"still running: see it with `ledgerflow workflows bulk show {action.id}`")
+    if exit_on_failure and action.failed:
+        raise SystemExit(1)
+
+
+def _action_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise InvalidInputError(f"{text!r} is not a bulk action id (a UUID)") from None
+
+
+def register(group: click.Group) -> None:
+    for kind in BULK_KINDS:
+        bulk_group.add_command(_kind_command(kind))
+    group.add_command(bulk_group)

@@ -1,0 +1,225 @@
+"""Bulk operator actions: cancel and retry every run a filter keeps, recorded, bounded, tenant-scoped and
+idempotent: a run is acted on once however often (or however concurrently) the action is worked."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+
+from eventstore import EventStore, NotFoundError
+from projector import ProjectorWorker
+from tests.flows import registry
+from tests.strategies import bulk_fleets
+from tests.waiting import joined
+from workflows import (
+    BulkLimitError,
+    Engine,
+    RunFilter,
+    bulk_action,
+    create_bulk_action,
+    plan_bulk,
+    run_bulk_action,
+    search_runs,
+    workflow_tables,
+)
+from workflows import events as ev
+
+
+@pytest.fixture
+def engine(store: EventStore) -> Engine:
+    return Engine(store, registry)
+
+
+def project(store: EventStore) -> None:
+    worker = ProjectorWorker(store, [workflow_tables])
+    try:
+        worker.run_until_caught_up()
+    finally:
+        worker.release_all()
+
+
+def start(engine: Engine, batch: str, count: int, tenant: str = "default") -> list[uuid.UUID]:
+    return [
+        engine.start("linear", input=None, tags={"batch": batch}, tenant=tenant).run_id for _ in range(count)
+    ]
+
+
+def events_of(store: EventStore, run_id: uuid.UUID, kind: str, tenant: str = "default") -> int:
+    return sum(1 for e in store.read_stream(ev.run_stream(run_id), tenant=tenant) if e.type == kind)
+
+
+BATCH_A = RunFilter(tags=(("batch", "a"),))
+
+
+def test_a_bulk_cancel_cancels_the_matching_runs_once_and_leaves_the_others(
+    store: EventStore, engine: Engine
+) -> None:
+    chosen, others = start(engine, "a", 7), start(engine, "b", 4)
+    project(store)
+    plan = plan_bulk(store, kind="cancel", tenant="default", filter=BATCH_A)
+    assert (plan.matched, plan.over_limit) == (7, False)
+    assert all(engine.load(r).active for r in chosen)  # a dry run touches nothing
+
+    action = create_bulk_action(store, kind="cancel", tenant="default", filter=BATCH_A, actor="test")
+    seen: list[int] = []
+    ended = run_bulk_action(engine, action.id, tenant="default", progress=lambda a: seen.append(a.done))
+    assert (ended.state, ended.matched, ended.done, ended.failed, ended.skipped) == ("completed", 7, 7, 0, 0)
+    oldest = search_runs(store, tenant="default", filter=BATCH_A, limit=7).runs[-1]["run_id"]
+    assert ended.last_run_id == oldest
+    assert seen
+    assert seen[-1] == 7
+    assert all(engine.load(r).status == "cancelled" for r in chosen)
+    assert all(events_of(store, r, ev.RUN_CANCEL_REQUESTED) == 1 for r in chosen)
+    assert all(engine.load(r).active for r in others)
+    # Worked again, an ended action does nothing more.
+    assert run_bulk_action(engine, action.id, tenant="default") == bulk_action(
+        store, action.id, tenant="default"
+    )
+    assert all(events_of(store, r, ev.RUN_CANCEL_REQUESTED) == 1 for r in chosen)
+
+
+def test_runs_started_after_the_action_was_recorded_are_not_its_business(
+    store: EventStore, engine: Engine
+) -> None:
+    start(engine, "a", 3)
+    project(store)
+    action = create_bulk_action(store, kind="cancel", tenant="default", filter=BATCH_A, actor="test")
+    later = start(engine, "a", 2)
+    project(store)
+    ended = run_bulk_action(engine, action.id, tenant="default")
+    assert (ended.matched, ended.done) == (3, 3)
+    assert all(engine.load(r).active for r in later)
+
+
+def test_two_actions_at_once_and_one_action_worked_twice_at_once_cancel_each_run_once(
+    store: EventStore, engine: Engine
+) -> None:
+    chosen = start(engine, "a", 30)
+    project(store)
+    errors: list[BaseException] = []
+    shared = create_bulk_action(store, kind="cancel", tenant="default", filter=BATCH_A, actor="test")
+
+    def work(action_id: uuid.UUID | None) -> None:
+        try:
+            if action_id is None:
+                own = create_bulk_action(store, kind="cancel", tenant="default", filter=BATCH_A, actor="t")
+                action_id = own.id
+            run_bulk_action(engine, action_id, tenant="default")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(a,)) for a in (shared.id, shared.id, None, None)]
+    for t in threads:
+        t.start()
+    joined(*threads)
+    assert errors == []
+    assert all(events_of(store, r, ev.RUN_CANCEL_REQUESTED) == 1 for r in chosen)
+    assert all(engine.load(r).status == "cancelled" for r in chosen)
+    run_bulk_action(engine, shared.id, tenant="default")  # whichever thread lost the lock: finish it
+    final = bulk_action(store, shared.id, tenant="default")
+    assert final.state == "completed"
+    assert final.done + final.skipped == 30
+
+
+def test_a_bulk_retry_retries_each_run_once_even_when_resumed_after_acting_but_before_counting(
+    store: EventStore, engine: Engine
+) -> None:
+    chosen = start(engine, "a", 5)
+    for r in chosen:
+        engine.cancel(r)
+    project(store)
+    wanted = RunFilter(tags=(("batch", "a"),), statuses=("cancelled",))
+    action = create_bulk_action(store, kind="retry", tenant="default", filter=wanted, actor="test")
+    # A crash after the first run's retry committed and before its outcome was counted:
+    newest = search_runs(store, tenant="default", filter=wanted, limit=1).runs[0]["run_id"]
+    engine.retry(newest, idempotency_key=f"bulk:{action.id}:{newest}")
+    ended = run_bulk_action(engine, action.id, tenant="default")
+    assert (ended.done, ended.failed, ended.skipped) == (5, 0, 0)
+    assert all(events_of(store, r, ev.RUN_RETRIED) == 1 for r in chosen)
+    assert all(engine.load(r).status == "running" for r in chosen)
+    # A retry repeated under its key writes and enqueues nothing.
+    engine.retry(newest, idempotency_key=f"bulk:{action.id}:{newest}")
+    assert events_of(store, newest, ev.RUN_RETRIED) == 1
+
+
+def test_runs_that_do_not_allow_the_action_are_skipped(store: EventStore, engine: Engine) -> None:
+    chosen = start(engine, "a", 3)
+    project(store)
+    action = create_bulk_action(store, kind="retry", tenant="default", filter=BATCH_A, actor="test")
+    ended = run_bulk_action(engine, action.id, tenant="default")
+    assert (ended.done, ended.failed, ended.skipped) == (0, 0, 3)
+    assert all(events_of(store, r, ev.RUN_RETRIED) == 0 for r in chosen)
+
+
+def test_a_tenants_action_sees_and_touches_only_its_runs(store: EventStore, engine: Engine) -> None:
+    mine, theirs = start(engine, "a", 3, tenant="acme"), start(engine, "a", 4, tenant="globex")
+    project(store)
+    assert plan_bulk(store, kind="cancel", tenant="acme", filter=BATCH_A).matched == 3
+    action = create_bulk_action(store, kind="cancel", tenant="acme", filter=BATCH_A, actor="test")
+    with pytest.raises(NotFoundError, match="tenant"):
+        bulk_action(store, action.id, tenant="globex")
+    with pytest.raises(NotFoundError):
+        run_bulk_action(engine, action.id, tenant="globex")
+    assert bulk_action(store, action.id, tenant="acme").processed == 0
+    ended = run_bulk_action(engine, action.id, tenant="acme")
+    assert ended.done == 3
+    assert all(engine.load(r, tenant="acme").status == "cancelled" for r in mine)
+    assert all(engine.load(r, tenant="globex").active for r in theirs)
+
+
+def test_more_matching_runs_than_the_limit_are_refused_and_nothing_is_recorded(
+    store: EventStore, engine: Engine
+) -> None:
+    chosen = start(engine, "a", 5)
+    project(store)
+    plan = plan_bulk(store, kind="cancel", tenant="default", filter=BATCH_A, limit=3)
+    assert (plan.matched, plan.over_limit) == (4, True)
+    with pytest.raises(BulkLimitError, match="LEDGERFLOW_BULK_MAX_RUNS") as caught:
+        create_bulk_action(store, kind="cancel", tenant="default", filter=BATCH_A, actor="t", limit=3)
+    assert caught.value.details()["limit"] == 3
+    with store.pool.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM ledgerflow.bulk_actions").fetchone() == (0,)
+    assert all(engine.load(r).active for r in chosen)
+    with pytest.raises(ValueError, match="unknown bulk action"):
+        plan_bulk(store, kind="explode", tenant="default", filter=BATCH_A)
+
+
+@settings(max_examples=15, deadline=None)
+@given(bulk_fleets())
+def test_a_bulk_cancel_touches_exactly_the_runs_its_filter_selects(
+    store: EventStore, engine: Engine, fleet: tuple[list[tuple[str, str, bool]], Any]
+) -> None:
+    runs, (team, env, running_only) = fleet
+    tenant = f"t{uuid.uuid4().hex[:12]}"  # each example in a tenant of its own
+    started = []
+    for run_team, run_env, cancelled in runs:
+        run_id = engine.start(
+            "linear", input=None, tags={"team": run_team, "env": run_env}, tenant=tenant
+        ).run_id
+        if cancelled:
+            engine.cancel(run_id, tenant=tenant)
+        started.append((run_id, run_team, run_env, cancelled))
+    project(store)
+    tags = tuple((k, v) for k, v in (("team", team), ("env", env)) if v is not None)
+    wanted = RunFilter(tags=tags, statuses=("running",) if running_only else ())
+    action = create_bulk_action(store, kind="cancel", tenant=tenant, filter=wanted, actor="property")
+    ended = run_bulk_action(engine, action.id, tenant=tenant)
+    selected = {
+        r
+        for r, t, e, cancelled in started
+        if team in (None, t) and env in (None, e) and not (running_only and cancelled)
+    }
+    assert ended.matched == ended.processed == len(selected)
+    for run_id, _, _, cancelled in started:
+        by_action = [
+            e
+            for e in store.read_stream(ev.run_stream(run_id), tenant=tenant)
+            if e.type == ev.RUN_CANCEL_REQUESTED and e.data.get("actor") == f"bulk:{action.id}"
+        ]
+        # A run the filter keeps that was cancelled before is skipped, not cancelled again.
+        assert len(by_action) == (1 if run_id in selected and not cancelled else 0)
+    assert ended.skipped == sum(1 for r, *_, c in started if r in selected and c)

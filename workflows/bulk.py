@@ -1,0 +1,357 @@
+"""Bulk operator actions: cancel or retry every run a search filter keeps, as a recorded action.
+
+An action is a row of ledgerflow.bulk_actions (who, when, the filter, the tenant, the kind, how many runs
+matched, its counts and the keyset position of the last run it processed). It walks the tenant's runs
+that the filter keeps, newest first, by keyset (`workflows.run_search`), from the newest run matched when
+it was recorded downwards, so runs started later are not its business. Each run is acted on under an
+idempotency key made of the action's id and the run's id, so a resumed action (after a crash, or run by
+two processes) never acts on a run twice: a run whose key is already recorded counts as done. One
+process works an action at a time (a session lock, dropped with a killed process's connection).
+
+Kinds are the entries of `KINDS`: a new kind (pause, resume) is one function and one entry.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from typing import Any
+
+import structlog
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from eventstore import (
+    EventStore,
+    IdempotencyConflictError,
+    InvalidInputError,
+    LedgerflowError,
+    NotFoundError,
+)
+from eventstore.spi import check_tenant, load_queries
+from workflows.engine import Engine
+from workflows.errors import RunStateError, wrap_exceptions
+from workflows.run_search import MAX_PAGE, RunFilter, cursor_at, search_runs
+
+log = structlog.get_logger("workflows.bulk")
+Q = load_queries("workflows", "bulk.sql")
+
+#: The most runs one action takes unless the caller (the `bulk_max_runs` setting) says otherwise.
+MAX_BULK_RUNS = 10_000
+#: Runs read per page of the walk.
+_PAGE = 200
+
+#: How a kind acts on one run: (engine, run id, tenant, actor, idempotency key). It raises RunStateError
+#: when the run is not in a state the kind applies to (the run is skipped).
+Act = Callable[[Engine, uuid.UUID, str, str, str], object]
+
+
+def _cancel(engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str) -> object:
+    return engine.cancel(run_id, tenant=tenant, actor=actor, idempotency_key=key)
+
+
+def _retry(engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str) -> object:
+    return engine.retry(run_id, tenant=tenant, actor=actor, idempotency_key=key)
+
+
+KINDS: Mapping[str, Act] = {"cancel": _cancel, "retry": _retry}
+
+
+class BulkLimitError(InvalidInputError):
+    """More runs match than one bulk action may take; nothing was recorded. The HTTP API answers 422."""
+
+    code = "bulk_limit"
+
+    def __init__(self, matched: int, limit: int) -> None:
+        self.matched, self.limit = matched, limit
+        super().__init__(
+            f"more than {limit} runs match (at least {matched}); one bulk action takes at most {limit} "
+            "(setting LEDGERFLOW_BULK_MAX_RUNS): narrow the filter, e.g. by start time, and act in parts"
+        )
+
+    def details(self) -> dict[str, Any]:
+        return {"matched_at_least": self.matched, "limit": self.limit, "setting": "LEDGERFLOW_BULK_MAX_RUNS"}
+
+
+@dataclass(frozen=True)
+class BulkAction:
+    """A bulk action's record and progress (a row of ledgerflow.bulk_actions)."""
+
+    id: uuid.UUID
+    tenant: str
+    kind: str
+    actor: str
+    #: The filter as JSON (`filter_to_json`).
+    filter: dict[str, Any]
+    #: running, completed or failed.
+    state: str
+    matched: int
+    max_runs: int
+    done: int
+    failed: int
+    skipped: int
+    last_run_id: uuid.UUID | None
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+
+    @property
+    def processed(self) -> int:
+        return self.done + self.failed + self.skipped
+
+
+@dataclass(frozen=True)
+class BulkPlan:
+    """What a dry run answers: how many runs an action with this filter would touch."""
+
+    kind: str
+    tenant: str
+    matched: int
+    #: The most one action takes; `matched` stops counting one past it.
+    limit: int
+
+    @property
+    def over_limit(self) -> bool:
+        return self.matched > self.limit
+
+
+def filter_to_json(wanted: RunFilter) -> dict[str, Any]:
+    """The filter as JSON (times in ISO 8601, ids as text), as the action's record keeps it."""
+    value: dict[str, Any] = json.loads(json.dumps(asdict(wanted), default=str))
+    return value
+
+
+def filter_from_json(value: Mapping[str, Any]) -> RunFilter:
+    known = {f.name for f in fields(RunFilter)}
+    unknown = set(value) - known
+    if unknown:
+        raise InvalidInputError(f"unknown filter fields {sorted(unknown)}: use {', '.join(sorted(known))}")
+    given: dict[str, Any] = dict(value)
+    try:
+        for name in ("started_after", "started_before", "ended_after", "ended_before"):
+            if given.get(name) is not None:
+                given[name] = datetime.fromisoformat(given[name])
+        if given.get("parent") is not None:
+            given["parent"] = uuid.UUID(str(given["parent"]))
+        given["statuses"] = tuple(given.get("statuses") or ())
+        given["tags"] = tuple((str(k), str(v)) for k, v in given.get("tags") or ())
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"invalid bulk filter: {exc}") from exc
+    return RunFilter(**given)
+
+
+def plan_bulk(
+    store: EventStore, *, kind: str, tenant: str, filter: RunFilter, limit: int = MAX_BULK_RUNS
+) -> BulkPlan:
+    """A dry run: how many of the tenant's runs `filter` keeps (counted up to one past `limit`)."""
+    _check(kind, tenant, limit)
+    matched, _ = _count(store, tenant, filter, limit)
+    return BulkPlan(kind, tenant, matched, limit)
+
+
+def create_bulk_action(
+    store: EventStore,
+    *,
+    kind: str,
+    tenant: str,
+    filter: RunFilter,
+    actor: str,
+    limit: int = MAX_BULK_RUNS,
+) -> BulkAction:
+    """Record an action over the runs `filter` keeps now; `run_bulk_action` works it. More than `limit`
+    matching runs raise BulkLimitError and record nothing."""
+    _check(kind, tenant, limit)
+    matched, top = _count(store, tenant, filter, limit)
+    if matched > limit:
+        raise BulkLimitError(matched, limit)
+    params = {
+        "id": uuid.uuid4(),
+        "tenant": tenant,
+        "kind": kind,
+        "actor": actor,
+        "filter": Jsonb(filter_to_json(filter)),
+        "matched": matched,
+        "max_runs": limit,
+        "top_created_at": top[0] if top else None,
+        "top_run_id": top[1] if top else None,
+    }
+    with wrap_exceptions(), store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q["insert"], params).fetchone()
+    assert row is not None
+    action = _action(row)
+    log.info("bulk_action_recorded", bulk_id=str(action.id), kind=kind, tenant=tenant, matched=matched)
+    return action
+
+
+def bulk_action(store: EventStore, action_id: uuid.UUID, *, tenant: str) -> BulkAction:
+    """An action's record and progress; another tenant's action is not found."""
+    return _action(_row(store, action_id, tenant))
+
+
+def run_bulk_action(
+    engine: Engine,
+    action_id: uuid.UUID,
+    *,
+    tenant: str,
+    progress: Callable[[BulkAction], None] | None = None,
+) -> BulkAction:
+    """Work the action to its end, from where it stopped; `progress` hears of it after every page.
+    While another process works it, this returns its record as it stands (state `running`)."""
+    store = engine.store
+    row = _row(store, action_id, tenant)
+    if row["state"] != "running":
+        return _action(row)
+    with _sole_worker(store, action_id) as sole:
+        if not sole:
+            log.info("bulk_action_busy", bulk_id=str(action_id))
+            return bulk_action(store, action_id, tenant=tenant)
+        return _work(engine, _row(store, action_id, tenant), progress)
+
+
+def _work(engine: Engine, row: dict[str, Any], progress: Callable[[BulkAction], None] | None) -> BulkAction:
+    store, tenant, action_id = engine.store, row["tenant"], row["id"]
+    if row["state"] != "running":  # ended while this process waited for its turn
+        return _action(row)
+    act, wanted, actor = KINDS[row["kind"]], filter_from_json(row["filter"]), f"bulk:{action_id}"
+    top = (row["top_created_at"], row["top_run_id"])
+    processed = row["done"] + row["failed"] + row["skipped"]
+    after = (
+        cursor_at(tenant, wanted, row["last_created_at"], row["last_run_id"])
+        if row["last_run_id"] is not None
+        else None
+    )
+    while top[1] is not None and processed < row["max_runs"]:
+        page = search_runs(store, tenant=tenant, filter=wanted, limit=_PAGE, after=after)
+        for run in page.runs:
+            position = (run["created_at"], run["run_id"])
+            if position > top:
+                continue  # started after the action was recorded: not one of its runs
+            outcome, error = _act_once(engine, act, run["run_id"], tenant, actor, action_id)
+            row = _progress(store, action_id, tenant, position, outcome, error)
+            processed += 1
+            if processed >= row["max_runs"]:
+                break
+        if progress is not None:
+            progress(_action(row))
+        if page.next is None:
+            break
+        after = page.next
+    return _finish(store, action_id, tenant, "completed", None)
+
+
+def _act_once(
+    engine: Engine, act: Act, run_id: uuid.UUID, tenant: str, actor: str, action_id: uuid.UUID
+) -> tuple[str, str | None]:
+    # A run acted on before a crash, before its outcome was counted, is met again: the kind's repeat under
+    # the same key does nothing, and the run counts as done.
+    key = f"bulk:{action_id}:{run_id}"
+    try:
+        act(engine, run_id, tenant, actor, key)
+    except IdempotencyConflictError:
+        return "done", None  # another worker of this action recorded it first
+    except RunStateError as exc:
+        return "skipped", str(exc)
+    except LedgerflowError as exc:
+        log.warning("bulk_action_run_failed", bulk_id=str(action_id), run_id=str(run_id), error=str(exc))
+        return "failed", f"run {run_id}: {exc}"
+    return "done", None
+
+
+def _progress(
+    store: EventStore,
+    action_id: uuid.UUID,
+    tenant: str,
+    position: tuple[datetime, uuid.UUID],
+    outcome: str,
+    error: str | None,
+) -> dict[str, Any]:
+    params = {
+        "id": action_id,
+        "tenant": tenant,
+        "done": int(outcome == "done"),
+        "failed": int(outcome == "failed"),
+        "skipped": int(outcome == "skipped"),
+        "created_at": position[0],
+        "run_id": position[1],
+        "error": error if outcome == "failed" else None,
+    }
+    with wrap_exceptions(), store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q["progress"], params).fetchone()
+    if row is None:
+        raise NotFoundError(f"bulk action {action_id} is no longer running")
+    return row
+
+
+def _finish(
+    store: EventStore, action_id: uuid.UUID, tenant: str, state: str, error: str | None
+) -> BulkAction:
+    params = {"id": action_id, "tenant": tenant, "state": state, "error": error}
+    with wrap_exceptions(), store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q["finish"], params).fetchone()
+    action = _action(row) if row is not None else bulk_action(store, action_id, tenant=tenant)
+    log.info(
+        "bulk_action_ended",
+        bulk_id=str(action_id),
+        state=action.state,
+        done=action.done,
+        failed=action.failed,
+        skipped=action.skipped,
+    )
+    return action
+
+
+@contextmanager
+def _sole_worker(store: EventStore, action_id: uuid.UUID) -> Iterator[bool]:
+    with wrap_exceptions(), store.pool.connection() as conn:
+        row = conn.execute(Q["try_lock"], {"id": action_id}).fetchone()
+        held = bool(row and row[0])
+        try:
+            yield held
+        finally:
+            if held:
+                conn.execute(Q["unlock"], {"id": action_id})
+
+
+def _count(
+    store: EventStore, tenant: str, wanted: RunFilter, limit: int
+) -> tuple[int, tuple[datetime, uuid.UUID] | None]:
+    """How many runs `wanted` keeps, counted up to one past `limit`, and the newest of them."""
+    matched, top, after = 0, None, None
+    while matched <= limit:
+        page = search_runs(store, tenant=tenant, filter=wanted, limit=MAX_PAGE, after=after)
+        if top is None and page.runs:
+            top = (page.runs[0]["created_at"], page.runs[0]["run_id"])
+        matched += len(page.runs)
+        if page.next is None:
+            break
+        after = page.next
+    return min(matched, limit + 1), top
+
+
+def _check(kind: str, tenant: str, limit: int) -> None:
+    check_tenant(tenant)
+    if kind not in KINDS:
+        raise InvalidInputError(f"unknown bulk action {kind!r}: use {', '.join(sorted(KINDS))}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidInputError("a bulk action's limit is a count of at least 1")
+
+
+def _row(store: EventStore, action_id: uuid.UUID, tenant: str) -> dict[str, Any]:
+    check_tenant(tenant)
+    with wrap_exceptions(), store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q["get"], {"id": action_id, "tenant": tenant}).fetchone()
+    if row is None:
+        raise NotFoundError(
+            f"no bulk action {action_id} for tenant {tenant!r}; an action is read by the tenant that made it"
+        )
+    return row
+
+
+def _action(row: Mapping[str, Any]) -> BulkAction:
+    names = {f.name for f in fields(BulkAction)}
+    return BulkAction(**{k: v for k, v in row.items() if k in names})

@@ -1,0 +1,36 @@
+-- Bulk operator actions (workflows.bulk): their record and progress in ledgerflow.bulk_actions.
+
+-- name: insert
+INSERT INTO ledgerflow.bulk_actions (id, tenant, kind, actor, filter, matched, max_runs, top_created_at,
+                                     top_run_id)
+VALUES (%(id)s, %(tenant)s, %(kind)s, %(actor)s, %(filter)s, %(matched)s, %(max_runs)s, %(top_created_at)s,
+        %(top_run_id)s)
+RETURNING *
+
+-- name: get
+-- Another tenant's action is not found.
+SELECT * FROM ledgerflow.bulk_actions WHERE id = %(id)s AND tenant = %(tenant)s
+
+-- name: try_lock
+-- One process works an action at a time: a session lock, which a killed process's connection drops with
+-- it, so a resume after a crash never waits for a lease to lapse.
+SELECT pg_try_advisory_lock(hashtextextended('ledgerflow.bulk_actions:' || %(id)s::text, 0))
+
+-- name: unlock
+SELECT pg_advisory_unlock(hashtextextended('ledgerflow.bulk_actions:' || %(id)s::text, 0))
+
+-- name: progress
+-- The counts and the keyset position move together, so a resume continues right below the last run
+-- whose outcome is counted (a run acted on but not yet counted is met again and found done by its key).
+UPDATE ledgerflow.bulk_actions
+   SET done = done + %(done)s, failed = failed + %(failed)s, skipped = skipped + %(skipped)s,
+       last_created_at = %(created_at)s, last_run_id = %(run_id)s,
+       last_error = coalesce(%(error)s, last_error), updated_at = now()
+ WHERE id = %(id)s AND tenant = %(tenant)s AND state = 'running'
+RETURNING *
+
+-- name: finish
+UPDATE ledgerflow.bulk_actions
+   SET state = %(state)s, last_error = coalesce(%(error)s, last_error), updated_at = now(), ended_at = now()
+ WHERE id = %(id)s AND tenant = %(tenant)s AND state = 'running'
+RETURNING *
