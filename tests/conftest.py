@@ -32,7 +32,7 @@ settings.load_profile("default")
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 #: Seconds before a drill is failed as hung; other tests get the ini's `timeout` (pyproject.toml).
 DRILL_TIMEOUT = 900
-#: The markers of drills: tests with real processes, run serially after the quick run.
+#: The markers of drills: tests with real processes, which the quick run leaves out.
 DRILL_MARKERS = ("drill", "failover", "partition")
 
 
@@ -68,9 +68,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Drills get the longer timeout unless they name their own."""
+    """Drills get the longer timeout unless they name their own. A `serial` test must be a drill: the
+    quick run (`-m "not drill"`) spreads over processes and would run it beside others."""
     for item in items:
         drill = any(item.get_closest_marker(name) for name in DRILL_MARKERS)
+        if item.get_closest_marker("serial") and not item.get_closest_marker("drill"):
+            raise pytest.UsageError(f"{item.nodeid} is marked serial but not drill")
         if drill and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DRILL_TIMEOUT))
 

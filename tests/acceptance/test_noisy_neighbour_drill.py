@@ -32,7 +32,8 @@ from tests.acceptance.test_serve_restart import ROOT, free_port, healthy
 from tests.waiting import wait_until
 from workflows import workflow_tables
 
-pytestmark = pytest.mark.drill
+# Serial: it measures a tenant's latency, alone, after the rest.
+pytestmark = [pytest.mark.drill, pytest.mark.serial]
 
 POOL = 10
 #: The server's connections (by application name): its pool, the API's listener, its health check and its
