@@ -16,11 +16,6 @@ from typing import Literal
 
 import structlog
 from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 LogFormat = Literal["auto", "json", "console"]
 _telemetry_configured = False
@@ -74,6 +69,14 @@ def configure_telemetry(service: str = "ledgerflow") -> None:
     if _telemetry_configured:
         return
     _telemetry_configured = True
+    # The SDK is imported here, by the one role that installs it: every other command (each CLI call, each
+    # worker) starts without loading it.
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
     tracer_provider = TracerProvider(resource=resource)
     readers: list[MetricReader] = []

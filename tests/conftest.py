@@ -6,6 +6,7 @@ answers, else the embedded one.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import tempfile
 import uuid
@@ -31,7 +32,7 @@ settings.load_profile("default")
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 #: Seconds before a drill is failed as hung; other tests get the ini's `timeout` (pyproject.toml).
 DRILL_TIMEOUT = 900
-#: The markers of drills: tests with real processes, run serially after the quick run.
+#: The markers of drills: tests with real processes, which the quick run leaves out.
 DRILL_MARKERS = ("drill", "failover", "partition")
 
 
@@ -67,9 +68,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Drills get the longer timeout unless they name their own."""
+    """Drills get the longer timeout unless they name their own. A `serial` test must be a drill: the
+    quick run (`-m "not drill"`) spreads over processes and would run it beside others."""
     for item in items:
         drill = any(item.get_closest_marker(name) for name in DRILL_MARKERS)
+        if item.get_closest_marker("serial") and not item.get_closest_marker("drill"):
+            raise pytest.UsageError(f"{item.nodeid} is marked serial but not drill")
         if drill and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DRILL_TIMEOUT))
 
@@ -118,6 +122,37 @@ def _drop_database(admin_url: str, name: str) -> None:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+class _Dropper:
+    """Drops the tests' databases in the background. A DROP DATABASE waits for a checkpoint (0.5-1 s, more
+    on a busy machine), which no test needs to wait for: each database has a name of its own and nothing
+    reads it again. Up to four drops run at once, so that drops queued together can share a checkpoint.
+    The session waits for every drop at its end, and a drop that failed fails the session there."""
+
+    def __init__(self) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="test-db-drop")
+        self._pending: list[concurrent.futures.Future[None]] = []
+
+    def drop(self, admin_url: str, name: str) -> None:
+        # Drops that ended well are forgotten; a failed one stays to be reported at the end.
+        self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
+        self._pending.append(self._pool.submit(_drop_database, admin_url, name))
+
+    def close(self, timeout: float = 300.0) -> list[str]:
+        """Wait for the queued drops (bounded); return what failed or is still pending."""
+        done, pending = concurrent.futures.wait(self._pending, timeout=timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        failures = [repr(f.exception()) for f in done if f.exception() is not None]
+        return failures + ([f"{len(pending)} drops still pending after {timeout} s"] if pending else [])
+
+
+@pytest.fixture(scope="session")
+def _dropper() -> Iterator[_Dropper]:
+    dropper = _Dropper()
+    yield dropper
+    failures = dropper.close()
+    assert not failures, f"test databases not dropped: {failures}"
+
+
 @pytest.fixture(scope="session")
 def template_db(admin_url: str) -> Iterator[str]:
     name = f"lf_template_{uuid.uuid4().hex[:12]}"
@@ -141,14 +176,14 @@ def fresh_database(admin_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def database_url(admin_url: str, template_db: str) -> Iterator[str]:
-    """A fresh, migrated database for this test alone."""
+def database_url(admin_url: str, template_db: str, _dropper: _Dropper) -> Iterator[str]:
+    """A fresh, migrated database for this test alone (dropped in the background after it)."""
     name = f"lf_test_{uuid.uuid4().hex[:12]}"
     _create_database(admin_url, name, template=template_db)
     try:
         yield _with_db(admin_url, name)
     finally:
-        _drop_database(admin_url, name)
+        _dropper.drop(admin_url, name)
 
 
 @pytest.fixture

@@ -44,7 +44,8 @@ from tests.waiting import wait_until
 from workflows import Engine, workflow_tables
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.drill
+# Serial: it runs a PostgreSQL cluster of its own and times recoveries, alone, after the rest.
+pytestmark = [pytest.mark.drill, pytest.mark.serial]
 
 MAX_CONNECTIONS = 40
 RESERVED = 5  # superuser_reserved_connections: the drill's own control connections

@@ -36,7 +36,8 @@ from tests.waiting import wait_until
 from workflows import Engine, NodeContext, Workflow, WorkflowRegistry
 from workflows import events as ev
 
-pytestmark = pytest.mark.drill
+# Serial: it times every takeover, alone, after the rest.
+pytestmark = [pytest.mark.drill, pytest.mark.serial]
 
 LEASE = 3.0
 #: Rounds (pauses), each aimed inside a transaction of the node's holder.

@@ -40,7 +40,8 @@ from tests.async_flows import create_calls_table
 from tests.waiting import wait_until
 from workflows import run_stream, workflow_tables
 
-pytestmark = pytest.mark.drill
+# Serial: it measures a tenant's latency, alone, after the rest.
+pytestmark = [pytest.mark.drill, pytest.mark.serial]
 
 POOL = 10
 #: The server's connections (by application name): its pool, the API's listener, its health check and its

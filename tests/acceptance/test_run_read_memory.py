@@ -25,7 +25,8 @@ from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, RunCaps
 
-pytestmark = pytest.mark.drill
+# Serial: it watches the server's memory, alone, after the rest.
+pytestmark = [pytest.mark.drill, pytest.mark.serial]
 
 SIGNALS = 30
 PAYLOAD = 720 * 1024

@@ -36,7 +36,8 @@ from tests.scarce_flows import registry
 from tests.waiting import wait_until
 from workflows import Engine
 
-pytestmark = pytest.mark.drill
+# Serial: it runs a PostgreSQL cluster of its own and times the waits for its slots, alone, after the rest.
+pytestmark = [pytest.mark.drill, pytest.mark.serial]
 
 RUNS = 30
 #: Every run is done this long after the first was started; the server refuses connections throughout.

@@ -37,7 +37,8 @@ from workflows import Engine, NodeContext, Workflow, WorkflowRegistry
 from workflows import events as ev
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.drill
+# Serial: it times takeovers, alone, after the rest.
+pytestmark = [pytest.mark.drill, pytest.mark.serial]
 
 registry = WorkflowRegistry()
 held = Workflow("held")
