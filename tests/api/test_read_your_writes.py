@@ -10,10 +10,11 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from eventstore import Cursor
+from eventstore import START, Cursor
 from ops.services import Services
-from projector import ProjectorWorker, WorkerSettings
+from projector import ProjectionBehindError, ProjectorWorker, WorkerSettings, wait_for
 from tests.api.helpers import Headers
+from tests.waiting import wait_until
 from workflows import workflow_tables
 
 
@@ -23,9 +24,20 @@ def projector(services: Services) -> Iterator[ProjectorWorker]:
     worker = ProjectorWorker(services.store, [workflow_tables], WorkerSettings(poll_interval=5))
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
+    # A projection no projector has run yet is answered 409 at once (waiting would not get it there): the
+    # tests start once the worker has taken the projection up.
+    wait_until(lambda: _has_run(services), what="the projector to take workflow_tables up")
     yield worker
     worker.stop()
     thread.join(10)
+
+
+def _has_run(services: Services) -> bool:
+    try:
+        wait_for(services.store, workflow_tables, START, timeout=0)
+    except ProjectionBehindError as exc:
+        return exc.position is not None
+    return True
 
 
 def test_a_started_run_is_in_the_list_read_with_its_cursor(

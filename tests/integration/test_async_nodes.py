@@ -213,7 +213,9 @@ def test_two_hundred_async_nodes_wait_at_once_on_four_threads(store: EventStore,
     assert overlap >= 150, "the nodes wait at once, not four at a time"
     # Four at a time would take 50 s; the bound leaves room for a loaded 2-core machine.
     assert elapsed < 30
-    assert peak - len(before) <= 20, "a thread per waiting node?"
+    # The worker's own threads (node threads, I/O threads, its loop, presence, listeners, the trigger and
+    # children projections, pools) are a few dozen at most; a thread per waiting node would be 200 more.
+    assert peak - len(before) <= 50, "a thread per waiting node?"
 
 
 #: The most threads seen at once, and their names.

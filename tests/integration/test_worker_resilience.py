@@ -128,8 +128,10 @@ def test_an_outage_is_logged_once_however_many_parts_notice_it() -> None:
             return "database_available_again" in [e["event"] for e in logs]
 
         wait_until(over, timeout=5, what="the outage to be logged as over")
-    assert [e["event"] for e in logs] == ["database_unavailable", "database_available_again"]
-    assert all("exc_info" not in e for e in logs)
+    # This outage's lines only: another test's worker, still stopping on a thread of this process, may log.
+    mine = [e for e in logs if e.get("worker") == "w"]
+    assert [e["event"] for e in mine] == ["database_unavailable", "database_available_again"]
+    assert all("exc_info" not in e for e in mine)
     assert not outage.snapshot().waiting
 
 
