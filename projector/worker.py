@@ -82,13 +82,19 @@ class ProjectorWorker:
         settings: WorkerSettings | None = None,
         *,
         worker_id: str | None = None,
+        outage: Outage | None = None,
+        listener_name: str = "ledgerflow-projector-listener",
     ) -> None:
         self.store = store
         self.projections = {p.name: p for p in projections}
         self.settings = settings or WorkerSettings()
         self.id = worker_id or new_worker_id()
         self.stopping = threading.Event()
-        self.outage = Outage(worker=self.id, role="projector")
+        #: A projector worker inside another process's worker (a workflow worker's trigger projections)
+        #: shares that worker's outage, so the process logs one outage once, and names its listener for it,
+        #: so doctor does not count it as a projector worker.
+        self.outage = outage or Outage(worker=self.id, role="projector")
+        self._listener_name = listener_name
         self._runners: dict[str, LiveRunner] = {}
         #: Every lease this worker holds, by projection: epoch. Renewed from the moment it is taken, also
         #: while the projection is rebuilt before its runner starts.
@@ -113,7 +119,7 @@ class ProjectorWorker:
             self._wake,
             self.outage,
             [Beat("projector_heartbeat", self.settings.heartbeat_interval, self.heartbeat)],
-            application_name="ledgerflow-projector-listener",
+            application_name=self._listener_name,
         )
         keepalive.start()
         log.info("projector_worker_started", worker=self.id, projections=sorted(self.projections))

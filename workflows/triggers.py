@@ -30,7 +30,7 @@ from opentelemetry import metrics
 from psycopg import sql
 
 from eventstore import RecordedEvent
-from eventstore.spi import is_unavailable, load_queries
+from eventstore.spi import Outage, is_unavailable, load_queries
 from projector import ApplyContext, Projection, ProjectorWorker, Table
 from projector import WorkerSettings as ProjectorSettings
 from workflows import events as ev
@@ -188,8 +188,15 @@ class TriggerConsumer:
     workflow's triggers at a time, and another takes over when it dies."""
 
     def __init__(
-        self, engine: Engine, registry: WorkflowRegistry, *, worker_id: str, lease_ttl: float = 10.0
+        self,
+        engine: Engine,
+        registry: WorkflowRegistry,
+        *,
+        worker_id: str,
+        lease_ttl: float = 10.0,
+        outage: Outage | None = None,
     ) -> None:
+        self._outage = outage
         # Beside the triggers, the projection by which child runs follow their parents (workflows.children).
         self._projections = [*trigger_projections(engine, registry), children_projection(engine)]
         self._store = engine.store
@@ -218,7 +225,12 @@ class TriggerConsumer:
                 if self._stopping.is_set():
                     return
                 self._worker = ProjectorWorker(
-                    self._store, self._projections, self._settings, worker_id=self._worker_id
+                    self._store,
+                    self._projections,
+                    self._settings,
+                    worker_id=self._worker_id,
+                    outage=self._outage,
+                    listener_name="ledgerflow-workflow-projections",
                 )
             try:
                 self._worker.run()

@@ -209,7 +209,13 @@ class WorkflowWorker:
         # Runs started by events of the log, by schedules and by debounced bursts: each in its own thread,
         # shared with peers.
         starts: list[TriggerConsumer | ScheduleKeeper | DebounceKeeper] = [
-            TriggerConsumer(self.engine, self.registry, worker_id=self.id, lease_ttl=self.settings.lease_ttl),
+            TriggerConsumer(
+                self.engine,
+                self.registry,
+                worker_id=self.id,
+                lease_ttl=self.settings.lease_ttl,
+                outage=self.outage,
+            ),
             ScheduleKeeper(self.engine, self.registry, worker_id=self.id),
             DebounceKeeper(
                 self.engine, self.registry.names(), worker_id=self.id, quotas=self.quotas, outage=self.outage
