@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from eventstore import START, Cursor
+from eventstore import AppendResult, Cursor, NewEvent
 from ops.services import Services
 from projector import ProjectionBehindError, ProjectorWorker, WorkerSettings, wait_for
 from tests.api.helpers import Headers
@@ -26,17 +26,19 @@ def projector(services: Services) -> Iterator[ProjectorWorker]:
     thread.start()
     # A projection no projector has run yet is answered 409 at once (waiting would not get it there): the
     # tests start once the worker has taken the projection up.
-    wait_until(lambda: _has_run(services), what="the projector to take workflow_tables up")
+    written = services.store.append("ryw-fixture", [NewEvent("FixtureReady", {})])
+    wait_until(lambda: _passed(services, written), what="the projector to take workflow_tables up")
     yield worker
     worker.stop()
     thread.join(10)
 
 
-def _has_run(services: Services) -> bool:
+def _passed(services: Services, target: AppendResult) -> bool:
+    """Whether the projection has been built (its first build done, not merely begun) up to `target`."""
     try:
-        wait_for(services.store, workflow_tables, START, timeout=0)
-    except ProjectionBehindError as exc:
-        return exc.position is not None
+        wait_for(services.store, workflow_tables, target, timeout=0)
+    except ProjectionBehindError:
+        return False
     return True
 
 
