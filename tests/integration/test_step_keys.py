@@ -4,24 +4,22 @@ typed error that fails the node, instead of silently handing the second call the
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from eventstore import EventStore
-from tests.waiting import wait_until
 from workflows import (
     Engine,
     NodeContext,
     RepeatedStepKeyError,
     RetryPolicy,
-    WorkerSettings,
     Workflow,
     WorkflowRegistry,
     WorkflowWorker,
 )
+from workflows.testing import running_worker, wait_for_run
 
 registry = WorkflowRegistry()
 summaries = Workflow("summaries")
@@ -52,19 +50,12 @@ def engine(store: EventStore) -> Engine:
 
 @pytest.fixture
 def worker(engine: Engine) -> Iterator[WorkflowWorker]:
-    settings = WorkerSettings(
-        concurrency=1, lease_ttl=5, heartbeat_interval=1, poll_interval=0.1, shutdown_grace=2
-    )
-    w = WorkflowWorker(engine, registry, settings, name="step-keys")
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
-    yield w
-    w.stop()
-    thread.join(timeout=15)
+    with running_worker(engine, registry, name="step-keys") as w:
+        yield w
 
 
 def _ended(engine: Engine, run_id: Any) -> Any:
-    return wait_until(lambda: (s := engine.load(run_id)).active is False and s, what="the run to end")
+    return wait_for_run(engine, run_id)
 
 
 def test_a_repeated_step_key_fails_the_node_and_the_second_step_never_runs(
