@@ -162,6 +162,8 @@ def start_embedded(data_dir: pathlib.Path | None = None) -> str:
     if _as_root():
         _refuse_private_ancestors(data_dir)
     try:
+        if _as_root():
+            _ensure_server_user()
         data_dir.parent.mkdir(parents=True, exist_ok=True)
         _discard_stale_lock_files(data_dir)
         # cleanup_mode="stop": the last process using the server stops it;
@@ -191,6 +193,47 @@ def start_embedded(data_dir: pathlib.Path | None = None) -> str:
     _check_reachable(url, data_dir, log_file)
     _log.debug("embedded_postgres_started", data_dir=str(data_dir), url=url)  # shown by `ledgerflow db url`
     return url
+
+
+#: The system user pgserver runs PostgreSQL as when ledgerflow runs as root.
+_SERVER_USER = "pgserver"
+#: Serialises the creation of that user between processes (root-only, like the user itself).
+_SERVER_USER_LOCK = _ROOT_DATA_DIR.parent / "server-user.lock"
+
+
+def _ensure_server_user(name: str = _SERVER_USER) -> None:
+    """Create pgserver's system user before pgserver does. pgserver runs `useradd` outside its
+    inter-process lock, so two processes starting their first embedded servers at once race and the loser
+    fails (useradd exits 9, "already exists"). Here creation happens under a lock, and a user created by
+    anyone in the meantime counts as created."""
+    import fcntl
+    import pwd
+    import shutil
+    import subprocess
+
+    def exists() -> bool:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            return False
+        return True
+
+    if exists():
+        return
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    _SERVER_USER_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(_SERVER_USER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if exists():
+            return
+        # A fixed command with a fixed or test-made user name: nothing untrusted reaches it.
+        done = subprocess.run([useradd, "-s", "/bin/bash", name], capture_output=True, text=True)  # noqa: S603
+        # 9: "already exists", created meanwhile by a process that does not take this lock.
+        if done.returncode not in (0, 9) or not exists():
+            raise RuntimeError(f"useradd {name} exited {done.returncode}: {done.stderr.strip()}")
+    finally:
+        os.close(fd)
 
 
 def _discard_stale_lock_files(data_dir: pathlib.Path) -> None:

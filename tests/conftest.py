@@ -1,14 +1,17 @@
 """Every test gets a fresh database cloned from a migrated template: fast, isolated, no leftovers.
 
-The server is the one named by LEDGERFLOW_TEST_ADMIN_URL, else PostgreSQL on 127.0.0.1:5432 when it
-answers, else the embedded one.
+The server is the one named by LEDGERFLOW_TEST_ADMIN_URL, else PostgreSQL on 127.0.0.1:5432 when something
+listens there, else the embedded one. A server that listens but does not yet accept (starting up, or out of
+connection slots for a moment) is waited for, never swapped for the embedded one behind the run's back.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import socket
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,12 +44,36 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-def _answers(url: str) -> bool:
+#: How long a server that listens on 127.0.0.1:5432 may refuse connections before the run stops.
+LOCAL_SERVER_PATIENCE = 60.0
+
+
+def _listens_locally() -> bool:
     try:
-        with psycopg.connect(url, connect_timeout=3):
+        with socket.create_connection(("127.0.0.1", 5432), timeout=3):
             return True
-    except psycopg.OperationalError:
+    except OSError:
         return False
+
+
+def _wait_for_local_server() -> str:
+    """The local server's URL once it accepts a connection. It listens, so it is the one meant: a refusal
+    (starting up, recovering, out of slots) is waited out; one that lasts fails the run with its reason."""
+    deadline = time.monotonic() + LOCAL_SERVER_PATIENCE
+    pause = 0.2
+    while True:
+        try:
+            with psycopg.connect(LOCAL_SERVER, connect_timeout=10):
+                return LOCAL_SERVER
+        except psycopg.OperationalError as exc:
+            if time.monotonic() >= deadline:
+                raise pytest.UsageError(
+                    "PostgreSQL listens on 127.0.0.1:5432 but refused connections for "
+                    f"{LOCAL_SERVER_PATIENCE:.0f} s ({exc}). "
+                    "Fix that server, or set LEDGERFLOW_TEST_ADMIN_URL to another one."
+                ) from exc
+            time.sleep(pause)  # a server's state, not a test's: there is nothing to await but the next try
+            pause = min(pause * 2, 5.0)
 
 
 def _with_db(url: str, dbname: str) -> str:
@@ -58,8 +85,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     configured = os.environ.get("LEDGERFLOW_TEST_ADMIN_URL")
     if configured:
         server = f"{redact(configured)} (LEDGERFLOW_TEST_ADMIN_URL)"
-    elif _answers(LOCAL_SERVER):
-        server = f"{LOCAL_SERVER} (answers; set LEDGERFLOW_TEST_ADMIN_URL to use another server)"
+    elif _listens_locally():
+        server = f"{LOCAL_SERVER} (listens; set LEDGERFLOW_TEST_ADMIN_URL to use another server)"
     else:
         server = "an embedded PostgreSQL (nothing answers on 127.0.0.1:5432)"
     chromium = Path("/usr/bin/chromium")  # the distribution's, as tests/browser uses
@@ -95,8 +122,8 @@ def admin_url() -> str:
     configured = os.environ.get("LEDGERFLOW_TEST_ADMIN_URL")
     if configured:
         return configured
-    if _answers(LOCAL_SERVER):
-        return LOCAL_SERVER
+    if _listens_locally():
+        return _wait_for_local_server()
     from eventstore.embedded import start_embedded
 
     # Not under pytest's temporary root: as root that is private (0700), and the embedded server, which

@@ -30,3 +30,26 @@ def test_roots_default_data_directory_has_only_traversable_parents() -> None:
     for parent in default_data_dir().parents:
         if parent.exists():
             assert parent.stat().st_mode & 0o001, parent
+
+
+def _create_user(name: str) -> None:
+    from eventstore.embedded import _ensure_server_user
+
+    _ensure_server_user(name)
+
+
+def test_first_starts_in_several_processes_at_once_all_get_the_server_user() -> None:
+    """pgserver's own useradd runs outside its lock: the loser of two first starts failed (exit 9). The
+    user is now created under a lock; a name of the test's own keeps the real one untouched."""
+    import multiprocessing
+    import pwd
+    import subprocess
+    import uuid
+
+    name = f"lf{uuid.uuid4().hex[:10]}"
+    try:
+        with multiprocessing.get_context("spawn").Pool(4) as pool:
+            pool.map(_create_user, [name] * 8)
+        assert pwd.getpwnam(name).pw_name == name
+    finally:
+        subprocess.run(["userdel", name], check=False, capture_output=True)
