@@ -47,7 +47,7 @@ from eventstore import (
     WrongExpectedVersionError,
 )
 from workflows import events as ev
-from workflows import queue
+from workflows import node_queue
 from workflows.definition import NodeSpec
 from workflows.engine import Engine, advance
 from workflows.errors import (
@@ -60,7 +60,7 @@ from workflows.errors import (
 )
 from workflows.lifecycle import fenced_writes
 from workflows.limits import step_slots
-from workflows.queue import Claim
+from workflows.node_queue import Claim
 from workflows.state import NodeState, RunState
 
 T = TypeVar("T")
@@ -131,7 +131,7 @@ class NodeContext:
         self.check()
         claim = self._claim
         with fenced_writes(), self._engine.pipelined_transaction() as conn:
-            recorded_at = queue.fence_at(conn, claim.run_id, claim.node, claim.token)
+            recorded_at = node_queue.fence_at(conn, claim.run_id, claim.node, claim.token)
             result = self._engine.store.append(
                 ev.run_stream(claim.run_id),
                 events,
@@ -414,7 +414,7 @@ class NodeContext:
         claim = self._claim
         # One statement, on its own: it only reads the claim's row (and touches its progress time).
         with fenced_writes(), self._engine.store.pool.connection() as conn:
-            queue.fence(conn, claim.run_id, claim.node, claim.token)
+            node_queue.fence(conn, claim.run_id, claim.node, claim.token)
 
 
 def _now() -> datetime:

@@ -37,7 +37,7 @@ from eventstore import (
 )
 from eventstore.spi import check_idempotency_key, check_tenant, json_dumps, json_loads
 from workflows import events as ev
-from workflows import queue, snapshots
+from workflows import node_queue, snapshots
 from workflows.caps import RunCaps
 from workflows.debounce import Debounce, record_start
 from workflows.debounce import idempotency_key as debounce_idempotency_key
@@ -316,7 +316,9 @@ class Engine:
         began = time.perf_counter()
         if in_flight is None:
             with wrap_exceptions(), self.store.statement_connection() as conn:
-                rows = queue.start_run(conn, run_id, wf.name, wf.version, specs, params, priority=priority)
+                rows = node_queue.start_run(
+                    conn, run_id, wf.name, wf.version, specs, params, priority=priority
+                )
         else:
             assert self.quotas is not None
             with (
@@ -324,9 +326,9 @@ class Engine:
                 wrap_exceptions(),
                 self.store.pool.connection() as conn,
             ):
-                with queue.pipelined_transaction(conn):
+                with node_queue.pipelined_transaction(conn):
                     self.quotas.admit_run(conn, tenant, in_flight)
-                    sent = queue.send_start_run(
+                    sent = node_queue.send_start_run(
                         conn, run_id, wf.name, wf.version, specs, params, priority=priority
                     )
                 rows = sent.fetchall()  # once committed: BEGIN to COMMIT in one round trip
@@ -361,7 +363,7 @@ class Engine:
                 appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn
             )
             if not result.duplicate:
-                queue.enqueue(
+                node_queue.enqueue(
                     conn, run_id, tenant, wf.name, wf.version, [wf.nodes[r] for r in roots], priority=priority
                 )
         return result
@@ -437,8 +439,8 @@ class Engine:
             # Scoped to the run (the same key may be used for every run), at a fixed length.
             key = "signal:" + hashlib.sha256(f"{run_id}\x00{idempotency_key}".encode()).hexdigest()
         with self.pipelined_transaction() as conn:
-            # The run's queue rows first (the order every node end takes too): see queue.lock_run_nodes.
-            active = queue.lock_run_nodes(conn, run_id, tenant)
+            # The run's queue rows first (the order every node end takes too): see node_queue.lock_run_nodes.
+            active = node_queue.lock_run_nodes(conn, run_id, tenant)
             if active:
                 result = self.store.append(stream, [received], idempotency_key=key, tenant=tenant, conn=conn)
                 if not result.duplicate:
@@ -446,7 +448,7 @@ class Engine:
                     if not snapshots.count_signal(conn, run_id, tenant, limit):
                         # Raised inside the transaction: the append above rolls back with it.
                         raise RunSignalLimitError(str(run_id), limit, "LEDGERFLOW_MAX_SIGNALS_PER_RUN")
-                    queue.wake_waiting(conn, run_id, name)
+                    node_queue.wake_waiting(conn, run_id, name)
         if not active:
             # A repeat of a send whose answer was lost may come after the signal let the run end: it gets
             # the first send's answer, not a refusal.
@@ -493,7 +495,7 @@ class Engine:
             if run.cancel_requested:
                 return
             with self.transaction() as conn:
-                running, dropped = queue.cancel_run(conn, run_id)
+                running, dropped = node_queue.cancel_run(conn, run_id)
                 events = [ev.event(ev.RUN_CANCEL_REQUESTED, run_id, actor=actor)]
                 events += [ev.event(ev.NODE_CANCELLED, run_id, node=n) for n in dropped]
                 ended = not running
@@ -518,8 +520,8 @@ class Engine:
             if not run.active:
                 raise RunStateError(f"run {run_id} already {run.status}; nothing to terminate")
             with self.transaction() as conn:
-                queue.lock_run_nodes(conn, run_id, tenant)
-                dropped = queue.terminate_run(conn, run_id)
+                node_queue.lock_run_nodes(conn, run_id, tenant)
+                dropped = node_queue.terminate_run(conn, run_id)
                 events = (
                     [] if run.cancel_requested else [ev.event(ev.RUN_CANCEL_REQUESTED, run_id, actor=actor)]
                 )
@@ -559,8 +561,8 @@ class Engine:
                 return
             with self.transaction() as conn:
                 # Every row of the run first (the order a node's end and a signal take too): see `pause_run`.
-                queue.lock_run_nodes(conn, run_id, tenant)
-                running, held = queue.pause_run(conn, run_id, tenant, interrupt=interrupt_running)
+                node_queue.lock_run_nodes(conn, run_id, tenant)
+                running, held = node_queue.pause_run(conn, run_id, tenant, interrupt=interrupt_running)
                 if run.paused and not running:
                     return  # paused already, and nothing left to interrupt
                 paused = ev.event(
@@ -605,8 +607,8 @@ class Engine:
             if not run.paused:
                 return
             with self.transaction() as conn:
-                queue.lock_run_nodes(conn, run_id, tenant)
-                ready = queue.resume_run(conn, run_id)
+                node_queue.lock_run_nodes(conn, run_id, tenant)
+                ready = node_queue.resume_run(conn, run_id)
                 resumed = ev.event(
                     ev.RUN_RESUMED,
                     run_id,
@@ -731,8 +733,8 @@ class Engine:
                 return
             if not run.active:
                 # A run paused when it ended (its last running nodes ended it) is not paused once reopened.
-                queue.forget_pause(conn, run.run_id)
-            queue.enqueue(
+                node_queue.forget_pause(conn, run.run_id)
+            node_queue.enqueue(
                 conn,
                 run.run_id,
                 tenant,
@@ -759,8 +761,8 @@ class Engine:
         self, notify: Callable[[], bool] | None = None
     ) -> Iterator[psycopg.Connection[Any]]:
         """`transaction()`, with its statements sent in a pipeline: two round trips when one result is
-        fetched midway (see `queue.pipelined_transaction`)."""
-        with self.store.pool.connection() as conn, queue.pipelined_transaction(conn):
+        fetched midway (see `node_queue.pipelined_transaction`)."""
+        with self.store.pool.connection() as conn, node_queue.pipelined_transaction(conn):
             yield conn
         if notify is None or notify():
             self.store.notify_appended()

@@ -39,11 +39,11 @@ from eventstore import (
     WrongExpectedVersionError,
 )
 from workflows import events as ev
-from workflows import queue, snapshots
+from workflows import node_queue, snapshots
 from workflows.definition import NodeSpec, Workflow
 from workflows.engine import Engine, WrittenJson, advance, release_key_appends
 from workflows.errors import SQLSTATES, NodeSuspended, wrap_exceptions
-from workflows.queue import Claim, Claimant
+from workflows.node_queue import Claim, Claimant
 from workflows.scheduler import NodeStatus, run_outcome, runnable_nodes
 from workflows.state import RunState, apply
 
@@ -81,16 +81,16 @@ def fenced_writes() -> Iterator[None]:
         raise translation(cause) from cause
 
 
-def _suspended(recorded_at: Callable[[], datetime]) -> Callable[[], queue.NodeEnded]:
+def _suspended(recorded_at: Callable[[], datetime]) -> Callable[[], node_queue.NodeEnded]:
     """A suspension's answer in the shape of a node end's: it claims no successor."""
-    return lambda: queue.NodeEnded(0, recorded_at())
+    return lambda: node_queue.NodeEnded(0, recorded_at())
 
 
 def fence(conn: Any, claim: Claim, *, check_cancel: bool = True) -> None:
     """In `conn`'s transaction: fail with NodeLeaseLost unless `claim` still holds its node (and, with
     `check_cancel`, with RunCancelled if its run is being cancelled)."""
     with wrap_exceptions():
-        queue.fence(conn, claim.run_id, claim.node, claim.token, check_cancel=check_cancel)
+        node_queue.fence(conn, claim.run_id, claim.node, claim.token, check_cancel=check_cancel)
 
 
 @dataclass(frozen=True)
@@ -114,11 +114,11 @@ class _Suspension:
 
 
 def record_appended(
-    store: EventStore, claims: list[Claim], appended: queue.AppendedRows, began: float
+    store: EventStore, claims: list[Claim], appended: node_queue.AppendedRows, began: float
 ) -> None:
     """What every append does after it (see `EventStore.appended`), for the NodeClaimed events a claim
     appended itself, per tenant."""
-    by_tenant: dict[str, queue.AppendedRows] = {}
+    by_tenant: dict[str, node_queue.AppendedRows] = {}
     for claim, row in zip(claims, appended, strict=True):
         by_tenant.setdefault(claim.tenant, []).append(row)
     for tenant, rows in by_tenant.items():
@@ -126,12 +126,12 @@ def record_appended(
 
 
 class _QueueChange(TypedDict):
-    """The queue's side of a node's end, as `queue.end_node` and `queue.record_node_end` take it."""
+    """The queue's side of a node's end, as `node_queue.end_node` and `node_queue.record_node_end` take it."""
 
     retry_in: float | None
     ready: list[NodeSpec]
     attempts: dict[str, int]
-    successor: queue.Successor | None
+    successor: node_queue.Successor | None
 
 
 def _hand_off(
@@ -171,7 +171,7 @@ def _hand_off(
         version=claim.version,
     )
     events.append(claimed_event(successor, claim_next.worker_id))
-    return successor, {**change, "successor": queue.Successor(claim_next, successor.token)}
+    return successor, {**change, "successor": node_queue.Successor(claim_next, successor.token)}
 
 
 class Lifecycle:
@@ -235,13 +235,13 @@ class Lifecycle:
         events: list[NewEvent],
         claim_next: Claimant | None,
         terminal: bool,
-    ) -> tuple[Claim | None, queue.NodeEnded, AppendResult, WrittenJson]:
+    ) -> tuple[Claim | None, node_queue.NodeEnded, AppendResult, WrittenJson]:
         """The commonest ends, one that leaves its run going and one that finishes a run without a key: the
         queue's change and the events in one statement, so one transaction and one round trip (see
         ledgerflow.wf_record_node_end). The end of a run also claims, in that statement, a ready node of
         another run for `claim_next` (ledgerflow.wf_record_run_end)."""
         next_run = claim_next if terminal and claim_next is not None and claim_next.workflows else None
-        ended: queue.RunEnded | None = None
+        ended: node_queue.RunEnded | None = None
         with fenced_writes(), self.store.statement_connection() as conn:
             successor, change = _hand_off(conn, claim, wf, run, decision, events, claim_next)
             began = time.perf_counter()
@@ -249,9 +249,9 @@ class Lifecycle:
                 ev.run_stream(claim.run_id), events, run.version, claim.tenant
             )
             if next_run is None:
-                outcome, rows = queue.record_node_end(conn, claim, append, **change)
+                outcome, rows = node_queue.record_node_end(conn, claim, append, **change)
             else:
-                ended = queue.record_run_end(
+                ended = node_queue.record_run_end(
                     conn, claim, append, next_run, read_limit=self._hand_over_reads, **change
                 )
                 outcome, rows = ended.outcome, ended.appended
@@ -288,21 +288,21 @@ class Lifecycle:
         decision: _Decision,
         events: list[NewEvent],
         claim_next: Claimant | None,
-    ) -> tuple[Claim | None, queue.NodeEnded, AppendResult]:
+    ) -> tuple[Claim | None, node_queue.NodeEnded, AppendResult]:
         """Any other end (a suspension, or an end that finishes a run with a key: it also releases the key,
         in a stream of its own, and may claim a node of another run) in a pipelined transaction."""
         with fenced_writes(), self.engine.pipelined_transaction() as conn:
             successor, change = _hand_off(conn, claim, wf, run, decision, events, claim_next)
             if (wait := decision.suspension) is not None:
                 ended = _suspended(
-                    queue.suspend_node(conn, claim, until=wait.until, now=wait.now, signal=wait.signal)
+                    node_queue.suspend_node(conn, claim, until=wait.until, now=wait.now, signal=wait.signal)
                 )
             else:
-                ended = queue.end_node(conn, claim, **change)
+                ended = node_queue.end_node(conn, claim, **change)
             terminal = any(e.type in _TERMINAL for e in events)
-            next_run: Callable[[], tuple[list[Claim], queue.AppendedRows]] | None = None
+            next_run: Callable[[], tuple[list[Claim], node_queue.AppendedRows]] | None = None
             if terminal and claim_next is not None and claim_next.workflows:
-                next_run = queue.claim_later(
+                next_run = node_queue.claim_later(
                     conn,
                     worker_name=claim_next.worker_name,
                     instance=claim_next.instance,
@@ -455,13 +455,14 @@ class Lifecycle:
         and a retry or refresh of the run drops it (Engine._reopen)."""
         try:
             with wrap_exceptions(), self.store.pool.connection() as conn:
-                queue.forget_pause(conn, run.run_id)
+                node_queue.forget_pause(conn, run.run_id)
         except Exception as exc:
             log.warning("workflow_pause_not_forgotten", run_id=str(run.run_id), error=str(exc))
 
     def _hand_back(self, claim: Claim, run: RunState) -> None:
-        """Hand an interrupted node back (see `queue.hand_back`), recorded at the exact version `run` knows:
-        a pause, a resume or a cancellation committed meanwhile fails it (WrongExpectedVersionError)."""
+        """Hand an interrupted node back (see `node_queue.hand_back`), recorded at the exact version `run`
+        knows: a pause, a resume or a cancellation committed meanwhile fails it
+        (WrongExpectedVersionError)."""
         released = ev.event(
             ev.NODE_RELEASED,
             claim.run_id,
@@ -470,7 +471,7 @@ class Lifecycle:
             reason="paused",
         )
         with fenced_writes(), self.engine.transaction() as conn:
-            if queue.hand_back(conn, claim.run_id, claim.node, claim.token):
+            if node_queue.hand_back(conn, claim.run_id, claim.node, claim.token):
                 self.store.append(
                     ev.run_stream(claim.run_id),
                     [released],
@@ -512,7 +513,7 @@ class Lifecycle:
     def release(self, claim: Claim, worker: str) -> None:
         """Hand the node back at once (graceful shutdown): it becomes ready for another worker."""
         with self.engine.transaction() as conn:
-            if queue.release(conn, claim.run_id, claim.node, claim.token):
+            if node_queue.release(conn, claim.run_id, claim.node, claim.token):
                 self.store.append(
                     ev.run_stream(claim.run_id),
                     [ev.event(ev.NODE_RELEASED, claim.run_id, node=claim.node, worker=worker)],

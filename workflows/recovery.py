@@ -33,7 +33,7 @@ from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeStuckError
 from workflows.lifecycle import Lifecycle, claimed_event
-from workflows.queue import Claim, Claimant, WorkflowVersion
+from workflows.node_queue import Claim, Claimant, WorkflowVersion
 
 log = structlog.get_logger(__name__)
 _tracer = trace.get_tracer("ledgerflow.workflows")

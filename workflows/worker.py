@@ -41,7 +41,7 @@ from eventstore.spi import (
     span_if_traced,
     wait_until_available,
 )
-from workflows import limits, metrics, queue, versions
+from workflows import limits, metrics, node_queue, versions
 from workflows.aio import Body, Kinds, NodeLoop, StartedTogether, is_async, run_in_thread
 from workflows.context import NodeContext
 from workflows.debounce import DebounceKeeper
@@ -49,8 +49,8 @@ from workflows.definition import NodeSpec, WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeLeaseLost, NodeSuspended, RunCancelled, WorkerStopping, wrap_exceptions
 from workflows.lifecycle import Lifecycle, record_appended
+from workflows.node_queue import Claim, Claimant
 from workflows.presence import Presence
-from workflows.queue import Claim, Claimant
 from workflows.quotas import TenantQuotas
 from workflows.recovery import take_back
 from workflows.schedules import ScheduleKeeper
@@ -260,7 +260,7 @@ class WorkflowWorker:
             return poll
         try:
             with self.engine.store.pool.connection() as conn:
-                due = queue.seconds_to_next_due(conn, self.registry.names(), within=poll)
+                due = node_queue.seconds_to_next_due(conn, self.registry.names(), within=poll)
         except Exception as exc:
             if not is_unavailable(exc):
                 raise
@@ -352,7 +352,7 @@ class WorkflowWorker:
         with wrap_exceptions(), store.pool.connection() as conn:
             for workflows, group_limit in budgets:
                 began = time.perf_counter()
-                got, appended = queue.claim_later(
+                got, appended = node_queue.claim_later(
                     conn,
                     worker_name=self.name,
                     instance=self.instance,
@@ -607,7 +607,7 @@ class WorkflowWorker:
         if not tokens:
             return
         with self.engine.store.pool.connection(timeout=timeout) as conn:
-            alive = queue.heartbeat(conn, self.instance, tokens, self.settings.lease_ttl)
+            alive = node_queue.heartbeat(conn, self.instance, tokens, self.settings.lease_ttl)
         with self._lock:
             still_running = set(self._running) - self._ending
         # A node that finished meanwhile has no queue row to renew: only running ones count as lost. (One

@@ -14,7 +14,7 @@ from eventstore import EventStore
 from projector import state
 from tests.waiting import wait_until
 from workflows import Engine, Workflow, WorkflowRegistry
-from workflows import queue as wf_queue
+from workflows import node_queue as wf_queue
 
 TTL = 1.0
 

@@ -11,7 +11,15 @@ import pytest
 
 from eventstore import EventStore
 from tests.waiting import wait_until
-from workflows import Engine, NodeContext, WorkerSettings, Workflow, WorkflowRegistry, WorkflowWorker, queue
+from workflows import (
+    Engine,
+    NodeContext,
+    WorkerSettings,
+    Workflow,
+    WorkflowRegistry,
+    WorkflowWorker,
+    node_queue,
+)
 from workflows import events as ev
 from workflows.limits import declare, usage
 
@@ -94,7 +102,7 @@ def test_a_hold_stops_counting_when_its_claim_ends(store: EventStore) -> None:
         declare(conn, registry, worker="t/1")
     engine.start("stepped", input={"n": 1})
     with store.pool.connection() as conn:
-        (claim,) = queue.claim(
+        (claim,) = node_queue.claim(
             conn, worker_name="w", instance="i", workflows=[("stepped", "1")], limit=1, ttl=30
         )
         row = conn.execute(
@@ -104,5 +112,5 @@ def test_a_hold_stops_counting_when_its_claim_ends(store: EventStore) -> None:
         assert row == (True,)
         assert usage(conn)[0].in_use == 1
         # Its worker died; the node is handed back (a new claim would carry a new token).
-        assert queue.release(conn, claim.run_id, claim.node, claim.token)
+        assert node_queue.release(conn, claim.run_id, claim.node, claim.token)
         assert usage(conn)[0].in_use == 0

@@ -12,7 +12,15 @@ import pytest
 
 from eventstore import EventStore
 from tests.waiting import wait_until
-from workflows import Engine, NodeContext, WorkerSettings, Workflow, WorkflowRegistry, WorkflowWorker, queue
+from workflows import (
+    Engine,
+    NodeContext,
+    WorkerSettings,
+    Workflow,
+    WorkflowRegistry,
+    WorkflowWorker,
+    node_queue,
+)
 
 
 def _flow(version: str) -> Workflow:
@@ -44,9 +52,9 @@ def queue_versions(store: EventStore, run_id: uuid.UUID) -> list[tuple[str, str]
     return [(str(n), str(v)) for n, v in rows]
 
 
-def claim(store: EventStore, pairs: list[tuple[str, str]]) -> list[queue.Claim]:
+def claim(store: EventStore, pairs: list[tuple[str, str]]) -> list[node_queue.Claim]:
     with store.pool.connection() as conn, conn.transaction():
-        return queue.claim(conn, worker_name="t", instance="t1", workflows=pairs, limit=10, ttl=30)
+        return node_queue.claim(conn, worker_name="t", instance="t1", workflows=pairs, limit=10, ttl=30)
 
 
 FAST = WorkerSettings(concurrency=2, lease_ttl=5, heartbeat_interval=1, poll_interval=0.1, shutdown_grace=2)
