@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Protocol
 
 from eventstore import EventStore
 from workflows import Engine, WorkerSettings, WorkflowRegistry, WorkflowWorker
+from workflows.testing import running_worker
 
 FAST = WorkerSettings(
     concurrency=2,
@@ -30,24 +30,15 @@ class StartWorker(Protocol):
 @contextmanager
 def worker_threads(store: EventStore, registry: WorkflowRegistry) -> Iterator[StartWorker]:
     """Gives `start(name)`, which runs a WorkflowWorker of `registry` (or of the one it is given) with an
-    Engine of its own on a thread of its own; every worker started is stopped, its thread joined, at the
-    end."""
-    started: list[tuple[WorkflowWorker, threading.Thread]] = []
+    Engine of its own, through `workflows.testing.running_worker`; every worker started is stopped, its
+    thread joined, at the end."""
     default = registry
+    with ExitStack() as started:
 
-    def start(
-        name: str = "w1", *, registry: WorkflowRegistry | None = None, settings: WorkerSettings = FAST
-    ) -> WorkflowWorker:
-        reg = default if registry is None else registry
-        worker = WorkflowWorker(Engine(store, reg), reg, settings, name=name)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        started.append((worker, thread))
-        return worker
+        def start(
+            name: str = "w1", *, registry: WorkflowRegistry | None = None, settings: WorkerSettings = FAST
+        ) -> WorkflowWorker:
+            reg = default if registry is None else registry
+            return started.enter_context(running_worker(Engine(store, reg), reg, settings, name=name))
 
-    try:
         yield start
-    finally:
-        for worker, thread in started:
-            worker.stop()
-            thread.join(timeout=15)
