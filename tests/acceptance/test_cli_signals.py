@@ -7,7 +7,6 @@ import json
 import random
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -20,6 +19,7 @@ from tests.acceptance.cli_runs import cli_env, run_cli
 from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, NodeState, NodeStatus, WorkerSettings, WorkflowWorker
+from workflows.testing import running_worker
 
 
 def _env(database_url: str) -> dict[str, str]:
@@ -32,17 +32,13 @@ def lf(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def worker(store: EventStore) -> Iterator[WorkflowWorker]:
-    w = WorkflowWorker(
+    with running_worker(
         Engine(store, registry),
         registry,
         WorkerSettings(poll_interval=0.05, shutdown_grace=1),
         name="cli-test",
-    )
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
-    yield w
-    w.stop()
-    thread.join(timeout=15)
+    ) as w:
+        yield w
 
 
 def test_signal_a_waiting_run_from_the_command_line(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,21 +12,18 @@ from ops.services import Services
 from tests.api.helpers import Headers, MakeToken
 from tests.waiting import wait_until
 from workflows import WorkerSettings, WorkflowWorker
+from workflows.testing import running_worker
 
 
 @pytest.fixture
 def worker(services: Services) -> Iterator[WorkflowWorker]:
-    w = WorkflowWorker(
+    with running_worker(
         services.engine,
         services.registry,
         WorkerSettings(concurrency=2, poll_interval=0.05, shutdown_grace=2),
         name="console-data-worker",
-    )
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
-    yield w
-    w.stop()
-    thread.join(timeout=15)
+    ) as w:
+        yield w
 
 
 def start(client: TestClient, headers: Headers, workflow: str, input: Any = None) -> str:

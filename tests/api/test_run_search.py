@@ -4,7 +4,6 @@ found."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,21 +15,18 @@ from projector import ProjectorWorker
 from tests.api.helpers import Headers, event_count
 from tests.waiting import wait_until
 from workflows import WorkerSettings, WorkflowWorker
+from workflows.testing import running_worker
 
 
 @pytest.fixture
 def worker(services: Services) -> Iterator[WorkflowWorker]:
-    w = WorkflowWorker(
+    with running_worker(
         services.engine,
         services.registry,
         WorkerSettings(concurrency=4, lease_ttl=5, heartbeat_interval=1, poll_interval=0.1, shutdown_grace=2),
         name="api-search-worker",
-    )
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
-    yield w
-    w.stop()
-    thread.join(timeout=15)
+    ) as w:
+        yield w
 
 
 def start(client: TestClient, headers: Headers, workflow: str, **body: Any) -> str:

@@ -17,23 +17,20 @@ from tests.api.helpers import Headers, MakeToken, event_count
 from tests.waiting import wait_until
 from workflows import WorkerSettings, WorkflowWorker
 from workflows import events as ev
+from workflows.testing import running_worker
 
 
 @pytest.fixture
 def worker(services: Services) -> Iterator[WorkflowWorker]:
-    w = WorkflowWorker(
+    with running_worker(
         services.engine,
         services.registry,
         WorkerSettings(
             concurrency=2, lease_ttl=5, heartbeat_interval=1, poll_interval=0.05, shutdown_grace=1
         ),
         name="api-signal-worker",
-    )
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
-    yield w
-    w.stop()
-    thread.join(timeout=15)
+    ) as w:
+        yield w
 
 
 def start(client: TestClient, headers: Headers, **body: Any) -> str:

@@ -4,7 +4,6 @@ or step result is over LEDGERFLOW_MAX_OUTPUT_BYTES fails with that error instead
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +25,7 @@ from workflows import (
 )
 from workflows import events as ev
 from workflows.state import json_bytes
+from workflows.testing import running_worker
 
 registry = WorkflowRegistry()
 fat = Workflow("fat")
@@ -80,12 +80,8 @@ def worker(engine: Engine) -> Iterator[WorkflowWorker]:
     settings = WorkerSettings(
         concurrency=2, lease_ttl=5, heartbeat_interval=1, poll_interval=0.1, shutdown_grace=2
     )
-    w = WorkflowWorker(engine, registry, settings, name="caps-worker")
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
-    yield w
-    w.stop()
-    thread.join(timeout=15)
+    with running_worker(engine, registry, settings, name="caps-worker") as w:
+        yield w
 
 
 def stream_length(engine: Engine, run_id: uuid.UUID) -> int:

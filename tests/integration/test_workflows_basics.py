@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 
@@ -13,6 +12,7 @@ from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, WorkerSettings, WorkflowWorker
 from workflows.state import RunState
+from workflows.testing import running_worker
 
 
 @pytest.fixture
@@ -22,17 +22,13 @@ def engine(store: EventStore) -> Engine:
 
 @pytest.fixture
 def worker(engine: Engine) -> Iterator[WorkflowWorker]:
-    w = WorkflowWorker(
+    with running_worker(
         engine,
         registry,
         WorkerSettings(concurrency=4, lease_ttl=5, heartbeat_interval=1, poll_interval=0.1, shutdown_grace=2),
         name="test-worker",
-    )
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
-    yield w
-    w.stop()
-    thread.join(timeout=15)
+    ) as w:
+        yield w
 
 
 def finished(engine: Engine, run_id: uuid.UUID) -> RunState | None:
