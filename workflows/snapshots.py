@@ -68,6 +68,7 @@ def _node_json(n: NodeState) -> dict[str, Any]:
         "name": n.name,
         "status": str(n.status),
         "attempt": n.attempt,
+        "wakes": n.wakes,
         "failures": n.failures,
         "crashes": n.crashes,
         "token": n.token,
@@ -100,6 +101,7 @@ def _node_from(d: dict[str, Any]) -> NodeState:
         name=d["name"],
         status=NodeStatus(d["status"]),
         attempt=d["attempt"],
+        wakes=d.get("wakes", 0),  # snapshots written before wakes were counted
         failures=d["failures"],
         crashes=d["crashes"],
         token=d["token"],

@@ -32,7 +32,10 @@ TERMINAL_RUN = {"succeeded", "failed", "cancelled"}
 class NodeState:
     name: str
     status: NodeStatus = NodeStatus.PENDING
+    #: Tries of the node: its first run, retries and takeovers after a crash. A wake after a timer or a
+    #: signal wait goes on with the same attempt and counts in `wakes` instead.
     attempt: int = 0
+    wakes: int = 0
     failures: int = 0
     crashes: int = 0
     token: int | None = None
@@ -295,6 +298,8 @@ def _run_refreshed(run: RunState, e: ev.RunRefreshed, at: datetime) -> None:
 @_on(ev.NodeClaimed)
 def _node_claimed(run: RunState, e: ev.NodeClaimed, at: datetime) -> None:
     n = _touched(run, e.node, at)
+    if n.status is NodeStatus.WAITING:
+        n.wakes += 1
     n.status, n.attempt, n.token, n.worker = NodeStatus.RUNNING, e.attempt, e.token, e.worker
     n.started_at, n.finished_at, n.duration_ms, n.progress, n.stuck = at, None, None, None, False
     n.waiting_for, n.wake_at = None, None

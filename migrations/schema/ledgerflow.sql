@@ -1317,6 +1317,7 @@ BEGIN
        SET status = 'ready',
            ready_at = CASE WHEN p_now THEN clock_timestamp() ELSE coalesce(p_until, 'infinity') END,
            waiting_for = p_signal,
+           attempt = q.attempt - 1,
            token = NULL, worker_name = NULL, worker_instance = NULL, lease_expires_at = NULL
      WHERE q.run_id = p_run_id AND q.node = p_node AND q.token = p_token AND q.status = 'claimed'
        AND q.lease_expires_at > clock_timestamp()

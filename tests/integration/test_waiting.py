@@ -95,6 +95,19 @@ def both(ctx: NodeContext) -> Any:
     return sorted([ctx.outputs["first"]["n"], ctx.outputs["second"]["n"]])
 
 
+napper = Workflow("napper")
+
+
+@napper.node(retry=RetryPolicy(max_attempts=2, initial_backoff=0.01, max_backoff=0.01))
+def naps_then_fails_once(ctx: NodeContext) -> dict[str, int]:
+    ctx.sleep(0.05)
+    ctx.sleep(0.05)
+    _note(ctx, f"attempt {ctx.attempt}")
+    if ctx.attempt == 1:
+        raise RuntimeError("the first try fails after its naps")
+    return {"attempt": ctx.attempt}
+
+
 misnamed = Workflow("misnamed")
 
 
@@ -103,7 +116,7 @@ def waits_for_what_nobody_can_send(ctx: NodeContext) -> Any:
     return ctx.wait_for_signal("not a name!")
 
 
-for wf in (sleepy, approval, pair, misnamed):
+for wf in (sleepy, approval, pair, napper, misnamed):
     registry.register(wf)
 
 
@@ -303,3 +316,23 @@ def test_a_wait_for_a_signal_nobody_can_send_fails_the_node_at_once(
     assert run.status == "failed"
     assert "invalid signal name" in (run.error or "")
     assert not any(e.type == ev.NODE_WAITING for e in engine.store.read_stream(ev.run_stream(run_id)))
+
+
+def test_a_wake_goes_on_with_the_same_attempt_and_is_counted_apart(engine: Engine, start_worker: Any) -> None:
+    """Waits are not tries: two naps leave the first try at attempt 1, and its failure's retry is attempt
+    2 (whose naps, ended already, are answered from the log); the two wakes are counted apart."""
+    start_worker()
+    run_id = engine.start("napper").run_id
+    wait_until(lambda: _finished(engine, run_id), timeout=30, what="the run to end")
+    run = engine.load(run_id)
+    node = run.nodes["naps_then_fails_once"]
+    assert run.status == "succeeded", node.error
+    assert node.output == {"attempt": 2}
+    assert CALLS[str(run_id)] == ["attempt 1", "attempt 2"]
+    assert (node.attempt, node.wakes, node.failures) == (2, 2, 1)
+    claimed = [
+        e.data["attempt"]
+        for e in engine.store.read_stream(ev.run_stream(run_id))
+        if e.type == ev.NODE_CLAIMED
+    ]
+    assert claimed == [1, 1, 1, 2]
