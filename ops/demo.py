@@ -27,7 +27,7 @@ from rich.live import Live
 from rich.table import Table
 
 from eventstore import EventStore, NewEvent, open_store
-from ops.cli_common import ICONS, console
+from ops.cli.common import ICONS, console
 from ops.settings import Settings
 from ops.telemetry import configure_logging
 from projector import ProjectorWorker, WorkerSettings, load_projections

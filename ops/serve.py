@@ -65,7 +65,7 @@ def serve(settings: Settings, *, api: bool, projector: bool, worker: bool, host:
     if projector:
         own.append(ProjectorWorker.dedicated_connections())
     if worker:
-        from ops.cli_workflows import worker_settings
+        from ops.cli.workflows import worker_settings
 
         own.append(WorkflowWorker.dedicated_connections(services.registry, worker_settings(settings)))
     log_connection_budget(budget("serve", settings, *own))
@@ -108,7 +108,7 @@ def _projector(services: Services) -> ProjectorWorker:
 
 
 def _workflow_worker(services: Services) -> WorkflowWorker:
-    from ops.cli_workflows import worker_settings
+    from ops.cli.workflows import worker_settings
 
     settings = services.settings
     # An engine without quotas: triggers, schedules and the starts of nodes are the server's own work.

@@ -15,7 +15,7 @@ import tenacity
 
 from eventstore import EventStore, open_store, redact
 from eventstore.spi import Outage, backoff, is_unavailable, sleeper, wrap_exceptions
-from ops.cli_errors import explain_connect_failure
+from ops.cli.errors import explain_connect_failure
 from ops.settings import Settings
 from ops.startup import MisconfiguredDatabaseError, check_database_url, is_permanent
 from projector import Projection, load_projections

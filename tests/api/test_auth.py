@@ -322,7 +322,7 @@ def test_last_use_is_recorded_at_most_once_a_minute(
 def test_the_cli_creates_and_lists_tokens_readably(database_url: str) -> None:
     from click.testing import CliRunner
 
-    from ops.cli import cli
+    from ops.cli.commands import cli
 
     runner = CliRunner()
     env = {"LEDGERFLOW_DATABASE_URL": database_url}

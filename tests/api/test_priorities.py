@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from ops.cli import cli
+from ops.cli.commands import cli
 from tests.api.helpers import Headers, event_count
 
 

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from eventstore import InvalidInputError, open_store
-from ops.cli_common import console, emit_json, settings_of
+from ops.cli.common import console, emit_json, settings_of
 
 _DURATION = re.compile(r"([1-9][0-9]{0,6})([smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}

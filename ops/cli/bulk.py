@@ -11,9 +11,9 @@ from typing import Any
 import click
 
 from eventstore import InvalidInputError, open_store
-from ops.cli_common import console, emit_json, settings_of
-from ops.cli_run_search import filter_options, run_filter
-from ops.cli_workflows import registry_of
+from ops.cli.common import console, emit_json, settings_of
+from ops.cli.run_search import filter_options, run_filter
+from ops.cli.workflows import registry_of
 from workflows import (
     BULK_KINDS,
     BulkAction,

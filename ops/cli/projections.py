@@ -19,7 +19,7 @@ from rich.table import Table
 
 from eventstore import Cursor, EventStore, NotFoundError, open_store
 from ops.budget import budget, log_connection_budget
-from ops.cli_common import console, emit_json, err_console, settings_of
+from ops.cli.common import console, emit_json, err_console, settings_of
 from ops.services import StopSignal, all_projections, open_until_stopped
 from projector import (
     PendingRun,

@@ -9,7 +9,7 @@ import click
 from rich.table import Table
 
 from eventstore import open_store
-from ops.cli_common import console, emit_json, settings_of
+from ops.cli.common import console, emit_json, settings_of
 from workflows import Quota, clear_tenant_quota, set_tenant_quota, tenant_quota_rows
 
 

@@ -15,8 +15,8 @@ from rich.table import Table
 from eventstore import InvalidInputError, open_store
 from eventstore.spi import json_loads
 from ops.budget import budget, log_connection_budget
-from ops.cli_common import ICONS, console, emit_json, err_console, settings_of
-from ops.cli_outputs import node_outputs, print_outputs
+from ops.cli.common import ICONS, console, emit_json, err_console, settings_of
+from ops.cli.outputs import node_outputs, print_outputs
 from ops.process_exit import exit_past_stuck_threads
 from ops.services import StopSignal, open_until_stopped, tenant_quotas
 from ops.settings import Settings

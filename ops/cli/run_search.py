@@ -14,7 +14,7 @@ import click
 from rich.table import Table
 
 from eventstore import InvalidInputError, open_store
-from ops.cli_common import console, emit_json, settings_of
+from ops.cli.common import console, emit_json, settings_of
 from workflows import HistoryEntry, RunFilter, run_history, search_runs, tag_filter
 
 _AGO = re.compile(r"(\d+)([smhd])")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from eventstore.spi import json_dumps
-from ops.cli_common import console
+from ops.cli.common import console
 from workflows import RunState
 
 

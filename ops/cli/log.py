@@ -12,7 +12,7 @@ import psycopg
 from rich.table import Table
 
 from eventstore import archive_partition, list_partitions, open_store, restore_partition
-from ops.cli_common import console, emit_json, settings_of
+from ops.cli.common import console, emit_json, settings_of
 
 
 @contextmanager

@@ -9,7 +9,7 @@ import click
 from rich.table import Table
 
 from eventstore import DEFAULT_TYPES, open_store
-from ops.cli_common import console, emit_json, settings_of
+from ops.cli.common import console, emit_json, settings_of
 from projector import event_type_catalogue, type_counts
 
 

@@ -39,19 +39,17 @@ from eventstore import (
     resolve_database_url,
 )
 from eventstore.spi import json_dumps, json_loads
-from ops import (
-    cli_bulk,
-    cli_events,
-    cli_log,
-    cli_projections,
-    cli_quotas,
-    cli_run_search,
-    cli_subjects,
-    cli_tokens,
-    cli_workflows,
-)
-from ops.cli_common import console, emit_json, err_console, settings_of
-from ops.cli_errors import explain
+from ops.cli import bulk as cli_bulk
+from ops.cli import events as cli_events
+from ops.cli import log as cli_log
+from ops.cli import projections as cli_projections
+from ops.cli import quotas as cli_quotas
+from ops.cli import run_search as cli_run_search
+from ops.cli import subjects as cli_subjects
+from ops.cli import tokens as cli_tokens
+from ops.cli import workflows as cli_workflows
+from ops.cli.common import console, emit_json, err_console, settings_of
+from ops.cli.errors import explain
 from ops.settings import Settings
 from ops.startup import check_database_url
 from ops.telemetry import configure_logging
@@ -487,7 +485,3 @@ cli_events.register(cli)
 
 def main() -> None:
     cli()
-
-
-if __name__ == "__main__":
-    main()

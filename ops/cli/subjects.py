@@ -8,7 +8,7 @@ import getpass
 import click
 
 from eventstore import RotationProgress, forget_subject, generate_master_key, open_store, rotate_master_key
-from ops.cli_common import console, emit_json, err_console, settings_of
+from ops.cli.common import console, emit_json, err_console, settings_of
 
 
 @click.group("subjects")

@@ -1,0 +1,5 @@
+"""`python -m ops.cli`: the `ledgerflow` command."""
+
+from ops.cli.commands import main
+
+main()
