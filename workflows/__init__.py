@@ -80,9 +80,9 @@ from workflows.quotas import (  # noqa: E402
 from workflows.read import list_runs, run_nodes  # noqa: E402
 from workflows.recovery import sweep  # noqa: E402
 from workflows.run_search import RunFilter, RunPage, search_runs, tag_filter  # noqa: E402
+from workflows.run_state import NodeState, RunState  # noqa: E402
 from workflows.scheduler import NodeStatus  # noqa: E402
 from workflows.schedules import ScheduleRow, list_schedules, next_tick  # noqa: E402
-from workflows.state import NodeState, RunState  # noqa: E402
 from workflows.tags import TagLimitError, TagLimits  # noqa: E402
 from workflows.triggers import run_started_by  # noqa: E402
 from workflows.versions import VersionWait, versions_without_worker  # noqa: E402

@@ -39,7 +39,7 @@ from projector import ApplyContext, Projection, Table
 from workflows import events as ev
 from workflows.engine import Engine
 from workflows.errors import RunStateError
-from workflows.state import RunState
+from workflows.run_state import RunState
 
 log = structlog.get_logger(__name__)
 Q = load_queries("workflows", "children.sql")

@@ -61,7 +61,7 @@ from workflows.errors import (
 from workflows.lifecycle import fenced_writes
 from workflows.limits import step_slots
 from workflows.node_queue import Claim
-from workflows.state import NodeState, RunState
+from workflows.run_state import NodeState, RunState
 
 T = TypeVar("T")
 I = TypeVar("I")  # noqa: E741 - the item type

@@ -44,8 +44,8 @@ from workflows.debounce import idempotency_key as debounce_idempotency_key
 from workflows.definition import Workflow, WorkflowRegistry, check_priority
 from workflows.errors import RunSignalLimitError, RunStateError, wrap_exceptions
 from workflows.quotas import TenantQuotas
+from workflows.run_state import RunState, apply
 from workflows.scheduler import NodeStatus, nodes_to_rerun, retry_from_failed, runnable_nodes
-from workflows.state import RunState, apply
 from workflows.tags import TagLimits
 
 log = structlog.get_logger(__name__)

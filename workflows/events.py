@@ -5,7 +5,7 @@ key, so that one key has at most one active run.
 
 Each event type has a frozen pydantic model naming the fields its payload carries. `event()` checks the
 fields against that model and writes them unchanged (the same JSON as ever, so existing logs keep their
-meaning); `parse()` gives a recorded event back as its model, for the fold in `workflows.state`.
+meaning); `parse()` gives a recorded event back as its model, for the fold in `workflows.run_state`.
 """
 
 from __future__ import annotations

@@ -44,8 +44,8 @@ from workflows.definition import NodeSpec, Workflow
 from workflows.engine import Engine, WrittenJson, advance, release_key_appends
 from workflows.errors import SQLSTATES, NodeSuspended, wrap_exceptions
 from workflows.node_queue import Claim, Claimant
+from workflows.run_state import RunState, apply
 from workflows.scheduler import NodeStatus, run_outcome, runnable_nodes
-from workflows.state import RunState, apply
 
 log = structlog.get_logger(__name__)
 _ATTEMPTS = 50

@@ -20,7 +20,7 @@ from psycopg.pq import TransactionStatus
 
 from eventstore.spi import FloatArray, IntArray, TextArray, load_queries, pipelined, synced
 from workflows.definition import NodeSpec
-from workflows.state import RunState
+from workflows.run_state import RunState
 
 Q = load_queries("workflows")
 Conn = psycopg.Connection[Any]

@@ -17,7 +17,7 @@ from typing import LiteralString
 
 from projector import ApplyContext
 from workflows import events as ev
-from workflows.state import RunState
+from workflows.run_state import RunState
 
 # Every list and search orders by (created_at, run_id), newest first, and pages by keyset on that pair:
 # each filter that can drive a search has an index in that order behind its equality columns (ascending,

@@ -1,7 +1,7 @@
 """Loading runs at the cost of what changed since their snapshot, not of their whole history.
 
 A snapshot (`ledgerflow.workflow_run_snapshots`, migrations/0030_run_snapshots.sql) is a run's folded
-state (`workflows.state.RunState`) as of a version of its stream. A load reads the snapshot and folds
+state (`workflows.run_state.RunState`) as of a version of its stream. A load reads the snapshot and folds
 only the events after it; the fold itself keeps signals by reference (their stream version), and the
 stream read leaves their payloads out, so neither grows with what was sent to the run.
 
@@ -36,8 +36,8 @@ from eventstore import EventStore
 from eventstore.spi import json_dumps, json_loads, load_queries
 from workflows import events as ev
 from workflows.errors import wrap_exceptions
+from workflows.run_state import NodeState, ReceivedSignal, RunState, apply
 from workflows.scheduler import NodeStatus
-from workflows.state import NodeState, ReceivedSignal, RunState, apply
 
 log = structlog.get_logger(__name__)
 Q = load_queries("workflows", "snapshots.sql")

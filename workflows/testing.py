@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
-from workflows.state import RunState
+from workflows.run_state import RunState
 from workflows.worker import WorkerSettings, WorkflowWorker
 
 #: Settings for a worker inside a test: quick to find work and quick to stop.

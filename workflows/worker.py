@@ -53,8 +53,8 @@ from workflows.node_queue import Claim, Claimant
 from workflows.presence import Presence
 from workflows.quotas import TenantQuotas
 from workflows.recovery import take_back
+from workflows.run_state import RunState
 from workflows.schedules import ScheduleKeeper
-from workflows.state import RunState
 from workflows.triggers import TriggerConsumer
 
 log = structlog.get_logger(__name__)
@@ -487,7 +487,7 @@ class WorkflowWorker:
                     output = yield Body(spec.fn, ctx, claim.token)
                     ctx.check()
                     # An output that cannot be recorded is the node's failure, not the worker's crash. A
-                    # None output is no output: the state holds nothing for it (workflows.state).
+                    # None output is no output: the state holds nothing for it (workflows.run_state).
                     in_state = held.held_bytes if output is not None else 0
                     self.engine.caps.check_output(f"output of node {claim.node!r}", output, in_state)
                 except (NodeLeaseLost, RunCancelled, WorkerStopping):

@@ -24,7 +24,7 @@ from workflows import (
     WorkflowWorker,
 )
 from workflows import events as ev
-from workflows.state import json_bytes
+from workflows.run_state import json_bytes
 from workflows.testing import running_worker
 
 registry = WorkflowRegistry()

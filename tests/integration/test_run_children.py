@@ -18,7 +18,7 @@ from tests.waiting import wait_until
 from workflows import Engine, WorkflowWorker
 from workflows import events as ev
 from workflows.children import children_projection
-from workflows.state import RunState
+from workflows.run_state import RunState
 
 
 @pytest.fixture

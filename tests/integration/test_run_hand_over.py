@@ -13,7 +13,7 @@ from eventstore import EventStore
 from tests.flows import registry
 from workflows import Engine, WorkerSettings, WorkflowWorker, node_queue, snapshots
 from workflows.node_queue import Claim
-from workflows.state import RunState
+from workflows.run_state import RunState
 
 SETTINGS = WorkerSettings(concurrency=2, lease_ttl=30)
 PAD = "p" * 60_000  # under the default cap on a signal's payload (LEDGERFLOW_MAX_SIGNAL_BYTES)

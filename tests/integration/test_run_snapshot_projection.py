@@ -18,7 +18,7 @@ from projector import ProjectorWorker, WorkerSettings
 from tests.strategies import run_histories
 from workflows import Engine, WorkflowRegistry, snapshots, workflow_tables
 from workflows import events as ev
-from workflows.state import fold
+from workflows.run_state import fold
 
 histories = run_histories(run_ids=st.builds(uuid.uuid4))
 

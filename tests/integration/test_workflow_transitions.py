@@ -25,7 +25,7 @@ from workflows import events as ev
 from workflows.errors import wrap_exceptions
 from workflows.lifecycle import claimed_event
 from workflows.node_queue import Claim, Successor
-from workflows.state import RunState
+from workflows.run_state import RunState
 
 SETTINGS = WorkerSettings(concurrency=2, lease_ttl=30)
 

@@ -11,7 +11,7 @@ from eventstore import EventStore, IdempotencyConflictError
 from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, WorkerSettings, WorkflowWorker
-from workflows.state import RunState
+from workflows.run_state import RunState
 from workflows.testing import running_worker
 
 

@@ -25,7 +25,7 @@ from workflows import (
 from workflows import events as ev
 from workflows.context import NodeContext
 from workflows.recovery import sweep
-from workflows.state import RunState
+from workflows.run_state import RunState
 
 FAST = WorkerSettings(
     concurrency=4,

@@ -25,8 +25,8 @@ from workflows.projections import (
     state_from_rows,
     workflow_tables,
 )
+from workflows.run_state import RunState, apply, fold
 from workflows.scheduler import NodeStatus
-from workflows.state import RunState, apply, fold
 
 RUN = uuid.UUID("00000000-0000-0000-0000-0000000000aa")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
