@@ -48,7 +48,7 @@ from eventstore.events import (
 from eventstore.eventtypes import DEFAULT_TYPES, EventTypes, TypeDeclaration, event_type, upcaster
 from eventstore.keys import Forgotten, RotationProgress
 from eventstore.masterkeys import MasterKeys, generate_master_key
-from eventstore.migrate import Migration, applied_versions, pending_migrations
+from eventstore.migrate import Migration, applied_versions, pending_migrations, shipped_migrations
 from eventstore.migrate import migrate as apply_migrations
 from eventstore.partitions import (
     LogEnd,
@@ -140,5 +140,6 @@ __all__ = [
     "resolve_database_url",
     "restore_partition",
     "rotate_master_key",
+    "shipped_migrations",
     "upcaster",
 ]

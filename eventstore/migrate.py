@@ -8,6 +8,7 @@ A file's checksum is recorded: editing an applied migration is refused rather th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -82,9 +83,16 @@ def applied_versions(conn: psycopg.Connection[Any]) -> dict[int, str]:
     return {int(v): str(c) for v, c in rows}
 
 
+@functools.cache
+def shipped_migrations() -> tuple[Migration, ...]:
+    """The migrations this installation ships, read from their files once per process: they do not change
+    while it runs, and probes (`/api/readyz`, doctor) ask for them on every check."""
+    return tuple(load_migrations())
+
+
 def pending_migrations(conn: psycopg.Connection[Any]) -> list[Migration]:
     done = applied_versions(conn)
-    return [m for m in load_migrations() if m.version not in done]
+    return [m for m in shipped_migrations() if m.version not in done]
 
 
 def migrate(url: str) -> list[Migration]:

@@ -38,7 +38,7 @@ class Services:
     projections: list[Projection] = field(default_factory=list)
     #: The worker roles this process runs (`ledgerflow serve`), for health reports.
     roles: list[Role] = field(default_factory=list)
-    #: The process's per-tenant quotas: one set of rate buckets, whatever the number of requests.
+    #: The per-tenant quotas (their rate buckets live in the database, shared by every process).
     quotas: TenantQuotas = field(init=False)
 
     def __post_init__(self) -> None:

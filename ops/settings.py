@@ -44,7 +44,7 @@ class Settings(DatabaseSettings):
     recovery_interval: float = Field(default=2.0, gt=0)
 
     #: Per-tenant quotas (None: unbounded); a tenant's row in ledgerflow.tenant_quotas overrides them (see
-    #: workflows.quotas). Runs in flight hold across processes; the rates are per process.
+    #: workflows.quotas). Runs in flight and the rates hold across processes.
     tenant_max_runs_in_flight: int | None = Field(default=None, ge=1)
     tenant_starts_per_second: float | None = Field(default=None, gt=0)
     tenant_appends_per_second: float | None = Field(default=None, gt=0)

@@ -11,16 +11,17 @@ import threading
 import time
 from typing import Any
 
-import psycopg
-
 from workflows import NodeContext, RetryPolicy, Workflow, WorkflowRegistry
 
 registry = WorkflowRegistry()
 
 
 def record_call(ctx: NodeContext, what: str) -> None:
-    """Count a real execution, in its own transaction: it stays even if the node's work is lost."""
-    with psycopg.connect(ctx._engine.store.url, autocommit=True) as conn:
+    """Count a real execution, in its own transaction: it stays even if the node's work is lost. On a
+    connection of the worker's pool (autocommit), as a node's own database work should be: a connection
+    opened apart is one the process's budget does not count, and on a server without a free slot the
+    node could never run (the outage drill's tight cluster)."""
+    with ctx._engine.store.pool.connection() as conn:
         conn.execute(
             "CREATE TABLE IF NOT EXISTS public.calls (run_id uuid, what text, attempt int, pid int, "
             "at timestamptz DEFAULT clock_timestamp())"

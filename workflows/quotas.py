@@ -11,9 +11,14 @@ them for one tenant (`set_tenant_quota`). Each process reads that table as a who
   counts the tenant's runs in the queue, under a lock of that tenant only, in the transaction that starts
   the run (ledgerflow.wf_runs_in_flight). A run is in flight from its start until it ends (succeeded,
   failed or cancelled); a waiting or parked run is in flight.
-- **Starts and appends per second** are token buckets held by each process: `n` API processes admit up
-  to `n` times the rate between them. A bucket holds `burst` seconds' worth of tokens (at least one), so
-  a quiet tenant may send a short burst at once.
+- **Starts and appends per second** hold across every process too: one token bucket per tenant and quota
+  in the database (`ledgerflow.tenant_rate_buckets`), refilled from the database's clock and taken from
+  in one statement on the caller's pinned connection (ledgerflow.take_rate_tokens; one round trip, a lock
+  of that tenant's bucket row only for that statement). A bucket holds `burst` seconds' worth of tokens
+  (at least one), so a quiet tenant may send a short burst at once. A take asks for up to `SPARE_SECONDS`
+  of the rate's tokens at once (at most `SPARE_MAX`; one at rates under 20 a second), and the process
+  spends the rest on the tenant's next requests within that time: at high rates most requests cost no
+  round trip, and the processes together never spend more tokens than the bucket gave.
 
 A refusal raises `QuotaExceededError` (HTTP 429 with `Retry-After`) before anything is written. Tenants
 without any quota pay nothing: no lock, no count, no bucket.
@@ -27,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -43,6 +49,12 @@ Q = load_queries("workflows", "quotas.sql")
 IN_FLIGHT_RETRY_AFTER = 1.0
 #: The SQLSTATE of ledgerflow.wf_admit_run's refusal (migrations/0032_tenant_quotas.sql).
 IN_FLIGHT_REFUSED = "LFQ01"
+#: A take of rate tokens asks for this many seconds' worth of the rate (see the module's docstring)...
+SPARE_SECONDS = 0.05
+#: ...at most this many tokens...
+SPARE_MAX = 100
+#: ...and the tokens a process holds spare are spent within this time, or dropped.
+SPARE_LIFETIME = 0.5
 #: Where each quota's default comes from, for the messages that name it.
 SETTINGS = {
     "max_runs_in_flight": "LEDGERFLOW_TENANT_MAX_RUNS_IN_FLIGHT",
@@ -76,25 +88,6 @@ class _TenantRow:
     appends_per_second: float | None
 
 
-class _Bucket:
-    """A token bucket: `rate` tokens a second, at most `capacity` kept."""
-
-    def __init__(self, rate: float, capacity: float, now: float) -> None:
-        self.rate = rate
-        self.capacity = capacity
-        self.tokens = capacity
-        self.at = now
-
-    def take(self, now: float) -> float:
-        """0 when a token was taken; else the seconds until one will be there (nothing taken)."""
-        self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return 0.0
-        return (1 - self.tokens) / self.rate
-
-
 class TenantQuotas:
     """The quotas of every tenant, as one process enforces them (see the module's docstring)."""
 
@@ -105,17 +98,24 @@ class TenantQuotas:
         *,
         burst: float = 1.0,
         refresh: float = 5.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
+        spare_seconds: float = SPARE_SECONDS,
     ) -> None:
+        """`clock`: seconds, for tests that move time by hand (the rows' refresh, and the buckets' refill
+        as a Unix time); None: the buckets refill from the database's clock, shared by every process.
+        `spare_seconds`: how much of a rate one take asks for (0: one token, a statement per request)."""
         self.store = store
         self.defaults = defaults
         self.burst = burst
         self.refresh = refresh
-        self.clock = clock
+        self.clock = clock or time.monotonic
+        self._bucket_clock = clock
+        self.spare_seconds = spare_seconds
         self._lock = threading.Lock()
         self._rows: dict[str, _TenantRow] = {}
         self._read_at: float | None = None
-        self._buckets: dict[tuple[str, str], _Bucket] = {}
+        #: Tokens taken from the database's buckets and not yet spent: count and monotonic expiry.
+        self._spare: dict[tuple[str, str], tuple[int, float]] = {}
 
     # -- what applies -------------------------------------------------------------------------------
 
@@ -163,14 +163,32 @@ class TenantQuotas:
     def _take(self, tenant: str, quota: str, rate: float | None) -> None:
         if rate is None:
             return
-        now = self.clock()
-        with self._lock:
-            bucket = self._buckets.get((tenant, quota))
-            if bucket is None or bucket.rate != rate:  # new, or its rate changed
-                bucket = self._buckets[tenant, quota] = _Bucket(rate, max(1.0, rate * self.burst), now)
-            wait = bucket.take(now)
-        if wait > 0:
+        if self._spend_spare(tenant, quota):
+            return
+        at = None if self._bucket_clock is None else datetime.fromtimestamp(self._bucket_clock(), UTC)
+        capacity = max(1.0, rate * self.burst)
+        want = max(1, min(SPARE_MAX, int(rate * self.spare_seconds), int(capacity)))
+        params = {"tenant": tenant, "quota": quota, "rate": rate, "capacity": capacity, "want": want}
+        # The caller's pinned connection (an append's, a start's): no second connection, no lost pin.
+        with wrap_exceptions(), self.store.statement_connection() as conn:
+            row = conn.execute(Q["take_rate_tokens"], {**params, "at": at}).fetchone()
+        assert row is not None  # the function always answers one row
+        granted, wait = int(row[0]), float(row[1])
+        if granted < 1:
             raise self._refusal(tenant, quota, rate, wait)
+        if granted > 1:
+            with self._lock:
+                self._spare[tenant, quota] = (granted - 1, time.monotonic() + SPARE_LIFETIME)
+
+    def _spend_spare(self, tenant: str, quota: str) -> bool:
+        """Spend one of the tokens this process took earlier, if it holds one that is fresh enough."""
+        with self._lock:
+            count, expires = self._spare.get((tenant, quota), (0, 0.0))
+            if count < 1 or time.monotonic() > expires:
+                self._spare.pop((tenant, quota), None)
+                return False
+            self._spare[tenant, quota] = (count - 1, expires)
+            return True
 
     def max_runs_in_flight(self, tenant: str) -> int | None:
         return self.quota(tenant).max_runs_in_flight

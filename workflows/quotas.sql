@@ -19,3 +19,9 @@ ON CONFLICT (tenant) DO UPDATE
 
 -- name: clear_tenant_quota
 DELETE FROM ledgerflow.tenant_quotas WHERE tenant = %(tenant)s
+
+-- name: take_rate_tokens
+-- Exact across processes: see ledgerflow.take_rate_tokens (the tenant's bucket row, locked while it is
+-- taken from). `granted`: tokens taken (0: none, then `retry_after` seconds until one will be there).
+SELECT granted, retry_after
+  FROM ledgerflow.take_rate_tokens(%(tenant)s, %(quota)s, %(rate)s, %(capacity)s, %(at)s, %(want)s)

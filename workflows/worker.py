@@ -48,6 +48,7 @@ from workflows.debounce import DebounceKeeper
 from workflows.definition import NodeSpec, WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeLeaseLost, NodeSuspended, RunCancelled, WorkerStopping, wrap_exceptions
+from workflows.interrupts import InterruptBackoff
 from workflows.lifecycle import Lifecycle, record_appended
 from workflows.node_queue import Claim, Claimant
 from workflows.presence import Presence
@@ -143,6 +144,8 @@ class WorkflowWorker:
         self._on_loop: set[int] = set()
         self._kinds = Kinds.of(registry)
         self._empty_claims = _EmptyClaims()
+        #: Pushes claims back after nodes were interrupted by the database (see workflows.interrupts).
+        self._interrupts = InterruptBackoff()
         self._claimant = Claimant(
             self.name,
             self.instance,
@@ -297,6 +300,9 @@ class WorkflowWorker:
         if not self._budgets() or self.stopping.is_set():
             return False
         self._empty_claims.wait(self.stopping)
+        self._interrupts.wait(self.stopping)
+        if self.stopping.is_set():
+            return False
         try:
             with self._claiming:
                 claims = self._claim(budgets=self._budgets())
@@ -513,6 +519,7 @@ class WorkflowWorker:
                         # The failure cannot be recorded: most likely the outage made the node fail.
                         outcome = self._interrupted(claim, recording)
                         return None, None
+                    self._interrupts.progressed()
                     if outcome == "retry":
                         metrics.node_retries.add(1, {"workflow": wf.name, "node": claim.node})
                     return None, None
@@ -528,6 +535,7 @@ class WorkflowWorker:
                         run=held,
                     )
                 )
+                self._interrupts.progressed()
                 if successor is not None:
                     self._track(successor)
                     metrics.nodes_claimed.add(1)
@@ -596,6 +604,7 @@ class WorkflowWorker:
         self.outage.failed(exc)
         self._through_outage(lambda: self.lifecycle.release(claim, self.id))
         log.info("workflow_node_interrupted", error=str(exc))
+        self._interrupts.interrupted(exc)
         return "interrupted"
 
     # -- leases and recovery --------------------------------------------------------------------------

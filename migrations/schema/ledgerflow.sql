@@ -410,6 +410,33 @@ END
 $$;
 
 --
+-- Name: take_rate_tokens(text, text, double precision, double precision, timestamp with time zone, integer); Type: FUNCTION; Schema: ledgerflow; Owner: -
+--
+
+CREATE FUNCTION ledgerflow.take_rate_tokens(p_tenant text, p_quota text, p_rate double precision, p_capacity double precision, p_at timestamp with time zone, p_want integer, OUT granted integer, OUT retry_after double precision) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_at, clock_timestamp());
+    v_tokens double precision;
+BEGIN
+    INSERT INTO ledgerflow.tenant_rate_buckets (tenant, quota, tokens, at)
+    VALUES (p_tenant, p_quota, p_capacity, v_now)
+    ON CONFLICT (tenant, quota) DO NOTHING;
+    SELECT least(p_capacity, b.tokens + greatest(0, extract(epoch FROM v_now - b.at)) * p_rate)
+      INTO v_tokens
+      FROM ledgerflow.tenant_rate_buckets b
+     WHERE b.tenant = p_tenant AND b.quota = p_quota
+       FOR UPDATE;
+    granted := least(greatest(p_want, 1), floor(v_tokens))::integer;
+    retry_after := CASE WHEN granted >= 1 THEN 0 ELSE (1 - v_tokens) / p_rate END;
+    UPDATE ledgerflow.tenant_rate_buckets b
+       SET tokens = v_tokens - granted, at = greatest(b.at, v_now)
+     WHERE b.tenant = p_tenant AND b.quota = p_quota;
+END
+$$;
+
+--
 -- Name: wf_admit_run(text, integer); Type: FUNCTION; Schema: ledgerflow; Owner: -
 --
 
@@ -1706,6 +1733,18 @@ CREATE TABLE ledgerflow.tenant_quotas (
 );
 
 --
+-- Name: tenant_rate_buckets; Type: TABLE; Schema: ledgerflow; Owner: -
+--
+
+CREATE UNLOGGED TABLE ledgerflow.tenant_rate_buckets (
+    tenant text NOT NULL,
+    quota text NOT NULL,
+    tokens double precision NOT NULL,
+    at timestamp with time zone NOT NULL,
+    CONSTRAINT tenant_rate_buckets_quota_check CHECK ((quota = ANY (ARRAY['starts_per_second'::text, 'appends_per_second'::text])))
+);
+
+--
 -- Name: worker_presence; Type: TABLE; Schema: ledgerflow; Owner: -
 --
 
@@ -2069,6 +2108,13 @@ ALTER TABLE ONLY ledgerflow.subject_keys
 
 ALTER TABLE ONLY ledgerflow.tenant_quotas
     ADD CONSTRAINT tenant_quotas_pkey PRIMARY KEY (tenant);
+
+--
+-- Name: tenant_rate_buckets tenant_rate_buckets_pkey; Type: CONSTRAINT; Schema: ledgerflow; Owner: -
+--
+
+ALTER TABLE ONLY ledgerflow.tenant_rate_buckets
+    ADD CONSTRAINT tenant_rate_buckets_pkey PRIMARY KEY (tenant, quota);
 
 --
 -- Name: worker_presence worker_presence_pkey; Type: CONSTRAINT; Schema: ledgerflow; Owner: -

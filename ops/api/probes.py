@@ -12,7 +12,14 @@ from typing import Any
 import psycopg
 import structlog
 
-from eventstore import EventStore, LedgerflowError, Migration, applied_versions, pending_migrations
+from eventstore import (
+    EventStore,
+    LedgerflowError,
+    Migration,
+    applied_versions,
+    pending_migrations,
+    shipped_migrations,
+)
 from eventstore.spi import connect as open_connection
 from eventstore.spi import load_queries, translate, wrap_exceptions
 
@@ -89,6 +96,7 @@ class DatabaseMonitor:
         self._error: str | None = None
         self._ready: Readiness | str | None = None
         self._thread: threading.Thread | None = None
+        shipped_migrations()  # the migration files are read here, once, not at every check
 
     def start(self) -> None:
         """Starts checking; an app whose lifespan runs again (a test client per test) starts afresh."""

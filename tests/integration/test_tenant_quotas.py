@@ -1,6 +1,6 @@
-"""Per-tenant quotas: starts and appends per second (a process's token buckets) and runs in flight (exact
-across processes sharing the database). Each refusal is a QuotaExceededError carrying `retry_after`, and
-leaves the log and the queue as they were."""
+"""Per-tenant quotas: starts and appends per second (a token bucket per tenant in the database) and runs in
+flight, both exact across processes sharing the database. Each refusal is a QuotaExceededError carrying
+`retry_after`, and leaves the log and the queue as they were."""
 
 from __future__ import annotations
 
@@ -81,12 +81,84 @@ def test_appends_per_second(store: EventStore) -> None:
     quotas.take_append("acme")
 
 
+@pytest.mark.parametrize("quota", ["appends_per_second", "starts_per_second"])
+def test_rates_hold_across_processes(store: EventStore, second_store: EventStore, quota: str) -> None:
+    """40 takes at once from two processes' quotas (their own pools and sessions), on the database's clock,
+    against one tenant's bucket of 20 tokens that refills one token in 100 s: exactly 20 admitted, and
+    another tenant's bucket untouched."""
+    rate = 0.01
+    each = [TenantQuotas(s, Quota(**{quota: rate}), burst=20 / rate) for s in (store, second_store)]
+    barrier = threading.Barrier(40)
+
+    def take(i: int) -> bool:
+        quotas = each[i % 2]
+        barrier.wait(timeout=30)
+        try:
+            if quota == "appends_per_second":
+                quotas.take_append("acme")
+            else:
+                quotas.take_start("acme")
+        except QuotaExceededError as refused:
+            return refused.retry_after <= 0  # a refusal always says when to come back
+        return True
+
+    with ThreadPoolExecutor(40) as pool:
+        outcomes = list(pool.map(take, range(40)))
+    assert sum(outcomes) == 20
+    with pytest.raises(QuotaExceededError) as refused:  # the other process's bucket is the same one
+        (each[1].take_append if quota == "appends_per_second" else each[1].take_start)("acme")
+    assert 0 < refused.value.retry_after <= 1 / rate
+    (each[0].take_append if quota == "appends_per_second" else each[0].take_start)("globex")
+
+
+def bucket_tokens(store: EventStore, tenant: str) -> float:
+    with store.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT tokens FROM ledgerflow.tenant_rate_buckets WHERE tenant = %s", (tenant,)
+        ).fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def test_high_rates_take_tokens_a_few_at_a_time(store: EventStore, second_store: EventStore) -> None:
+    """At 1,000 appends a second a take asks for 50 ms' worth (here the whole bucket of 20): the process
+    spends them without asking again, and the other process finds the bucket empty; with time standing
+    still, no more than the bucket's 20 are ever spent."""
+    clock = Clock()
+    one, other = (
+        TenantQuotas(s, Quota(appends_per_second=1000), burst=0.02, clock=clock)
+        for s in (store, second_store)
+    )
+    one.take_append("acme")
+    assert bucket_tokens(store, "acme") == 0  # one statement took all 20
+    for _ in range(19):
+        one.take_append("acme")  # spent from what the process holds: no statement
+    with pytest.raises(QuotaExceededError):
+        one.take_append("acme")
+    with pytest.raises(QuotaExceededError) as refused:
+        other.take_append("acme")
+    assert refused.value.retry_after == pytest.approx(0.001)
+    clock.now += 0.005  # 5 tokens more, for whoever asks first
+    admitted = 0
+    for quotas in (other, one, other, one):
+        for _ in range(5):
+            try:
+                quotas.take_append("acme")
+                admitted += 1
+            except QuotaExceededError:
+                pass
+    assert admitted == 5
+
+
 def test_no_quota_costs_nothing(store: EventStore) -> None:
     quotas = TenantQuotas(store)
     engine = Engine(store, registry, quotas=quotas)
     for _ in range(50):
         engine.start("linear", tenant="acme")
         quotas.take_append("acme")
+    with store.pool.connection() as conn:
+        row = conn.execute("SELECT count(*) FROM ledgerflow.tenant_rate_buckets").fetchone()
+    assert row == (0,), "a tenant without rate quotas took tokens"
 
 
 def test_runs_in_flight_refused_until_one_ends(store: EventStore) -> None:

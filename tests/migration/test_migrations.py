@@ -60,3 +60,22 @@ def test_an_edited_migration_is_refused(fresh_database: str) -> None:
         conn.execute("UPDATE ledgerflow.schema_migrations SET checksum = 'edited' WHERE version = 1")
     with pytest.raises(MigrationError, match="forward-only"):
         migrate(fresh_database)
+
+
+def test_pending_migrations_read_the_files_once_per_process(
+    fresh_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probes (readyz, doctor) ask for pending migrations at every check: the files are read once."""
+    from eventstore import migrate as migrate_module
+
+    migrate(fresh_database)
+    shipped = migrate_module.shipped_migrations()
+    assert [m.version for m in shipped] == [m.version for m in load_migrations()]
+
+    def no_reading() -> list[migrate_module.Migration]:
+        raise AssertionError("the migration files were read again")
+
+    monkeypatch.setattr(migrate_module, "load_migrations", no_reading)
+    with psycopg.connect(fresh_database) as conn:
+        for _ in range(3):
+            assert migrate_module.pending_migrations(conn) == []
