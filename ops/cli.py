@@ -45,6 +45,7 @@ from ops import (
     cli_log,
     cli_projections,
     cli_quotas,
+    cli_retention,
     cli_run_search,
     cli_subjects,
     cli_tokens,
@@ -478,6 +479,7 @@ cli_projections.register(cli)
 cli_workflows.register(cli)
 cli_run_search.register(cli_workflows.workflows_group)
 cli_bulk.register(cli_workflows.workflows_group)
+cli_retention.register(cli_workflows.workflows_group)
 cli_tokens.register(cli)
 cli_quotas.register(cli)
 cli_subjects.register(cli)
