@@ -191,7 +191,7 @@ def restore_run(
         if missing:
             raise RunStateError(
                 f"{missing} of run {run_id}'s events are in archived partitions of the log: restore them "
-                "first (`ledgerflow log partitions restore`), then the run"
+                "first (`ledgerflow log restore DIR/NAME.manifest.json`), then the run"
             )
         try:
             with engine.transaction() as conn:
