@@ -4,6 +4,7 @@ what it was. Nothing younger than its retention, and nothing still going, is eve
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -246,3 +247,68 @@ def test_durations_are_read_as_written_and_bad_ones_are_refused() -> None:
     for bad in ("soon", "0s", "-5d"):
         with pytest.raises(InvalidInputError):
             parse_duration(bad)
+
+
+# -- concurrency ------------------------------------------------------------------------------------------
+
+
+def test_two_passes_at_once_release_each_run_exactly_once(engine: Engine, store: EventStore) -> None:
+    runs = [engine.start("hold").run_id for _ in range(30)]
+    for run_id in runs:
+        engine.cancel(run_id)
+    project(engine)
+    soon = RetentionSettings(run_retention=timedelta(microseconds=1))
+    barrier = threading.Barrier(2)
+    worked: list[list[Any]] = []
+
+    def one_pass() -> None:
+        barrier.wait()
+        worked.append(retention_pass(engine, settings=soon))
+
+    threads = [threading.Thread(target=one_pass) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(worked) == 2, "both passes ended"
+    assert sum(a.done for actions in worked for a in actions) == 30
+    assert all(count(store, run_id, ev.RUN_RELEASED) == 1 for run_id in runs)
+
+
+def race(engine: Engine, run_id: uuid.UUID) -> dict[str, str]:
+    """A release and a retry of the run at once: what each answered."""
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, str] = {}
+
+    def release() -> None:
+        barrier.wait()
+        try:
+            release_run(engine, run_id, default=timedelta(microseconds=1))
+            outcomes["release"] = "done"
+        except RunStateError:
+            outcomes["release"] = "refused"
+
+    def retry() -> None:
+        barrier.wait()
+        try:
+            engine.retry(run_id)
+            outcomes["retry"] = "done"
+        except RunStateError:
+            outcomes["retry"] = "refused"
+
+    threads = [threading.Thread(target=release), threading.Thread(target=retry)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return outcomes
+
+
+def test_a_release_racing_a_retry_lets_exactly_one_of_them_happen(engine: Engine, store: EventStore) -> None:
+    for _ in range(5):
+        run_id = engine.start("hold").run_id
+        engine.cancel(run_id)
+        outcomes = race(engine, run_id)
+        assert sorted(outcomes.values()) == ["done", "refused"], outcomes
+        assert (release_of(store, run_id) is not None) == (outcomes["release"] == "done")
+        assert engine.load(run_id).active == (outcomes["retry"] == "done")
