@@ -79,6 +79,15 @@ from workflows.quotas import (  # noqa: E402
 )
 from workflows.read import list_runs, run_nodes  # noqa: E402
 from workflows.recovery import sweep  # noqa: E402
+from workflows.release_marks import Release  # noqa: E402
+from workflows.releases import (  # noqa: E402
+    RetentionSettings,
+    parse_duration,
+    release_of,
+    release_run,
+    restore_run,
+)
+from workflows.retention import RetentionPlan, plan_retention, retention_pass  # noqa: E402
 from workflows.run_search import RunFilter, RunPage, search_runs, tag_filter  # noqa: E402
 from workflows.run_state import NodeState, RunState  # noqa: E402
 from workflows.scheduler import NodeStatus  # noqa: E402
@@ -124,7 +133,10 @@ __all__ = [
     "QueueSummary",
     "Quota",
     "Recovery",
+    "Release",
     "RepeatedStepKeyError",
+    "RetentionPlan",
+    "RetentionSettings",
     "RetryPolicy",
     "RunCancelled",
     "RunCaps",
@@ -159,10 +171,16 @@ __all__ = [
     "list_schedules",
     "load_workflows",
     "next_tick",
+    "parse_duration",
     "pending_debounces",
     "plan_bulk",
+    "plan_retention",
     "queue_summary",
     "recent_recoveries",
+    "release_of",
+    "release_run",
+    "restore_run",
+    "retention_pass",
     "run_bulk_action",
     "run_history",
     "run_nodes",

@@ -33,6 +33,7 @@ from eventstore import (
     NotFoundError,
 )
 from eventstore.spi import check_tenant, load_queries
+from workflows import releases
 from workflows.engine import Engine
 from workflows.errors import RunStateError, wrap_exceptions
 from workflows.run_search import MAX_PAGE, RunFilter, cursor_at, search_runs
@@ -45,20 +46,32 @@ MAX_BULK_RUNS = 10_000
 #: Runs read per page of the walk.
 _PAGE = 200
 
-#: How a kind acts on one run: (engine, run id, tenant, actor, idempotency key). It raises RunStateError
-#: when the run is not in a state the kind applies to (the run is skipped).
-Act = Callable[[Engine, uuid.UUID, str, str, str], object]
+#: How a kind acts on one run: (engine, run id, tenant, actor, idempotency key, the action's filter). It
+#: raises RunStateError when the run is not in a state the kind applies to (the run is skipped).
+Act = Callable[[Engine, uuid.UUID, str, str, str, RunFilter], object]
 
 
-def _cancel(engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str) -> object:
+def _cancel(engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str, _: RunFilter) -> object:
     return engine.cancel(run_id, tenant=tenant, actor=actor, idempotency_key=key)
 
 
-def _retry(engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str) -> object:
+def _retry(engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str, _: RunFilter) -> object:
     return engine.retry(run_id, tenant=tenant, actor=actor, idempotency_key=key)
 
 
-KINDS: Mapping[str, Act] = {"cancel": _cancel, "retry": _retry}
+def _release(
+    engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str, wanted: RunFilter
+) -> object:
+    # Whether the run is due is decided again here, from its stream: ended at or before the action's
+    # cutoff (its filter's end bound, recorded with it), and never within its workflow's own retention.
+    if wanted.ended_before is None:
+        raise RunStateError("a release action names the latest end of its runs (ended_before)")
+    return releases.release_run(
+        engine, run_id, tenant=tenant, actor=actor, ended_before=wanted.ended_before, idempotency_key=key
+    )
+
+
+KINDS: Mapping[str, Act] = {"cancel": _cancel, "retry": _retry, "release": _release}
 
 
 class BulkLimitError(InvalidInputError):
@@ -162,13 +175,17 @@ def create_bulk_action(
     filter: RunFilter,
     actor: str,
     limit: int = MAX_BULK_RUNS,
+    cap: bool = False,
 ) -> BulkAction:
     """Record an action over the runs `filter` keeps now; `run_bulk_action` works it. More than `limit`
-    matching runs raise BulkLimitError and record nothing."""
+    matching runs raise BulkLimitError and record nothing, unless `cap`: then the action takes the newest
+    `limit` of them (a retention pass leaves the rest to the next)."""
     _check(kind, tenant, limit)
     matched, top = _count(store, tenant, filter, limit)
     if matched > limit:
-        raise BulkLimitError(matched, limit)
+        if not cap:
+            raise BulkLimitError(matched, limit)
+        matched = limit
     params = {
         "id": uuid.uuid4(),
         "tenant": tenant,
@@ -231,7 +248,7 @@ def _work(engine: Engine, row: dict[str, Any], progress: Callable[[BulkAction], 
             position = (run["created_at"], run["run_id"])
             if position > top:
                 continue  # started after the action was recorded: not one of its runs
-            outcome, error = _act_once(engine, act, run["run_id"], tenant, actor, action_id)
+            outcome, error = _act_once(engine, act, run["run_id"], tenant, actor, action_id, wanted)
             row = _progress(store, action_id, tenant, position, outcome, error)
             processed += 1
             if processed >= row["max_runs"]:
@@ -245,13 +262,19 @@ def _work(engine: Engine, row: dict[str, Any], progress: Callable[[BulkAction], 
 
 
 def _act_once(
-    engine: Engine, act: Act, run_id: uuid.UUID, tenant: str, actor: str, action_id: uuid.UUID
+    engine: Engine,
+    act: Act,
+    run_id: uuid.UUID,
+    tenant: str,
+    actor: str,
+    action_id: uuid.UUID,
+    wanted: RunFilter,
 ) -> tuple[str, str | None]:
     # A run acted on before a crash, before its outcome was counted, is met again: the kind's repeat under
     # the same key does nothing, and the run counts as done.
     key = f"bulk:{action_id}:{run_id}"
     try:
-        act(engine, run_id, tenant, actor, key)
+        act(engine, run_id, tenant, actor, key, wanted)
     except IdempotencyConflictError:
         return "done", None  # another worker of this action recorded it first
     except RunStateError as exc:

@@ -53,6 +53,9 @@ EVENT_TYPES = (
     ev.RUN_FAILED,
     ev.RUN_PAUSED,
     ev.RUN_RESUMED,
+    # Retention: a released run's links go; a restored run's come back from its stream.
+    ev.RUN_RELEASED,
+    ev.RUN_RESTORED,
 )
 
 
@@ -85,6 +88,12 @@ def children_projection(engine: Engine) -> Projection:
 
 def _apply(engine: Engine, ctx: ApplyContext, e: RecordedEvent) -> None:
     event = ev.parse(e)
+    if isinstance(event, ev.RunReleased):
+        ctx.execute(Q["unlink"], (e.tenant, event.run_id, event.run_id))
+        return
+    if isinstance(event, ev.RunRestored):
+        _relink(ctx, e.tenant, event.run_id)
+        return
     if isinstance(event, ev.RunStarted):
         if event.parent is None:
             return
@@ -103,6 +112,14 @@ def _apply(engine: Engine, ctx: ApplyContext, e: RecordedEvent) -> None:
         return
     for child in children:
         follow_parent(engine, parent, child["child_run_id"], child["parent_close"])
+
+
+def _relink(ctx: ApplyContext, tenant: str, run_id: uuid.UUID) -> None:
+    params = {"tenant": tenant, "run_id": str(run_id), "stream": ev.run_stream(run_id)}
+    links = ctx.conn.execute(Q["links_of_restored"], params).fetchall()
+    for parent_id, child_id, policy in links:
+        if policy in ev.PARENT_CLOSE_POLICIES:
+            ctx.execute(Q["link"], (tenant, parent_id, child_id, policy))
 
 
 def _load(engine: Engine, run_id: uuid.UUID, tenant: str) -> RunState | None:

@@ -22,3 +22,24 @@ ON CONFLICT (tenant, parent_run_id, child_run_id) DO NOTHING
 SELECT child_run_id, parent_close FROM {workflow_children}
  WHERE tenant = %s AND parent_run_id = %s
  ORDER BY child_run_id
+
+-- name: unlink
+-- A run retention released leaves the links it has, as a parent and as a child (it has ended: nothing
+-- follows it any more).
+DELETE FROM {workflow_children}
+ WHERE tenant = %s AND (parent_run_id = %s OR child_run_id = %s)
+
+-- name: links_of_restored
+-- A restored run's links, from its own stream: its start's parent (the run as a child) and the children
+-- its nodes started with a policy (the run as a parent), as they were linked the first time.
+SELECT (data -> 'parent' ->> 'run_id')::uuid, run_id_text::uuid,
+       coalesce(data -> 'parent' ->> 'parent_close', 'cancel')
+  FROM (SELECT data, %(run_id)s::text AS run_id_text
+          FROM ledgerflow.events
+         WHERE tenant = %(tenant)s AND stream_id = %(stream)s AND stream_version = 1
+           AND data ? 'parent') s
+UNION ALL
+SELECT %(run_id)s::uuid, (data ->> 'child_run_id')::uuid, data ->> 'parent_close'
+  FROM ledgerflow.events
+ WHERE tenant = %(tenant)s AND stream_id = %(stream)s AND event_type = 'wf.ChildStarted'
+   AND data ->> 'parent_close' IS NOT NULL

@@ -18,6 +18,7 @@ import random
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
@@ -312,7 +313,9 @@ class Workflow:
     """A named DAG of nodes. Fan-out and fan-in are just several dependents or several dependencies.
 
     `triggers`: events in the log that each start a run; `schedule`: ticks that each start a run.
-    `priority`: its runs' priority unless a start gives one; higher is claimed first within a tenant."""
+    `priority`: its runs' priority unless a start gives one; higher is claimed first within a tenant.
+    `retention`: how long its ended runs stay in the run tables (workflows.retention); None: the
+    LEDGERFLOW_RUN_RETENTION setting decides (by default, for ever)."""
 
     def __init__(
         self,
@@ -322,8 +325,12 @@ class Workflow:
         triggers: Iterable[Trigger] = (),
         schedule: Schedule | None = None,
         priority: int = 0,
+        retention: timedelta | None = None,
     ) -> None:
         _check_name("workflow", name)
+        if retention is not None and (not isinstance(retention, timedelta) or retention <= timedelta(0)):
+            raise DefinitionError(f"workflow {name!r}: retention must be a positive timedelta or None")
+        self.retention = retention
         try:
             self.priority = check_priority(priority)
         except InvalidInputError as exc:

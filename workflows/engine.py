@@ -37,7 +37,7 @@ from eventstore import (
 )
 from eventstore.spi import check_idempotency_key, check_tenant, json_dumps, json_loads
 from workflows import events as ev
-from workflows import node_queue, snapshots
+from workflows import node_queue, release_marks, snapshots
 from workflows.caps import RunCaps
 from workflows.debounce import Debounce, record_start
 from workflows.debounce import idempotency_key as debounce_idempotency_key
@@ -645,6 +645,7 @@ class Engine:
                 raise RunStateError(
                     f"run {run_id} is {run.status}; only failed, cancelled or parked runs retry"
                 )
+            self._refuse_released(run_id, tenant, "retry")
             wf = self.registry.get(run.workflow, run.workflow_version)  # the version it started with
             reset = retry_from_failed(wf, run.statuses)
             retried = ev.event(ev.RUN_RETRIED, run_id, nodes=sorted(reset), actor=actor)
@@ -667,6 +668,7 @@ class Engine:
             run = self.load(run_id, tenant=tenant)
             if run.status != "succeeded":
                 raise RunStateError(f"run {run_id} is {run.status}; only completed runs can be refreshed")
+            self._refuse_released(run_id, tenant, "refresh")
             wf = self.registry.get(run.workflow, run.workflow_version)  # the version it started with
             new_fps = {n: s.fingerprint for n, s in wf.nodes.items()}
             input_fp = fingerprint(input)
@@ -766,6 +768,18 @@ class Engine:
             yield conn
         if notify is None or notify():
             self.store.notify_appended()
+
+    def _refuse_released(self, run_id: uuid.UUID, tenant: str, action: str) -> None:
+        """A released run is not in the run tables: reopened, it would run unseen. Its append still names
+        the version this check read, so a release that lands in between makes the append fail and the
+        check run again."""
+        with wrap_exceptions(), self.store.pool.connection() as conn:
+            release = release_marks.current_release(conn, run_id, tenant)
+        if release is not None:
+            raise RunStateError(
+                f"run {run_id} was released by retention at {release.released_at.isoformat()}; "
+                f"restore it first (`ledgerflow workflows restore {run_id}`), then {action} it"
+            )
 
     def _repeated(self, idempotency_key: str | None, tenant: str) -> bool:
         """Whether an operator action under `idempotency_key` was already recorded: its repeat does

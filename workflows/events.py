@@ -46,6 +46,8 @@ NODE_WAITING = "wf.NodeWaiting"
 SIGNAL_RECEIVED = "wf.SignalReceived"
 SIGNAL_TAKEN = "wf.SignalTaken"
 RUN_TAGGED = "wf.RunTagged"
+RUN_RELEASED = "wf.RunReleased"
+RUN_RESTORED = "wf.RunRestored"
 KEY_CLAIMED = "wf.KeyClaimed"
 KEY_RELEASED = "wf.KeyReleased"
 
@@ -202,6 +204,25 @@ class RunResumed(WorkflowEvent):
     actor: str | None = None
     #: Set when the resume of this run's parent resumed it (workflows.children).
     parent_run_id: str | None = None
+
+
+class RunReleased(WorkflowEvent):
+    """Retention let the ended run go (workflows.retention): its rows leave the run tables, in every
+    replay and rebuild as well. Its stream stays (until its partitions are archived), so the run is still
+    found by id and can be restored. It changes nothing in the run's folded state."""
+
+    event_type: ClassVar[str] = RUN_RELEASED
+    #: The retention that applied, in seconds, and who applied it (a retention pass: `retention:<id>`).
+    retention_seconds: float
+    actor: str | None = None
+
+
+class RunRestored(WorkflowEvent):
+    """A released run is back in the run tables, for inspection: its rows are folded again from its
+    stream, equal to what they were. It changes nothing in the run's folded state."""
+
+    event_type: ClassVar[str] = RUN_RESTORED
+    actor: str | None = None
 
 
 class KeyClaimed(WorkflowEvent):
@@ -382,6 +403,8 @@ MODELS: dict[str, type[WorkflowEvent]] = {
         RunTagged,
         RunPaused,
         RunResumed,
+        RunReleased,
+        RunRestored,
         KeyClaimed,
         KeyReleased,
     )

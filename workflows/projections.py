@@ -70,6 +70,9 @@ workflow_tables = Projection(
         ev.CHILD_STARTED,
         ev.RUN_PAUSED,
         ev.RUN_RESUMED,
+        # Retention: a released run's rows go, a restored run's come back (workflows.retention).
+        ev.RUN_RELEASED,
+        ev.RUN_RESTORED,
     ],
     tables=[
         Table(
@@ -352,7 +355,18 @@ def _apply_batch(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
     before_nodes = {
         (run_id, n.name): node_row(run_id, n) for run_id, run in runs.items() for n in run.nodes.values()
     }
+    released: set[uuid.UUID] = set()
+    restored: list[tuple[str, uuid.UUID]] = []
     for event, e in typed:
+        if isinstance(event, ev.RunReleased):
+            _release(ctx, event.run_id, runs, before_runs, before_nodes)
+            released.add(event.run_id)
+            continue
+        if isinstance(event, ev.RunRestored):
+            runs[event.run_id] = snapshots.fold_upto(ctx.conn, event.run_id, e.tenant, e.stream_version)
+            released.discard(event.run_id)
+            restored.append((e.tenant, event.run_id))
+            continue
         run = runs.get(event.run_id)
         if run is None:
             if not isinstance(event, ev.RunStarted):
@@ -375,7 +389,35 @@ def _apply_batch(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
     search_rows.link_children(
         ctx, [(e.tenant, event) for event, e in parsed if isinstance(event, ev.ChildStarted)]
     )
-    snapshots.keep_up(ctx.conn, _heads(typed), RunCaps().run_snapshot_every)
+    search_rows.link_restored(ctx, restored)
+    heads = {key: head for key, head in _heads(typed).items() if key[1] not in released}
+    snapshots.keep_up(ctx.conn, heads, RunCaps().run_snapshot_every)
+
+
+_RELEASE_ROWS = """
+WITH runs AS (DELETE FROM {workflow_runs} WHERE run_id = %(run_id)s),
+     nodes AS (DELETE FROM {workflow_nodes} WHERE run_id = %(run_id)s),
+     snapshots AS (DELETE FROM ledgerflow.workflow_run_snapshots WHERE run_id = %(run_id)s),
+     signals AS (DELETE FROM ledgerflow.workflow_run_signal_counts WHERE run_id = %(run_id)s)
+DELETE FROM {workflow_run_tags} WHERE run_id = %(run_id)s
+"""
+
+
+def _release(
+    ctx: ApplyContext,
+    run_id: uuid.UUID,
+    runs: dict[uuid.UUID, RunState],
+    before_runs: dict[uuid.UUID, RunRow],
+    before_nodes: dict[tuple[uuid.UUID, str], NodeRow],
+) -> None:
+    """The run's rows leave the tables now, and the batch forgets it: its later events change no row,
+    unless a restore (later in the batch) brings it back, which then writes every row afresh. Its snapshot
+    and signal count go too: they are caches of a run nobody runs (a load folds its stream again)."""
+    ctx.execute(_RELEASE_ROWS, {"run_id": run_id})
+    runs.pop(run_id, None)
+    before_runs.pop(run_id, None)
+    for key in [k for k in before_nodes if k[0] == run_id]:
+        del before_nodes[key]
 
 
 def _tags_changed(runs: dict[uuid.UUID, RunState], before: dict[uuid.UUID, RunRow]) -> list[RunState]:

@@ -17,6 +17,7 @@ from typing import LiteralString
 
 from projector import ApplyContext
 from workflows import events as ev
+from workflows import release_marks
 from workflows.run_state import RunState
 
 # Every list and search orders by (created_at, run_id), newest first, and pages by keyset on that pair:
@@ -86,3 +87,15 @@ def link_children(ctx: ApplyContext, started: Sequence[tuple[str, ev.ChildStarte
     if links:
         tenants, children = zip(*links, strict=True)
         ctx.execute(_LINK_CHILDREN, [list(tenants), list(children), list(links.values())])
+
+
+def link_restored(ctx: ApplyContext, restored: Sequence[tuple[str, uuid.UUID]]) -> None:
+    """Link each restored run to its parent again, as its start names it (a child run started before its
+    start named its parent stays without one, as after a rebuild)."""
+    links: list[tuple[str, uuid.UUID, uuid.UUID]] = []
+    for tenant, run_id in restored:
+        parent = release_marks.parent_of(ctx.conn, run_id, tenant)
+        if parent is not None:
+            links.append((tenant, run_id, parent))
+    if links:
+        ctx.execute(_LINK_CHILDREN, [list(c) for c in zip(*links, strict=True)])

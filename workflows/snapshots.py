@@ -226,6 +226,16 @@ def catch_up(store: EventStore, runs: Iterable[RunState]) -> None:
             return
 
 
+def fold_upto(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant: str, version: int) -> RunState:
+    """The run's state folded from its first event up to `version` of its stream, in `conn` (a projection's
+    transaction: a restored run's rows are this fold's, as they were when the run was first projected)."""
+    run = RunState(run_id, tenant)
+    by_stream = {ev.run_stream(run_id): run}
+    while _fold_page(conn, by_stream, {ev.run_stream(run_id): version}):
+        pass
+    return run
+
+
 def _fold_page(conn: psycopg.Connection[Any], by_stream: dict[str, RunState], upto: dict[str, int]) -> bool:
     """Apply to the runs of `by_stream` (of one tenant) one page of the events after the version each
     knows (up to `upto[stream]`, if given); whether there may be more."""

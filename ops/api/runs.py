@@ -19,7 +19,7 @@ from ops.api.errors import CONFLICT, NOT_FOUND
 from ops.api.events import _ExactJsonRoute as ExactJsonRoute
 from ops.auth import Principal
 from ops.services import Services
-from workflows import NodeState, RunState
+from workflows import NodeState, RunState, release_of, restore_run
 
 router = APIRouter(tags=["runs"])
 
@@ -68,6 +68,11 @@ class TriggeredByOut(BaseModel):
     position: int
 
 
+class ReleasedOut(BaseModel):
+    at: datetime = Field(description="When retention released the run from the run tables.")
+    actor: str | None = Field(description="Who released it (a retention pass: `bulk:<action id>`).")
+
+
 class RunDetailOut(BaseModel):
     run_id: uuid.UUID
     workflow: str
@@ -96,6 +101,11 @@ class RunDetailOut(BaseModel):
     may_operate: bool = Field(
         description="Whether the token that asked may signal, cancel, retry and refresh runs (scope "
         "`operate`): the console offers those levers only then."
+    )
+    released: ReleasedOut | None = Field(
+        default=None,
+        description="Set when retention released the run: it is not listed, and `POST .../restore` brings "
+        "it back (null otherwise).",
     )
 
 
@@ -184,7 +194,13 @@ def run_detail(run: RunState, services: Services, principal: Principal) -> RunDe
         nodes=[_node_out(run.nodes[n], deps.get(n, [])) for n in order],
         edges=[EdgeOut(source=d, target=n) for n in order for d in deps.get(n, [])],
         may_operate=principal.allows("operate"),
+        released=_released(run, services),
     )
+
+
+def _released(run: RunState, services: Services) -> ReleasedOut | None:
+    found = release_of(services.store, run.run_id, tenant=run.tenant)
+    return ReleasedOut(at=found.released_at, actor=found.actor) if found is not None else None
 
 
 @router.get("/runs/{run_id}", response_model=RunDetailOut, responses=NOT_FOUND)
@@ -243,6 +259,14 @@ def resume_run(run_id: uuid.UUID, principal: Operator, services: ServicesDep) ->
     run that is not paused changes nothing; an ended run: 409."""
     run = services.engine.resume(run_id, tenant=principal.tenant, actor=f"api:{principal.token_id}")
     return run_detail(run, services, principal)
+
+
+@router.post("/runs/{run_id}/restore", response_model=RunDetailOut, responses={**NOT_FOUND, **CONFLICT})
+def restore(run_id: uuid.UUID, principal: Operator, services: ServicesDep) -> RunDetailOut:
+    """Bring a run that retention released back into the run tables (once the projector has applied it),
+    for inspection: equal to what it was. A run not released: 409."""
+    restore_run(services.engine, run_id, tenant=principal.tenant, actor=f"api:{principal.token_id}")
+    return run_detail(services.engine.load(run_id, tenant=principal.tenant), services, principal)
 
 
 @router.post("/runs/{run_id}/retry", response_model=RunDetailOut, responses={**NOT_FOUND, **CONFLICT})

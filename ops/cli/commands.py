@@ -44,6 +44,7 @@ from ops.cli import events as cli_events
 from ops.cli import log as cli_log
 from ops.cli import projections as cli_projections
 from ops.cli import quotas as cli_quotas
+from ops.cli import retention as cli_retention
 from ops.cli import run_search as cli_run_search
 from ops.cli import subjects as cli_subjects
 from ops.cli import tokens as cli_tokens
@@ -476,6 +477,7 @@ cli_projections.register(cli)
 cli_workflows.register(cli)
 cli_run_search.register(cli_workflows.workflows_group)
 cli_bulk.register(cli_workflows.workflows_group)
+cli_retention.register(cli_workflows.workflows_group)
 cli_tokens.register(cli)
 cli_quotas.register(cli)
 cli_subjects.register(cli)

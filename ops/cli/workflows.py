@@ -35,6 +35,7 @@ from workflows import (
     next_tick,
     queue_summary,
     recent_recoveries,
+    release_of,
     sweep,
     tag_filter,
 )
@@ -208,10 +209,14 @@ def show(ctx: click.Context, run_id: str, tenant: str, as_json: bool, outputs: b
     settings = settings_of(ctx)
     with open_store(settings) as store:
         run = Engine(store, registry_of(settings)).load(_run_id(run_id), tenant=tenant)
+        released = release_of(store, run.run_id, tenant=tenant)
     if as_json:
         shown = run_as_dict(run)
         for name, output in node_outputs(run).items() if outputs else ():
             shown["nodes"][name]["output"] = output
+        shown["released"] = (
+            {"at": released.released_at.isoformat(), "actor": released.actor} if released else None
+        )
         emit_json(shown)
         return
     console.print(
@@ -226,6 +231,10 @@ def show(ctx: click.Context, run_id: str, tenant: str, as_json: bool, outputs: b
             f"cursor {by.transaction_id}:{by.position})",
             highlight=False,
         )
+    if released is not None:
+        at = released.released_at.isoformat()
+        console.print(f"released by retention at {at} (by {released.actor}): not listed", highlight=False)
+        console.print(f"restore it: ledgerflow workflows restore {run.run_id}", highlight=False)
     console.print(node_table(run))
     if outputs:
         print_outputs(run)

@@ -41,9 +41,14 @@ def test_the_docs_build_without_a_warning(tmp_path: Path) -> None:
 
 def test_the_docs_examples_run_as_written(tmp_path: Path, admin_url: str) -> None:
     blocks = named_blocks()
-    assert {"myflows.py", "read_models.py", "conftest.py", "test_myflows.py", "test_read_models.py"} <= set(
-        blocks
-    )
+    assert {
+        "myflows.py",
+        "read_models.py",
+        "conftest.py",
+        "test_myflows.py",
+        "test_read_models.py",
+        "test_retention.py",
+    } <= set(blocks)
     for name, text in blocks.items():
         (tmp_path / name).write_text(text, encoding="utf-8")
     (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
@@ -58,7 +63,7 @@ def test_the_docs_examples_run_as_written(tmp_path: Path, admin_url: str) -> Non
         timeout=240,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "2 passed" in result.stdout, result.stdout[-2000:]
+    assert "3 passed" in result.stdout, result.stdout[-2000:]
 
 
 @pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("*.md")))

@@ -87,7 +87,9 @@ export function render(root, runId) {
     const done = run.nodes.filter((n) => n.status === "succeeded").length;
     status.dataset.status = run.status;
     status.textContent = `${LABELS[run.status] || run.status} (${done}/${run.nodes.length} nodes complete)` +
-      (run.cancel_requested && !TERMINAL.has(run.status) ? " — cancel requested" : "");
+      (run.cancel_requested && !TERMINAL.has(run.status) ? " — cancel requested" : "") +
+      // Retention released it from the run lists; its stream still holds it (`ledgerflow workflows restore`).
+      (run.released ? ` — released by retention ${when(run.released.at)}; restore: ledgerflow workflows restore ${run.run_id}` : "");
     // The definition's version the run started with: only a worker that has it goes on with the run.
     meta.textContent = [run.workflow, run.workflow_version && `version ${run.workflow_version}`,
       run.key && `key ${run.key}`, run.started_at && `started ${when(run.started_at)}`,
@@ -104,7 +106,7 @@ export function render(root, runId) {
     buttons.cancel.disabled = Boolean(run.cancel_requested);
     buttons.pause.hidden = !active || !operates || run.status === "paused" || Boolean(run.cancel_requested);
     buttons.resume.hidden = !operates || run.status !== "paused";
-    buttons.retry.hidden = !operates || !(run.status === "failed" || run.status === "cancelled");
+    buttons.retry.hidden = !operates || Boolean(run.released) || !(run.status === "failed" || run.status === "cancelled");
     refreshBox.hidden = buttons.refresh.hidden = !operates || run.status !== "succeeded";
     if (!refreshBox.hidden && !refreshInput.value) refreshInput.value = JSON.stringify(run.input);
     error.hidden = !run.error;

@@ -1,0 +1,79 @@
+"""`ledgerflow workflows retention [--dry-run]`: release a tenant's ended runs older than their workflow's
+retention, as recorded bulk actions; `ledgerflow workflows restore RUN`: bring a released run back into
+the run tables for inspection (see workflows.releases)."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import click
+
+from eventstore import InvalidInputError, open_store
+from ops.cli.bulk import _progress as progress_line
+from ops.cli.bulk import _report as report_action
+from ops.cli.common import console, emit_json, settings_of
+from ops.cli.workflows import registry_of
+from workflows import Engine, RetentionSettings, plan_retention, restore_run, retention_pass
+
+
+@click.command("retention")
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--dry-run", is_flag=True, help="Only say how many runs of each workflow are due.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array: the plans, or the actions worked.")
+@click.pass_context
+def retention(ctx: click.Context, tenant: str, dry_run: bool, as_json: bool) -> None:
+    """Release the tenant's ended runs older than their workflow's retention (`Workflow(retention=)`, else
+    LEDGERFLOW_RUN_RETENTION; unset: runs are kept for ever) from the run tables, as recorded bulk actions
+    (see `workflows bulk show`), at most LEDGERFLOW_RETENTION_BATCH runs per workflow a pass. A pass first
+    finishes what a killed pass left. Released runs are still found by id and can be restored."""
+    settings = settings_of(ctx)
+    kept = RetentionSettings()
+    with open_store(settings) as store:
+        engine = Engine(store, registry_of(settings))
+        if dry_run:
+            plans = plan_retention(engine, tenant=tenant, settings=kept)
+            if as_json:
+                emit_json(
+                    [{**dataclasses.asdict(p), "retention": p.retention.total_seconds()} for p in plans]
+                )
+                return
+            for p in plans:
+                due = f"more than {p.limit}" if p.due > p.limit else str(p.due)
+                console.print(f"{p.workflow}: {due} runs ended over {p.retention} ago", highlight=False)
+            console.print(f"dry run: nothing released (tenant {tenant!r})", highlight=False)
+            return
+        actions = retention_pass(engine, tenant=tenant, settings=kept, progress=progress_line)
+    if as_json:
+        emit_json([dataclasses.asdict(a) for a in actions])
+        return
+    for action in actions:
+        report_action(action, False, exit_on_failure=False)
+    if not actions:
+        console.print(f"no run of tenant {tenant!r} is due for release", highlight=False)
+    if any(a.failed for a in actions):
+        raise SystemExit(1)
+
+
+@click.command("restore")
+@click.argument("run_id")
+@click.option("--tenant", default="default", show_default=True)
+@click.pass_context
+def restore(ctx: click.Context, run_id: str, tenant: str) -> None:
+    """Bring a run that retention released back into the run tables, equal to what it was (folded again
+    from its stream by the projector). It stays for another retention from now."""
+    settings = settings_of(ctx)
+    try:
+        wanted = uuid.UUID(run_id)
+    except ValueError:
+        raise InvalidInputError(f"{run_id!r} is not a run id (a UUID)") from None
+    with open_store(settings) as store:
+        restore_run(Engine(store, registry_of(settings)), wanted, tenant=tenant, actor="cli")
+    console.print(
+        f"run {wanted} restored: its rows are back once the projector has applied it", highlight=False
+    )
+
+
+def register(group: click.Group) -> None:
+    group.add_command(retention)
+    group.add_command(restore)

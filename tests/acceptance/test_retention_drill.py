@@ -1,0 +1,81 @@
+"""`ledgerflow workflows retention` in a real process, SIGKILLed midway and run again: every due run is
+released exactly once, the rest by the next pass (which first finishes the killed pass's action), and no
+run still going is touched; the tables then equal their rebuild."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from eventstore import EventStore, open_store
+from ops.settings import Settings
+from projector import ProjectorWorker, verify
+from tests.acceptance.cli_runs import cli_env, run_cli
+from tests.flows import registry
+from tests.waiting import wait_until
+from workflows import Engine, search_runs, workflow_tables
+from workflows import events as ev
+
+ENV = {"LEDGERFLOW_WORKFLOWS": "tests.flows:registry", "LEDGERFLOW_RUN_RETENTION": "PT0.001S"}
+RUNS = 400
+
+
+def _project(store: EventStore) -> None:
+    worker = ProjectorWorker(store, [workflow_tables])
+    try:
+        worker.run_until_caught_up()
+    finally:
+        worker.release_all()
+
+
+def _processed(store: EventStore) -> int:
+    with store.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(done + skipped + failed), 0) FROM ledgerflow.bulk_actions"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _releases(store: EventStore, run_id: uuid.UUID) -> int:
+    return sum(1 for e in store.read_stream(ev.run_stream(run_id)) if e.type == ev.RUN_RELEASED)
+
+
+@pytest.mark.drill
+def test_a_retention_pass_killed_midway_and_run_again_releases_every_due_run_once(database_url: str) -> None:
+    with open_store(Settings(database_url=database_url)) as store:
+        engine = Engine(store, registry)
+        due = [engine.start("linear").run_id for _ in range(RUNS)]
+        for run_id in due:
+            engine.cancel(run_id)  # nothing in flight: ended at once
+        going = [engine.start("linear").run_id for _ in range(5)]
+        _project(store)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", "workflows", "retention"],
+            env=cli_env(database_url, **ENV),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_until(lambda: _processed(store) >= 20, timeout=120, what="the retention pass under way")
+        finally:
+            process.kill()
+            process.wait(timeout=30)
+        killed_at = _processed(store)
+        assert killed_at < RUNS, "killed midway"
+        print(f"killed after {killed_at} of {RUNS} runs")
+
+        again = run_cli(database_url, "workflows", "retention", "--json", **ENV)
+        assert again.returncode == 0, again.stderr
+        actions = json.loads(again.stdout)
+        assert actions[0]["state"] == "completed", "the killed pass's action is finished first"
+        assert sum(a["done"] for a in actions) + killed_at >= RUNS
+        assert all(_releases(store, r) == 1 for r in due), "every due run released exactly once"
+        assert all(_releases(store, r) == 0 and engine.load(r).active for r in going)
+        _project(store)
+        listed = {r["run_id"] for r in search_runs(store, tenant="default", limit=50).runs}
+        assert listed == set(going)
+        assert verify(store, workflow_tables).equal

@@ -1,0 +1,24 @@
+-- Where a run stands with retention (workflows.release_marks): read from its own stream, so that a run whose
+-- rows retention removed is still found by id.
+
+-- name: last_mark
+-- The run's latest release or restore, if any (a run's stream is bounded: workflows.caps).
+SELECT event_type, recorded_at, data ->> 'actor', stream_version
+  FROM ledgerflow.events
+ WHERE tenant = %(tenant)s AND stream_id = %(stream)s
+   AND event_type IN ('wf.RunReleased', 'wf.RunRestored')
+ ORDER BY stream_version DESC
+ LIMIT 1
+
+-- name: extent
+-- How many of the stream's events the log holds now, and its last version: fewer events than versions
+-- means some of them are in archived partitions.
+SELECT count(*), coalesce(max(stream_version), 0)
+  FROM ledgerflow.events
+ WHERE tenant = %(tenant)s AND stream_id = %(stream)s
+
+-- name: started
+-- The run's start, for the parent it names (a restore links the run to it again).
+SELECT data -> 'parent' ->> 'run_id'
+  FROM ledgerflow.events
+ WHERE tenant = %(tenant)s AND stream_id = %(stream)s AND stream_version = 1

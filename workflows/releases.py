@@ -1,0 +1,229 @@
+"""Releasing one ended run from the run tables, and restoring it (see `workflows.retention` for the pass).
+
+A run is released by one event in its own stream (`wf.RunReleased`), which the `workflow_tables` and
+`workflow_children` projections apply by deleting the run's rows. The log says what the tables hold, so a
+replay or rebuild of them leaves a released run out, as the live tables do. `restore_run` appends
+`wf.RunRestored`, which the projections apply by folding the run's rows again from its stream: the same
+rows as before its release. A released run's stream stays in the log until its partitions are archived;
+a run whose events are partly archived is restored once its partitions are (`restore_run` says so).
+
+How long ended runs stay: `Workflow(retention=)`, else the setting LEDGERFLOW_RUN_RETENTION (a duration
+such as `30d`, `12h` or ISO 8601 `P30D`; unset: for ever). The check is made where the event is written,
+from the run's folded state (never from the tables, which may lag): a run still going, or ended less than
+its retention ago, is never released.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import structlog
+from pydantic import Field, TypeAdapter, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from eventstore import EventStore, InvalidInputError, WrongExpectedVersionError
+from eventstore.spi import check_tenant
+from workflows import events as ev
+from workflows import release_marks
+from workflows.engine import Engine
+from workflows.errors import RunStateError, wrap_exceptions
+from workflows.release_marks import Release
+from workflows.run_state import TERMINAL_RUN
+
+log = structlog.get_logger("workflows.releases")
+
+#: The most runs one release action of a pass takes unless LEDGERFLOW_RETENTION_BATCH says otherwise.
+RETENTION_BATCH = 10_000
+_DURATION = re.compile(r"\s*(\d+)\s*([smhdw]?)\s*")
+_UNITS = {"": "seconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_TIMEDELTA = TypeAdapter(timedelta)
+#: Attempts at an append whose run changed under it before the answer is "retry".
+_ATTEMPTS = 5
+
+
+def parse_duration(value: object) -> timedelta | None:
+    """A retention as written in a setting or on the command line: `30d`, `12h`, `90m`, `45s`, `2w`, ISO
+    8601 (`P30D`), a number of seconds, or empty / `forever` (None). Anything else: InvalidInputError."""
+    if value is None or isinstance(value, timedelta):
+        return value
+    text = str(value).strip()
+    if text.lower() in ("", "forever", "none"):
+        return None
+    match = _DURATION.fullmatch(text)
+    try:
+        duration = (
+            timedelta(**{_UNITS[match[2]]: int(match[1])}) if match else _TIMEDELTA.validate_python(text)
+        )
+    except (ValueError, OverflowError, ValidationError) as exc:
+        raise InvalidInputError(f"invalid retention {text!r}: use e.g. 30d, 12h, P30D or forever") from exc
+    if duration <= timedelta(0):
+        raise InvalidInputError(f"invalid retention {text!r}: a retention is longer than zero")
+    return duration
+
+
+class RetentionSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LEDGERFLOW_", extra="ignore")
+
+    #: How long ended runs of a workflow without its own retention stay in the run tables (None: for ever).
+    run_retention: timedelta | None = None
+    #: The most runs one release action of a pass takes (the rest wait for the next pass).
+    retention_batch: int = Field(default=RETENTION_BATCH, ge=1, le=1_000_000)
+
+    @field_validator("run_retention", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> timedelta | None:
+        try:
+            return parse_duration(value)
+        except InvalidInputError as exc:
+            raise ValueError(str(exc)) from exc
+
+
+def retention_of(engine: Engine, workflow: str, default: timedelta | None) -> timedelta | None:
+    """The retention of `workflow`'s ended runs: its definition's (newest version), else `default`."""
+    own = _own_retention(engine, workflow)
+    return own if own is not None else default
+
+
+def _own_retention(engine: Engine, workflow: str) -> timedelta | None:
+    return engine.registry.get(workflow).retention if workflow in engine.registry.names() else None
+
+
+def release_cutoff(
+    engine: Engine,
+    workflow: str,
+    *,
+    default: timedelta | None,
+    now: datetime,
+    ended_before: datetime | None = None,
+) -> datetime | None:
+    """The latest end a run of `workflow` may have to be released now (None: its runs are kept for ever).
+    A workflow's own retention always holds; `ended_before` (a release action's cutoff, recorded when the
+    action was) takes the place of the setting's `default`."""
+    own = _own_retention(engine, workflow)
+    cutoffs = [now - own] if own is not None else []
+    if ended_before is not None:
+        cutoffs.append(ended_before)
+    elif own is None and default is not None:
+        cutoffs.append(now - default)
+    return min(cutoffs) if cutoffs else None
+
+
+def is_due(status: str, since: datetime | None, cutoff: datetime | None) -> bool:
+    """Whether retention may release a run: it has ended, its runs are not kept for ever, and it ended (or
+    was restored) at or before `cutoff`."""
+    return status in TERMINAL_RUN and since is not None and cutoff is not None and since <= cutoff
+
+
+def release_run(
+    engine: Engine,
+    run_id: uuid.UUID,
+    *,
+    tenant: str = "default",
+    actor: str = "operator",
+    default: timedelta | None = None,
+    ended_before: datetime | None = None,
+    now: datetime | None = None,
+    idempotency_key: str | None = None,
+) -> Release:
+    """Release one ended run whose retention has passed: its workflow's, else `default` (or, for a release
+    action, the action's `ended_before` cutoff). A run still going, ended within its retention, or whose
+    runs are kept for ever raises RunStateError; a run released already is answered with its release (with
+    an `idempotency_key`: RunStateError, unless that key released it)."""
+    check_tenant(tenant)
+    moment = now if now is not None else datetime.now(UTC)
+    for _ in range(_ATTEMPTS):
+        if idempotency_key is not None and engine.store.idempotency_key_used(idempotency_key, tenant=tenant):
+            break
+        run = engine.load(run_id, tenant=tenant)
+        with wrap_exceptions(), engine.store.pool.connection() as conn:
+            mark = release_marks.last_mark(conn, run_id, tenant)
+        if mark is not None and not mark.restored:
+            if idempotency_key is not None:  # an action's: released by another, so not this one's to count
+                raise RunStateError(f"run {run_id} was released already, at {mark.released_at.isoformat()}")
+            return mark
+        cutoff = release_cutoff(engine, run.workflow, default=default, now=moment, ended_before=ended_before)
+        # A restored run stays for another retention from its restore, to be inspected.
+        since = max(run.finished_at, mark.released_at) if mark and run.finished_at else run.finished_at
+        if not is_due(run.status, since, cutoff):
+            raise RunStateError(_why_not(run_id, run.status, since, run.workflow, cutoff))
+        assert cutoff is not None  # is_due
+        marker = ev.event(
+            ev.RUN_RELEASED, run_id, retention_seconds=(moment - cutoff).total_seconds(), actor=actor
+        )
+        # Written at the version the checks read: a retry or refresh that lands in between (the run goes
+        # on) makes this append fail, and the checks run again on the run as it is now.
+        try:
+            with engine.transaction() as conn:
+                engine.store.append(
+                    ev.run_stream(run_id),
+                    [marker],
+                    expected_version=run.version,
+                    tenant=tenant,
+                    idempotency_key=idempotency_key,
+                    conn=conn,
+                )
+        except WrongExpectedVersionError:
+            continue
+        log.info("workflow_run_released", run_id=str(run_id), tenant=tenant, actor=actor)
+        break
+    found = release_of(engine.store, run_id, tenant=tenant)
+    if found is None:
+        raise RunStateError(f"run {run_id} changed while it was released; run the pass again")
+    return found
+
+
+def restore_run(
+    engine: Engine, run_id: uuid.UUID, *, tenant: str = "default", actor: str = "operator"
+) -> None:
+    """Bring a released run's rows back, folded from its stream (the projector writes them). A run not
+    released raises RunStateError; one whose events are partly in archived partitions raises it too, naming
+    what to restore first."""
+    check_tenant(tenant)
+    for _ in range(_ATTEMPTS):
+        run = engine.load(run_id, tenant=tenant)
+        with wrap_exceptions(), engine.store.pool.connection() as conn:
+            released = release_marks.current_release(conn, run_id, tenant)
+            missing = release_marks.events_missing(conn, run_id, tenant)
+        if released is None:
+            raise RunStateError(f"run {run_id} is not released; its rows are in the run tables")
+        if missing:
+            raise RunStateError(
+                f"{missing} of run {run_id}'s events are in archived partitions of the log: restore them "
+                "first (`ledgerflow log restore DIR/NAME.manifest.json`), then the run"
+            )
+        try:
+            with engine.transaction() as conn:
+                engine.store.append(
+                    ev.run_stream(run_id),
+                    [ev.event(ev.RUN_RESTORED, run_id, actor=actor)],
+                    expected_version=run.version,
+                    tenant=tenant,
+                    conn=conn,
+                )
+        except WrongExpectedVersionError:
+            continue
+        log.info("workflow_run_restored", run_id=str(run_id), tenant=tenant, actor=actor)
+        return
+    raise RunStateError(f"run {run_id} changed too often while it was restored; retry")
+
+
+def release_of(store: EventStore, run_id: uuid.UUID, *, tenant: str = "default") -> Release | None:
+    """The run's release, if retention let it go and it was not restored since (None otherwise)."""
+    check_tenant(tenant)
+    with wrap_exceptions(), store.pool.connection() as conn:
+        return release_marks.current_release(conn, run_id, tenant)
+
+
+def _why_not(
+    run_id: uuid.UUID, status: str, since: datetime | None, workflow: str, cutoff: datetime | None
+) -> str:
+    if status not in TERMINAL_RUN or since is None:
+        return f"run {run_id} is {status}; only ended runs are released"
+    if cutoff is None:
+        return f"workflow {workflow!r} keeps its runs for ever; run {run_id} stays"
+    return (
+        f"run {run_id} ended (or was restored) at {since.isoformat()}, within its retention "
+        f"(only runs ended by {cutoff.isoformat()} are released now)"
+    )
