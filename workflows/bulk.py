@@ -1,4 +1,5 @@
-"""Bulk operator actions: cancel or retry every run a search filter keeps, as a recorded action.
+"""Bulk operator actions: cancel, retry, pause or resume every run a search filter keeps, as a recorded
+action.
 
 An action is a row of ledgerflow.bulk_actions (who, when, the filter, the tenant, the kind, how many runs
 matched, its counts and the keyset position of the last run it processed). It walks the tenant's runs
@@ -8,7 +9,7 @@ idempotency key made of the action's id and the run's id, so a resumed action (a
 two processes) never acts on a run twice: a run whose key is already recorded counts as done. One
 process works an action at a time (a session lock, dropped with a killed process's connection).
 
-Kinds are the entries of `KINDS`: a new kind (pause, resume) is one function and one entry.
+Kinds are the entries of `KINDS`: a new kind is one function and one entry.
 """
 
 from __future__ import annotations
@@ -58,7 +59,16 @@ def _retry(engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str)
     return engine.retry(run_id, tenant=tenant, actor=actor, idempotency_key=key)
 
 
-KINDS: Mapping[str, Act] = {"cancel": _cancel, "retry": _retry}
+def _pause(engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str) -> object:
+    # Running nodes finish (the operator's default for one run too); a paused run stays as it is.
+    return engine.pause(run_id, tenant=tenant, actor=actor, idempotency_key=key)
+
+
+def _resume(engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str) -> object:
+    return engine.resume(run_id, tenant=tenant, actor=actor, idempotency_key=key)
+
+
+KINDS: Mapping[str, Act] = {"cancel": _cancel, "retry": _retry, "pause": _pause, "resume": _resume}
 
 
 class BulkLimitError(InvalidInputError):
