@@ -203,6 +203,14 @@ def bulk_action(store: EventStore, action_id: uuid.UUID, *, tenant: str) -> Bulk
     return _action(_row(store, action_id, tenant))
 
 
+def unfinished_bulk_actions(store: EventStore, *, idle_seconds: float, limit: int = 100) -> list[BulkAction]:
+    """Running actions of every tenant that nothing has advanced for `idle_seconds` (a server administrator's
+    view, for the process that resumes them): oldest first, at most `limit`."""
+    params = {"idle_seconds": idle_seconds, "limit": limit}
+    with wrap_exceptions(), store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        return [_action(row) for row in cur.execute(Q["unfinished"], params).fetchall()]
+
+
 def run_bulk_action(
     engine: Engine,
     action_id: uuid.UUID,
