@@ -28,7 +28,9 @@ from tests.waiting import wait_until
 from workflows import Engine, workflow_tables
 from workflows import events as ev
 
-pytestmark = pytest.mark.drill
+# 10,000 runs started, projected and cancelled took 11 min on a loaded 2-core machine: room beyond the
+# drills' usual 15 min.
+pytestmark = [pytest.mark.drill, pytest.mark.timeout(1800)]
 
 RUNS = int(os.environ.get("LEDGERFLOW_DRILL_BULK_RUNS", "10000"))
 OTHERS = 25
