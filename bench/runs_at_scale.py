@@ -100,7 +100,7 @@ SELECT gen_random_uuid(), 'default', 'wf' || (i %% 3), NULL,
        (ARRAY['succeeded', 'failed', 'cancelled'])[1 + (i / 7) %% 3], NULL, 3, 3, 'null'::jsonb,
        NULL, false, t, t + interval '5 seconds', t + interval '5 seconds', '1', NULL,
        jsonb_build_object('team', 't' || (i %% 10), 'env', (ARRAY['prod', 'stage', 'dev'])[1 + (i / 3) %% 3],
-                          'customer', 'c' || ((i * 7919) %% 1000))
+                          'customer', 'c' || ((i::bigint * 7919) %% 1000))
   FROM generate_series(%(first)s::int, %(last)s::int) AS i,
        LATERAL (SELECT now() - interval '400 days' + i * interval '1 second' AS t) AS at
 """
