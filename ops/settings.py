@@ -55,6 +55,9 @@ class Settings(DatabaseSettings):
 
     #: The most runs one bulk operator action (`workflows bulk`, `POST /api/v1/runs/bulk/...`) takes.
     bulk_max_runs: int = Field(default=10_000, ge=1, le=10_000_000)
+    #: The API server works a bulk action nothing has advanced for this long (seconds): one whose process
+    #: was killed, the server's own included. It looks for them on start and at this interval.
+    bulk_resume_after: float = Field(default=10.0, gt=0, le=3600)
 
     @property
     def projection_paths(self) -> list[str]:

@@ -405,10 +405,13 @@ shredding_moves = st.lists(
 
 
 @st.composite
-def bulk_fleets(draw: st.DrawFn) -> tuple[list[tuple[str, str, bool]], tuple[str | None, str | None, bool]]:
-    """Runs for a bulk action and its filter: each run a (team, env, cancelled first) triple; the filter a
-    team, an env (either may be absent) and whether it keeps only running runs."""
+def bulk_fleets(
+    draw: st.DrawFn,
+) -> tuple[list[tuple[str, str, bool]], tuple[str | None, str | None, bool], str]:
+    """Runs for a bulk action, its filter and its kind: each run a (team, env, cancelled first) triple; the
+    filter a team, an env (either may be absent) and whether it keeps only running runs; the kind one that
+    acts on a running run (cancel or pause)."""
     teams, envs = st.sampled_from(["red", "blue"]), st.sampled_from(["dev", "prod", "test"])
     runs = draw(st.lists(st.tuples(teams, envs, st.booleans()), min_size=0, max_size=8))
     wanted = (draw(st.none() | teams), draw(st.none() | envs), draw(st.booleans()))
-    return runs, wanted
+    return runs, wanted, draw(st.sampled_from(["cancel", "pause"]))

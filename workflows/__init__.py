@@ -20,6 +20,7 @@ from workflows.bulk import (  # noqa: E402
     filter_to_json,
     plan_bulk,
     run_bulk_action,
+    unfinished_bulk_actions,
 )
 from workflows.caps import RunCaps  # noqa: E402
 from workflows.context import NodeContext  # noqa: E402
@@ -193,6 +194,7 @@ __all__ = [
     "sweep",
     "tag_filter",
     "tenant_quota_rows",
+    "unfinished_bulk_actions",
     "versions_without_worker",
     "watch_limit_usage",
     "workflow_tables",

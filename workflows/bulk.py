@@ -1,4 +1,5 @@
-"""Bulk operator actions: cancel or retry every run a search filter keeps, as a recorded action.
+"""Bulk operator actions: cancel, retry, pause or resume every run a search filter keeps, as a recorded
+action.
 
 An action is a row of ledgerflow.bulk_actions (who, when, the filter, the tenant, the kind, how many runs
 matched, its counts and the keyset position of the last run it processed). It walks the tenant's runs
@@ -8,7 +9,7 @@ idempotency key made of the action's id and the run's id, so a resumed action (a
 two processes) never acts on a run twice: a run whose key is already recorded counts as done. One
 process works an action at a time (a session lock, dropped with a killed process's connection).
 
-Kinds are the entries of `KINDS`: a new kind (pause, resume) is one function and one entry.
+Kinds are the entries of `KINDS`: a new kind is one function and one entry.
 """
 
 from __future__ import annotations
@@ -71,7 +72,22 @@ def _release(
     )
 
 
-KINDS: Mapping[str, Act] = {"cancel": _cancel, "retry": _retry, "release": _release}
+def _pause(engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str, _: RunFilter) -> object:
+    # Running nodes finish (the operator's default for one run too); a paused run stays as it is.
+    return engine.pause(run_id, tenant=tenant, actor=actor, idempotency_key=key)
+
+
+def _resume(engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str, _: RunFilter) -> object:
+    return engine.resume(run_id, tenant=tenant, actor=actor, idempotency_key=key)
+
+
+KINDS: Mapping[str, Act] = {
+    "cancel": _cancel,
+    "retry": _retry,
+    "pause": _pause,
+    "resume": _resume,
+    "release": _release,
+}
 
 
 class BulkLimitError(InvalidInputError):
@@ -208,6 +224,14 @@ def create_bulk_action(
 def bulk_action(store: EventStore, action_id: uuid.UUID, *, tenant: str) -> BulkAction:
     """An action's record and progress; another tenant's action is not found."""
     return _action(_row(store, action_id, tenant))
+
+
+def unfinished_bulk_actions(store: EventStore, *, idle_seconds: float, limit: int = 100) -> list[BulkAction]:
+    """Running actions of every tenant that nothing has advanced for `idle_seconds` (a server administrator's
+    view, for the process that resumes them): oldest first, at most `limit`."""
+    params = {"idle_seconds": idle_seconds, "limit": limit}
+    with wrap_exceptions(), store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        return [_action(row) for row in cur.execute(Q["unfinished"], params).fetchall()]
 
 
 def run_bulk_action(

@@ -34,3 +34,12 @@ UPDATE ledgerflow.bulk_actions
    SET state = %(state)s, last_error = coalesce(%(error)s, last_error), updated_at = now(), ended_at = now()
  WHERE id = %(id)s AND tenant = %(tenant)s AND state = 'running'
 RETURNING *
+
+-- name: unfinished
+-- Running actions of every tenant that no process has advanced for `idle_seconds`: those whose process
+-- was killed (and, harmlessly, those being worked slowly: `run_bulk_action`'s session lock sends a second
+-- worker away). Oldest first, bounded.
+SELECT * FROM ledgerflow.bulk_actions
+ WHERE state = 'running' AND updated_at < now() - make_interval(secs => %(idle_seconds)s)
+ ORDER BY updated_at
+ LIMIT %(limit)s

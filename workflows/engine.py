@@ -545,13 +545,17 @@ class Engine:
         tenant: str = "default",
         actor: str = "operator",
         parent_run_id: uuid.UUID | None = None,
+        idempotency_key: str | None = None,
     ) -> RunState:
         """Pause the run: it starts no new node until `resume`. Its running nodes finish (their successors
         wait), or, with `interrupt_running`, stop at their next context call and are handed back, to go on
         from their checkpoints once resumed. Pausing a paused run changes nothing (unless it now interrupts
-        nodes the first pause let run). An ended run, or one being cancelled, raises RunStateError."""
+        nodes the first pause let run). An ended run, or one being cancelled, raises RunStateError. With
+        `idempotency_key`, the pause is recorded under it: a repeat does nothing (even after a resume)."""
 
         def attempt() -> None:
+            if self._repeated(idempotency_key, tenant):
+                return
             run = self.load(run_id, tenant=tenant)
             if not run.active:
                 raise RunStateError(f"run {run_id} already {run.status}; nothing to pause")
@@ -573,7 +577,12 @@ class Engine:
                     **({"parent_run_id": str(parent_run_id)} if parent_run_id is not None else {}),
                 )
                 self.store.append(
-                    ev.run_stream(run_id), [paused], expected_version=run.version, tenant=tenant, conn=conn
+                    ev.run_stream(run_id),
+                    [paused],
+                    expected_version=run.version,
+                    idempotency_key=idempotency_key,
+                    tenant=tenant,
+                    conn=conn,
                 )
             log.info(
                 "workflow_paused",
@@ -594,13 +603,16 @@ class Engine:
         tenant: str = "default",
         actor: str = "operator",
         parent_run_id: uuid.UUID | None = None,
+        idempotency_key: str | None = None,
     ) -> RunState:
         """Resume a paused run where it was: its ready nodes are claimable again (in their old place), its
         nodes handed back by the pause go on from their checkpoints; completed nodes and memoized steps are
         never run again. Resuming a run that is not paused changes nothing; an ended run raises
-        RunStateError."""
+        RunStateError. With `idempotency_key`, the resume is recorded under it: a repeat does nothing."""
 
         def attempt() -> None:
+            if self._repeated(idempotency_key, tenant):
+                return
             run = self.load(run_id, tenant=tenant)
             if not run.active:
                 raise RunStateError(f"run {run_id} already {run.status}; nothing to resume")
@@ -616,7 +628,12 @@ class Engine:
                     **({"parent_run_id": str(parent_run_id)} if parent_run_id is not None else {}),
                 )
                 self.store.append(
-                    ev.run_stream(run_id), [resumed], expected_version=run.version, tenant=tenant, conn=conn
+                    ev.run_stream(run_id),
+                    [resumed],
+                    expected_version=run.version,
+                    idempotency_key=idempotency_key,
+                    tenant=tenant,
+                    conn=conn,
                 )
             log.info("workflow_resumed", run_id=str(run_id), ready=ready, actor=actor)
 

@@ -113,6 +113,13 @@ class RunState:
     signals_taken: set[int] = field(default_factory=set)
     #: The run's tags (workflows.tags): its start's, then its RunTagged events' changes.
     tags: dict[str, str] = field(default_factory=dict)
+    #: The run whose node started this one (a child run), with its node and parent-close policy; None for
+    #: every other run.
+    parent: ev.ParentLink | None = None
+
+    @property
+    def parent_run_id(self) -> uuid.UUID | None:
+        return uuid.UUID(self.parent.run_id) if self.parent is not None else None
 
     def node(self, name: str) -> NodeState:
         if name not in self.nodes:
@@ -217,6 +224,7 @@ def _run_started(run: RunState, e: ev.RunStarted, at: datetime) -> None:
     run.workflow_version = str(e.version)
     run.priority = e.priority
     run.tags = dict(e.tags)
+    run.parent = e.parent
     run.started_at = at
     for name in [*e.nodes, *e.fingerprints]:
         _touched(run, name, at)

@@ -42,7 +42,8 @@ from workflows.scheduler import NodeStatus
 log = structlog.get_logger(__name__)
 Q = load_queries("workflows", "snapshots.sql")
 # 2: a node's held bytes (format 1 had none; its rows are left unread and replaced).
-FORMAT = 2
+# 3: the run's parent link (format 2 had none, so a child's would read as no parent: left unread, replaced).
+FORMAT = 3
 #: Events read at a time.
 PAGE = 5000
 
@@ -151,6 +152,7 @@ def to_json(run: RunState) -> str:
             "signals": [[s.name, _at(s.at), s.version] for s in run.signals],
             "signals_taken": sorted(run.signals_taken),
             "tags": _pairs(run.tags),
+            "parent": run.parent.model_dump() if run.parent is not None else None,
         }
     )
 
@@ -184,6 +186,7 @@ def from_json(run_id: uuid.UUID, tenant: str, text: str) -> RunState | None:
         signals_taken=set(d["signals_taken"]),
         # Absent from snapshots written before runs had tags, when no run had any.
         tags=dict(d.get("tags", [])),
+        parent=ev.ParentLink.model_validate(d["parent"]) if d["parent"] is not None else None,
     )
 
 

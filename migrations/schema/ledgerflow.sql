@@ -2213,6 +2213,12 @@ CREATE INDEX api_tokens_by_tenant ON ledgerflow.api_tokens USING btree (tenant, 
 CREATE INDEX bulk_actions_by_tenant ON ledgerflow.bulk_actions USING btree (tenant, created_at DESC);
 
 --
+-- Name: bulk_actions_running; Type: INDEX; Schema: ledgerflow; Owner: -
+--
+
+CREATE INDEX bulk_actions_running ON ledgerflow.bulk_actions USING btree (updated_at) WHERE (state = 'running'::text);
+
+--
 -- Name: events_p000001_stream_version_unique; Type: INDEX; Schema: ledgerflow; Owner: -
 --
 

@@ -30,6 +30,7 @@ from ops.api import (
     workflows,
 )
 from ops.api.authn import AuthenticateFirstMiddleware
+from ops.api.bulk_resume import BulkResumer
 from ops.api.deps import SECURITY_SCHEME
 from ops.api.docs import mount_docs
 from ops.api.errors import COMMON_RESPONSES
@@ -54,6 +55,7 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
     threads and waits for running jobs when it shuts down."""
     settings = settings or ApiSettings()
     jobs = BackgroundJobs(settings.api_job_threads, settings.api_max_queued_jobs)
+    resumer = BulkResumer(services, jobs)  # bulk actions whose process was killed
     waiters = ProjectionWaiters(
         services.store,
         max_waiters=settings.max_projection_waiters,
@@ -82,6 +84,7 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
         waiters.start()
         tokens.start()
         monitor.start()
+        resumer.start()
         # The first probe answers from a check, not from "not checked yet".
         await asyncio.to_thread(monitor.wait_checked, settings.probe_timeout + 1)
         try:
@@ -91,6 +94,7 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
             await waiters.stop()
             await tokens.stop()
             await asyncio.to_thread(monitor.stop)
+            await asyncio.to_thread(resumer.stop)
             jobs.shutdown()
             log.info("api_stopped")
 

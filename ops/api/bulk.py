@@ -1,5 +1,6 @@
-"""Bulk operator actions on runs: `POST /api/v1/runs/bulk/{kind}` (cancel, retry: the kinds of
-`workflows.BULK_KINDS`) over every run of the tenant a filter keeps, and `GET /api/v1/runs/bulk/{id}`.
+"""Bulk operator actions on runs: `POST /api/v1/runs/bulk/{kind}` (cancel, retry, pause, resume: the
+kinds of `workflows.BULK_KINDS`) over every run of the tenant a filter keeps, and
+`GET /api/v1/runs/bulk/{id}`.
 
 A request with `dry_run` only counts the runs. Otherwise the action is recorded at once and answered with
 202 and its record; it is worked in the background (the tenant's job lane, see ops.api.jobs), and its
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from eventstore.spi import wrap_exceptions
 from ops.api.deps import JobsDep, Operator, Reader, ServicesDep
 from ops.api.errors import NOT_FOUND
+from ops.api.run_search import RunStatus
 from workflows import (
     BULK_KINDS,
     BulkAction,
@@ -42,9 +44,7 @@ class BulkRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    status: list[Literal["running", "succeeded", "failed", "cancelled"]] = Field(
-        default_factory=list, max_length=_MAX_REPEATS
-    )
+    status: list[RunStatus] = Field(default_factory=list, max_length=_MAX_REPEATS)
     workflow: str | None = Field(default=None, max_length=63)
     version: str | None = Field(default=None, max_length=63)
     tag: list[str] = Field(default_factory=list, max_length=_MAX_REPEATS, description="`KEY=VALUE` each.")

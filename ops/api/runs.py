@@ -73,10 +73,19 @@ class ReleasedOut(BaseModel):
     actor: str | None = Field(description="Who released it (a retention pass: `bulk:<action id>`).")
 
 
+class ParentOut(BaseModel):
+    run_id: uuid.UUID = Field(description="The parent run.")
+    node: str = Field(description="The parent's node that started this run.")
+    parent_close: str = Field(description="What this run does when its parent is cancelled, fails or pauses.")
+
+
 class RunDetailOut(BaseModel):
     run_id: uuid.UUID
     workflow: str
     key: str | None
+    parent: ParentOut | None = Field(
+        default=None, description="The run whose node started this one (a child run); null otherwise."
+    )
     triggered_by: TriggeredByOut | None = Field(
         default=None,
         description="The log event whose arrival started the run (a trigger) and its cursor; null otherwise.",
@@ -178,6 +187,7 @@ def run_detail(run: RunState, services: Services, principal: Principal) -> RunDe
         run_id=run.run_id,
         workflow=run.workflow,
         key=run.key,
+        parent=ParentOut(**run.parent.model_dump()) if run.parent is not None else None,
         triggered_by=TriggeredByOut(**run.triggered_by.model_dump())
         if run.triggered_by is not None
         else None,

@@ -1,6 +1,7 @@
 """`ledgerflow workflows bulk KIND [filters]`: an operator action over every run the `list` filters keep
-(cancel, retry: one command per kind of `workflows.BULK_KINDS`), recorded, with a dry run and progress;
-`bulk show ID` and `bulk continue ID` (work an action that stopped, e.g. with its process killed)."""
+(cancel, retry, pause, resume: one command per kind of `workflows.BULK_KINDS`), recorded, with a dry run
+and progress; `bulk show ID` and `bulk continue ID` (work an action that stopped, e.g. with its process
+killed)."""
 
 from __future__ import annotations
 

@@ -224,6 +224,12 @@ def show(ctx: click.Context, run_id: str, tenant: str, as_json: bool, outputs: b
         f"{' (cancel requested)' if run.cancel_requested and run.active else ''}",
         highlight=False,
     )
+    if run.parent is not None:
+        console.print(
+            f"child of run {run.parent.run_id} (its node {run.parent.node}; "
+            f"on the parent's end: {run.parent.parent_close})",
+            highlight=False,
+        )
     if run.triggered_by is not None:
         by = run.triggered_by
         console.print(
@@ -307,6 +313,7 @@ def run_as_dict(run: RunState) -> dict[str, Any]:
         "workflow": run.workflow,
         "key": run.key,
         "triggered_by": run.triggered_by.model_dump() if run.triggered_by is not None else None,
+        "parent": run.parent.model_dump() if run.parent is not None else None,
         "priority": run.priority,
         "status": run.status,
         "cancel_requested": run.cancel_requested,

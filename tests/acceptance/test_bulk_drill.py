@@ -126,3 +126,25 @@ def test_dry_run_confirmation_and_limit(database_url: str) -> None:
         assert done.returncode == 0, done.stderr
         assert "3 done" in done.stdout
         assert all(engine.load(r).status == "cancelled" for r in runs)
+
+
+def test_bulk_pause_and_resume_from_the_cli(database_url: str) -> None:
+    with open_store(Settings(database_url=database_url)) as store:
+        engine = Engine(store, registry)
+        runs = [engine.start("linear", input=None, tags={"batch": "p"}).run_id for _ in range(3)]
+        other = engine.start("linear", input=None, tags={"batch": "o"}).run_id
+        _project(store)
+        paused = run_cli(database_url, "workflows", "bulk", "pause", "--tag", "batch=p", "--yes", **FLOWS)
+        assert paused.returncode == 0, paused.stderr
+        assert "3 done" in paused.stdout
+        assert all(engine.load(r).paused for r in runs)
+        assert not engine.load(other).paused
+        _project(store)
+        dry = run_cli(database_url, "workflows", "bulk", "resume", "--status", "paused", "--dry-run", **FLOWS)
+        assert "would touch 3 runs" in dry.stdout, dry.stderr
+        resumed = run_cli(
+            database_url, "workflows", "bulk", "resume", "--status", "paused", "--yes", "--json", **FLOWS
+        )
+        assert resumed.returncode == 0, resumed.stderr
+        assert (json.loads(resumed.stdout)["kind"], json.loads(resumed.stdout)["done"]) == ("resume", 3)
+        assert all(engine.load(r).status == "running" for r in runs)

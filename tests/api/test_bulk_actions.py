@@ -1,6 +1,6 @@
-"""Bulk cancel and retry over HTTP: a dry run counts, an action is recorded at once (202) and worked in
-the background, its progress read by id; the limit is a 422 that records nothing; a reader may not act;
-another tenant neither sees the action nor has its runs touched."""
+"""Bulk cancel, retry, pause and resume over HTTP: a dry run counts, an action is recorded at once (202)
+and worked in the background, its progress read by id; the limit is a 422 that records nothing; a reader
+may not act; another tenant neither sees the action nor has its runs touched."""
 
 from __future__ import annotations
 
@@ -84,3 +84,35 @@ def test_more_runs_than_the_limit_is_a_422_that_records_nothing(
     with services.store.pool.connection() as conn:
         assert conn.execute("SELECT count(*) FROM ledgerflow.bulk_actions").fetchone() == (0,)
     assert all(status_of(client, acme, r) == "running" for r in runs)
+
+
+def test_bulk_pause_then_bulk_resume_of_the_paused_runs_over_http(
+    client: TestClient, make_token: MakeToken, services: Services
+) -> None:
+    acme = make_token("operate", "read")
+    chosen = [start(client, acme, tags={"batch": "p"}) for _ in range(3)]
+    kept = start(client, acme, tags={"batch": "q"})
+    project = ProjectorWorker(services.store, services.projections).run_until_caught_up
+
+    def act(kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        accepted = client.post(f"/api/v1/runs/bulk/{kind}", json=body, headers=acme)
+        assert accepted.status_code == 202, accepted.text
+        action_id = accepted.json()["id"]
+
+        def ended() -> dict[str, Any] | None:
+            value: dict[str, Any] = client.get(f"/api/v1/runs/bulk/{action_id}", headers=acme).json()
+            return value if value["state"] != "running" else None
+
+        return wait_until(ended, what=f"the bulk {kind}'s end")
+
+    project()
+    paused = act("pause", {"tag": ["batch=p"]})
+    assert (paused["kind"], paused["done"], paused["skipped"]) == ("pause", 3, 0)
+    assert [status_of(client, acme, r) for r in [*chosen, kept]] == ["paused"] * 3 + ["running"]
+    project()
+    wanted = {"status": ["paused"]}
+    dry = client.post("/api/v1/runs/bulk/resume", json={**wanted, "dry_run": True}, headers=acme)
+    assert dry.json()["matched"] == 3
+    resumed = act("resume", wanted)
+    assert (resumed["done"], resumed["skipped"]) == (3, 0)
+    assert all(status_of(client, acme, r) == "running" for r in chosen)

@@ -13,6 +13,7 @@ from projector import ProjectorWorker
 from tests.api.helpers import Headers, event_count
 from tests.waiting import wait_until
 from workflows import WorkerSettings, WorkflowWorker
+from workflows.events import ParentLink
 from workflows.testing import running_worker
 
 
@@ -124,6 +125,18 @@ def test_run_detail_has_every_node_and_the_dag(client: TestClient, admin: Header
     ]
     node = run["nodes"][0]
     assert set(node) >= {"status", "attempt", "progress", "error", "generation", "checkpoints", "depends_on"}
+    assert run["parent"] is None
+
+
+def test_a_child_run_names_its_parent(client: TestClient, admin: Headers, services: Services) -> None:
+    parent = start(client, admin, "diamond")
+    link = ParentLink(run_id=parent, node="source", parent_close="abandon")
+    child = services.engine.start("diamond", input=None, parent=link, tenant="acme").run_id
+    assert detail(client, admin, str(child))["parent"] == {
+        "run_id": parent,
+        "node": "source",
+        "parent_close": "abandon",
+    }
 
 
 def test_a_finished_run_shows_progress_attempts_and_generations(

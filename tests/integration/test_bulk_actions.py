@@ -1,5 +1,6 @@
-"""Bulk operator actions: cancel and retry every run a filter keeps, recorded, bounded, tenant-scoped and
-idempotent: a run is acted on once however often (or however concurrently) the action is worked."""
+"""Bulk operator actions: cancel, retry, pause and resume every run a filter keeps, recorded, bounded,
+tenant-scoped and idempotent: a run is acted on once however often (or however concurrently) the action is
+worked."""
 
 from __future__ import annotations
 
@@ -146,6 +147,33 @@ def test_a_bulk_retry_retries_each_run_once_even_when_resumed_after_acting_but_b
     assert events_of(store, newest, ev.RUN_RETRIED) == 1
 
 
+def test_a_bulk_pause_then_a_bulk_resume_of_the_paused_runs_each_once(
+    store: EventStore, engine: Engine
+) -> None:
+    chosen, others = start(engine, "a", 4), start(engine, "b", 2)
+    engine.cancel(chosen[0])  # ended: no pause for it
+    project(store)
+    paused = create_bulk_action(store, kind="pause", tenant="default", filter=BATCH_A, actor="test")
+    # A crash after one run's pause committed and before its outcome was counted: met again, done once.
+    engine.pause(chosen[1], actor=f"bulk:{paused.id}", idempotency_key=f"bulk:{paused.id}:{chosen[1]}")
+    ended = run_bulk_action(engine, paused.id, tenant="default")
+    assert (ended.done, ended.failed, ended.skipped) == (3, 0, 1)
+    assert [events_of(store, r, ev.RUN_PAUSED) for r in chosen] == [0, 1, 1, 1]
+    assert all(engine.load(r).paused for r in chosen[1:])
+    assert not any(engine.load(r).paused for r in others)
+    project(store)
+    wanted = RunFilter(tags=(("batch", "a"),), statuses=("paused",))
+    assert plan_bulk(store, kind="resume", tenant="default", filter=wanted).matched == 3
+    resumed = create_bulk_action(store, kind="resume", tenant="default", filter=wanted, actor="test")
+    ended = run_bulk_action(engine, resumed.id, tenant="default")
+    assert (ended.done, ended.failed, ended.skipped) == (3, 0, 0)
+    assert [events_of(store, r, ev.RUN_RESUMED) for r in chosen] == [0, 1, 1, 1]
+    assert all(engine.load(r).status == "running" for r in chosen[1:])
+    # A pause repeated under its key does nothing, even though the run was resumed since.
+    engine.pause(chosen[1], idempotency_key=f"bulk:{paused.id}:{chosen[1]}")
+    assert not engine.load(chosen[1]).paused
+
+
 def test_runs_that_do_not_allow_the_action_are_skipped(store: EventStore, engine: Engine) -> None:
     chosen = start(engine, "a", 3)
     project(store)
@@ -190,10 +218,11 @@ def test_more_matching_runs_than_the_limit_are_refused_and_nothing_is_recorded(
 
 @settings(max_examples=15, deadline=None)
 @given(bulk_fleets())
-def test_a_bulk_cancel_touches_exactly_the_runs_its_filter_selects(
-    store: EventStore, engine: Engine, fleet: tuple[list[tuple[str, str, bool]], Any]
+def test_a_bulk_action_touches_exactly_the_runs_its_filter_selects(
+    store: EventStore, engine: Engine, fleet: tuple[list[tuple[str, str, bool]], Any, str]
 ) -> None:
-    runs, (team, env, running_only) = fleet
+    runs, (team, env, running_only), kind = fleet
+    event_type = {"cancel": ev.RUN_CANCEL_REQUESTED, "pause": ev.RUN_PAUSED}[kind]
     tenant = f"t{uuid.uuid4().hex[:12]}"  # each example in a tenant of its own
     started = []
     for run_team, run_env, cancelled in runs:
@@ -206,7 +235,7 @@ def test_a_bulk_cancel_touches_exactly_the_runs_its_filter_selects(
     project(store)
     tags = tuple((k, v) for k, v in (("team", team), ("env", env)) if v is not None)
     wanted = RunFilter(tags=tags, statuses=("running",) if running_only else ())
-    action = create_bulk_action(store, kind="cancel", tenant=tenant, filter=wanted, actor="property")
+    action = create_bulk_action(store, kind=kind, tenant=tenant, filter=wanted, actor="property")
     ended = run_bulk_action(engine, action.id, tenant=tenant)
     selected = {
         r
@@ -218,8 +247,10 @@ def test_a_bulk_cancel_touches_exactly_the_runs_its_filter_selects(
         by_action = [
             e
             for e in store.read_stream(ev.run_stream(run_id), tenant=tenant)
-            if e.type == ev.RUN_CANCEL_REQUESTED and e.data.get("actor") == f"bulk:{action.id}"
+            if e.type in (ev.RUN_CANCEL_REQUESTED, ev.RUN_PAUSED)
+            and e.data.get("actor") == f"bulk:{action.id}"
         ]
-        # A run the filter keeps that was cancelled before is skipped, not cancelled again.
+        assert all(e.type == event_type for e in by_action)
+        # A run the filter keeps that was cancelled before is skipped, not acted on.
         assert len(by_action) == (1 if run_id in selected and not cancelled else 0)
     assert ended.skipped == sum(1 for r, *_, c in started if r in selected and c)

@@ -60,6 +60,11 @@ def test_cancelling_a_run_cancels_three_levels_of_children(engine: Engine, worke
     wait_until(
         lambda: engine.load(grandchild).node("spawn").status == "waiting", what="the grandchild waiting"
     )
+    # Each child's state names its parent (the link its start recorded); the root has none.
+    assert (engine.load(root).parent_run_id, engine.load(grandchild).parent_run_id) == (None, child)
+    link = engine.load(child).parent
+    assert link is not None
+    assert (link.run_id, link.parent_close) == (str(root), "cancel")
     engine.cancel(root)
     for run_id in (root, child, grandchild):
         run = wait_until(

@@ -1,6 +1,8 @@
 // #/runs: runs from the run table projection, filtered (status, workflow, tags, start time, parent run), a page
-// at a time by the API's keyset cursor (Next / First page), and a form to start one (with tags).
+// at a time by the API's keyset cursor (Next / First page), a bulk action over every run the filter keeps
+// (bulk.js), and a form to start one (with tags).
 import { get, h, poll, post, query, showError, statusBadge, when } from "./api.js";
+import { bulkPanel } from "./bulk.js";
 
 export function render(root) {
   const filter = h("form", { id: "runs-filter", class: "row" },
@@ -16,7 +18,8 @@ export function render(root) {
   const first = h("button", { id: "runs-first", class: "secondary", type: "button", disabled: true }, "First page");
   const next = h("button", { id: "runs-next", class: "secondary", type: "button", disabled: true }, "Next page");
   const start = startForm();
-  root.append(h("section", {}, h("h2", {}, "Runs"), filter, table, h("div", { class: "pager" }, first, next)),
+  const bulk = bulkPanel(() => bulkFilter(new FormData(filter)));
+  root.append(h("section", {}, h("h2", {}, "Runs"), filter, table, h("div", { class: "pager" }, first, next), bulk.el),
     h("section", {}, h("h2", {}, "Start a run"), start));
 
   let stop = null;
@@ -47,7 +50,17 @@ export function render(root) {
     start.workflow.replaceChildren(...opts("choose a workflow"));
   }).catch(() => {});
   refresh();
-  return () => stop && stop();
+  return () => { if (stop) stop(); bulk.stop(); };
+}
+
+// The filter form as a bulk action's filter (the body of POST /runs/bulk/{kind}).
+function bulkFilter(f) {
+  const body = { tag: f.get("tags").split(/[\s,]+/).filter(Boolean) };
+  if (f.get("status")) body.status = [f.get("status")];
+  if (f.get("workflow")) body.workflow = f.get("workflow");
+  if (f.get("parent").trim()) body.parent = f.get("parent").trim();
+  if (f.get("since")) body.started_after = new Date(f.get("since")).toISOString();
+  return body;
 }
 
 // The API's query for the filter form: tags as repeated `tag=KEY=VALUE`, the start time in UTC.
