@@ -238,9 +238,14 @@ def _record_run(
         return run_id
 
 
-def _live_cursor(store: EventStore, projection: Projection) -> Cursor:
-    """The projection's cursor (of a partitioned one: its lowest segment's)."""
+def _live_cursor(store: EventStore, projection: Projection, *, highest: bool = False) -> Cursor:
+    """The projection's cursor (of a partitioned one: its lowest segment's, or with `highest` its
+    highest's: how far any of its rows got)."""
     with store.pool.connection() as conn:
+        if highest and projection.partitions > 1:
+            segments = state.segment_cursors(conn, projection.name)
+            if segments:
+                return max(segments.values())
         return projection_cursor(conn, projection) or Cursor()
 
 
@@ -334,7 +339,7 @@ def start_replay(
         if after is None:
             raise NotFoundError(f"no event was recorded at or after {since.isoformat()}; nothing to replay")
     assert after is not None
-    live = _live_cursor(store, projection)
+    live = _live_cursor(store, projection, highest=True)
     if after >= live:
         raise InvalidInputError(
             f"cursor {after} is not behind the projection's cursor {live}; nothing to replay"

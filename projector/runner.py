@@ -7,6 +7,7 @@ rolls all three back together; a second applier of the same batch fails the comp
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,8 @@ from projector.projection import ApplyContext, Projection
 from projector.segments import Unit
 
 log = structlog.get_logger(__name__)
+#: How often an idle segment writes how far it has read (see `_step`).
+_IDLE_WRITE_INTERVAL = 1.0
 _tracer = trace.get_tracer("ledgerflow.projector")
 _events_projected = metrics.get_meter("ledgerflow.projector").create_counter(
     "ledgerflow.events.projected", description="Events applied to projections"
@@ -87,6 +90,7 @@ class LiveRunner:
         self._catch_up_target: Cursor | None = catch_up_run[1] if catch_up_run else None
         self._replay: tuple[int, Cursor | None] | None = None
         self._failures: list[state.Failure] | None = None
+        self._next_idle_write = 0.0
         self._reload()
 
     def _open_failures(self) -> list[state.Failure]:
@@ -154,7 +158,17 @@ class LiveRunner:
                 self._moved()
                 return StepResult(applied=0, caught_up=False)
             # Nothing to apply up to the horizon: read from there next time. The jump is not written to
-            # the cursor row; that would be a write per idle poll.
+            # the cursor row; that would be a write per idle poll. A segment writes it at most once a
+            # second: its cursor says how far the projection got, and a segment whose streams are quiet
+            # would otherwise hold the projection's (lowest) cursor back for ever.
+            segment_idle = self.unit.segment is not None and page.cursor > self._db_cursor
+            if segment_idle and time.monotonic() >= self._next_idle_write:
+                self._next_idle_write = time.monotonic() + _IDLE_WRITE_INTERVAL
+                try:
+                    self._commit([], page.cursor, {})
+                except _CursorMoved:
+                    self._moved()
+                    return StepResult(applied=0, caught_up=False)
             self._read_cursor = page.cursor
             self._finish_catch_up_if(page.caught_up)
             self._check_replay_done()  # a replay over a range with nothing left to re-apply is done

@@ -50,8 +50,6 @@ _HORIZON_RECHECK_MAX = 0.05
 _FAILED_RETRY_MIN = 0.5
 #: ...doubling up to this.
 _FAILED_RETRY_MAX = 30.0
-#: How often a worker looks at the spread of partitioned projections' segments over the live workers.
-_BALANCE_INTERVAL = 0.5
 
 
 @dataclass(frozen=True)
@@ -66,6 +64,9 @@ class WorkerSettings:
     #: On stop, how long releasing the leases (and closing their runs) may wait for the database; skipped
     #: after that: the leases lapse by themselves, and a standby takes over.
     shutdown_database_timeout: float = 3.0
+    #: How often a worker looks at the spread of partitioned projections' segments over the live workers
+    #: (one query of the leases and of the connected workers), and takes or hands over segments.
+    balance_interval: float = 0.5
 
 
 def _cursor_of(conn: psycopg.Connection[Any], name: str) -> Cursor:
@@ -306,12 +307,12 @@ class ProjectorWorker:
         The share is ceil(segments / live projector workers), the workers counted by their listening
         connections (`state.live_workers`). A segment free for longer than a lease's TTL is taken whatever
         the share, so no segment waits for ever on workers that are not running its projection. Looked at
-        every `_BALANCE_INTERVAL` seconds; in between, nothing is taken."""
+        every `balance_interval` seconds; in between, nothing is taken."""
         partitioned = [p for p in self.projections.values() if p.partitions > 1]
         now = time.monotonic()
         if not partitioned or now < self._next_balance or self.stopping.is_set():
             return set()
-        self._next_balance = now + _BALANCE_INTERVAL
+        self._next_balance = now + self.settings.balance_interval
         wanted: set[str] = set()
         with self.store.pool.connection() as conn:
             live = max(1, state.live_workers(conn, self._listener_name))
