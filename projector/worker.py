@@ -94,6 +94,7 @@ class ProjectorWorker:
         #: What leases cover, by key: each projection, or each segment of a partitioned one.
         self._units: dict[str, Unit] = {u.key: u for p in projections for u in units_of(p)}
         self._next_balance = 0.0
+        self._began = time.monotonic()
         self.settings = settings or WorkerSettings()
         self.id = worker_id or new_worker_id()
         self.stopping = threading.Event()
@@ -328,7 +329,10 @@ class ProjectorWorker:
                 key = Unit(p, k).key
                 if key in self._leases or (lease is not None and lease.alive):
                     continue
-                if room > 0 or lease is None or lease.lapsed_for > self.settings.lease_ttl:
+                # Free for longer than a lease lasts (or never taken since this worker began): nobody
+                # with room wants it, so it is taken beyond the share rather than left unapplied.
+                lapsed_for = now - self._began if lease is None else lease.lapsed_for
+                if room > 0 or lapsed_for > self.settings.lease_ttl:
                     wanted.add(key)
                     room -= 1
         return wanted
