@@ -96,6 +96,8 @@ RETURNING s.version - %(count)s AS base
 -- partition's index per event, not also that of the full partition before the head's or of the empty one
 -- kept ahead (bench/log_size.py: 4 buffers an event at 100,000 events and at 10 million, where it was 6
 -- and 9); so does a replay, but for the page that crosses from one partition into the next.
+-- %(partitions)s and %(segment)s (both NULL: every stream) keep one segment of a partitioned projection's
+-- streams (migration 0065); a step then passes over the other segments' events in the same index scan.
 -- Gap-free still: the page reads only events below the horizon, which no later commit can add to, so all
 -- of them are visible to the statement snapshot that found the floor and the run; an event committed
 -- later, wherever it lies, is found by the next page's.
@@ -165,6 +167,8 @@ WITH RECURSIVE firsts AS MATERIALIZED (
              AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s::text)
              AND (%(types)s::text[] IS NULL OR e.event_type = ANY (%(types)s::text[]))
              AND (%(categories)s::text[] IS NULL OR e.category = ANY (%(categories)s::text[]))
+             AND (%(partitions)s::integer IS NULL
+                  OR ledgerflow.stream_segment(e.stream_id, %(partitions)s::integer) = %(segment)s::integer)
            ORDER BY e.transaction_id, e.position
            LIMIT 1
      ) e ON true

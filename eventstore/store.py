@@ -724,6 +724,7 @@ class EventStore:
         max_bytes: int | None = None,
         conn: psycopg.Connection[Any] | None = None,
         upcast: bool = True,
+        segment: tuple[int, int] | None = None,
     ) -> ReadPage:
         """The next events of the global log after `after`, in resume order, gap-free.
 
@@ -733,8 +734,11 @@ class EventStore:
         `max_page_bytes`), always with at least one event; such a page is not `caught_up`. A page may
         also be empty and not `caught_up`: the transaction at the horizon ended while it was read, so more
         may be readable at once. Events come in their type's latest shape unless `upcast=False`.
+        `segment=(k, n)` reads only the streams whose segment of `n` is `k` (migration 0065).
         """
-        rows, cursor, caught_up = self._read_all(after, limit, tenant, types, categories, max_bytes, conn)
+        rows, cursor, caught_up = self._read_all(
+            after, limit, tenant, types, categories, max_bytes, conn, segment
+        )
         return ReadPage(tuple(self._shaped([_recorded(r[2:]) for r in rows], upcast)), cursor, caught_up)
 
     def read_all_encoded(
@@ -764,6 +768,7 @@ class EventStore:
         categories: Sequence[str] | None,
         max_bytes: int | None,
         conn: psycopg.Connection[Any] | None,
+        segment: tuple[int, int] | None = None,
     ) -> tuple[list[Any], Cursor, bool]:
         """The page's event rows (horizon, whether its transaction had ended, running size, then the
         event's columns), where to resume, and whether the reader is caught up."""
@@ -779,6 +784,8 @@ class EventStore:
             "categories": list(categories) if categories is not None else None,
             "limit": limit,
             "max_bytes": budget,
+            "segment": None if segment is None else segment[0],
+            "partitions": None if segment is None else segment[1],
         }
         with wrap_exceptions(), self._connection(conn) as c:
             rows = c.execute(Q["read_all"], params).fetchall()

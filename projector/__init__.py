@@ -7,7 +7,7 @@ require_ledgerflow_packages("eventstore")
 
 from projector.catalogue import stream_catalogue  # noqa: E402
 from projector.errors import RunInProgressError  # noqa: E402
-from projector.health import ProjectionHealth, projection_health  # noqa: E402
+from projector.health import ProjectionHealth, SegmentHealth, projection_health  # noqa: E402
 from projector.listener import ProjectionWaiters, TooManyWaitersError  # noqa: E402
 from projector.projection import ApplyContext, Projection, Table  # noqa: E402
 from projector.rebuild import (  # noqa: E402
@@ -26,6 +26,7 @@ from projector.rebuild import (  # noqa: E402
 )
 from projector.registry import find, load_projections  # noqa: E402
 from projector.runner import LeaseLost, RetrySettings  # noqa: E402
+from projector.segments import PartitionsChangedError, stream_segment  # noqa: E402
 from projector.state import (  # noqa: E402
     Failure,
     Run,
@@ -46,6 +47,7 @@ __all__ = [
     "ApplyContext",
     "Failure",
     "LeaseLost",
+    "PartitionsChangedError",
     "PendingRun",
     "Projection",
     "ProjectionBehindError",
@@ -57,6 +59,7 @@ __all__ = [
     "RetrySettings",
     "Run",
     "RunInProgressError",
+    "SegmentHealth",
     "Table",
     "TooManyWaitersError",
     "TypeCount",
@@ -79,6 +82,7 @@ __all__ = [
     "start_replay",
     "start_verify",
     "stream_catalogue",
+    "stream_segment",
     "sweep_abandoned",
     "type_counts",
     "verify",

@@ -11,6 +11,17 @@ from eventstore.spi import wrap_exceptions
 from projector import state
 from projector.projection import Projection
 from projector.rebuild import sweep_abandoned
+from projector.segments import segment_key
+
+
+@dataclass(frozen=True)
+class SegmentHealth:
+    """One segment of a partitioned projection: where it stands and who applies it."""
+
+    segment: int
+    cursor: Cursor
+    owner: str | None
+    open_failures: int
 
 
 @dataclass(frozen=True)
@@ -26,10 +37,15 @@ class ProjectionHealth:
     owner: str | None
     open_failures: int
     last_run: str | None
+    #: 1 for an unpartitioned projection; then `segments` is empty. Of a partitioned one, `cursor` is the
+    #: lowest segment's and the lag counts from there (an upper bound), `owner` lists the segments' owners.
+    partitions: int = 1
+    segments: tuple[SegmentHealth, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["cursor"] = str(self.cursor)
+        d["segments"] = [{**asdict(g), "cursor": str(g.cursor)} for g in self.segments]
         return d
 
 
@@ -49,15 +65,21 @@ def projection_health(
         for p in projections:
             current = state.get_cursor(conn, p.name)
             cursor = current.cursor if current else Cursor()
+            segments = _segments(conn, p.name, tenant) if current and current.partitions > 1 else ()
+            if segments:
+                cursor = min(g.cursor for g in segments)
             lag = state.lag(conn, cursor, p.event_types)
             lease = state.lease_of(conn, p.name)
-            failures = state.open_failures(conn, p.name)
+            failures = state.projection_open_failures(conn, p.name)
             # A failure blocks every tenant's rows, so the state says "blocked" to all; the count (and
             # the failures an API lists) are the tenant's own.
             own = failures if tenant is None else [f for f in failures if f.tenant == tenant]
             runs = state.list_runs(conn, p.name, limit=5, tenant=tenant)
             active = {r.kind for r in runs if r.status == "running"}
             owner = lease.owner if lease and lease.alive else None
+            if segments:
+                owners = sorted({g.owner for g in segments if g.owner is not None})
+                owner = ", ".join(owners) if owners else None
             if current is None:
                 status = "new"
             elif any(f.policy == "block" and f.status == "open" for f in failures):
@@ -85,6 +107,21 @@ def projection_health(
                     owner=owner,
                     open_failures=len(own),
                     last_run=f"{last.kind} {last.status} #{last.id}" if last else None,
+                    partitions=current.partitions if current else p.partitions,
+                    segments=segments,
                 )
             )
     return found
+
+
+def _segments(conn: state.Conn, name: str, tenant: str | None) -> tuple[SegmentHealth, ...]:
+    cursors = state.segment_cursors(conn, name)
+    leases = state.segment_leases(conn, name)
+    found = []
+    for k, cursor in sorted(cursors.items()):
+        lease = leases.get(k)
+        failures = state.open_failures(conn, segment_key(name, k))
+        own = failures if tenant is None else [f for f in failures if f.tenant == tenant]
+        owner = lease.owner if lease is not None and lease.alive else None
+        found.append(SegmentHealth(k, cursor, owner, len(own)))
+    return tuple(found)

@@ -18,6 +18,8 @@ from psycopg import sql
 from eventstore import InvalidInputError, RecordedEvent
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+#: The most segments a projection may have (the cursor table's check says the same, migration 0065).
+MAX_PARTITIONS = 64
 
 FailurePolicy = Literal["block", "park"]
 EventHandler = Callable[["ApplyContext", RecordedEvent], None]
@@ -80,6 +82,10 @@ class Projection:
     #: replay may move the cursor back and let the live worker re-apply. A projection that cannot promise
     #: this (counters, inserts without upserts) is replayed by a shadow rebuild instead.
     replay_in_place: bool = False
+    #: Split the streams into this many segments, each applied under a lease of its own, so several
+    #: workers catch the projection up at once (`projector.segments`). Order is kept within a stream, not
+    #: between streams: a projection that needs the log's global order keeps 1. Changing it is a rebuild.
+    partitions: int = 1
     handlers: dict[str, EventHandler] = field(default_factory=dict)
     any_handler: EventHandler | None = None
     batch_handler: BatchHandler | None = None
@@ -89,6 +95,14 @@ class Projection:
             raise InvalidInputError(f"projection name {self.name!r} is invalid: use ^[a-z][a-z0-9_]{{0,40}}$")
         if not self.tables:
             raise InvalidInputError(f"projection {self.name!r} owns no tables")
+        if (
+            isinstance(self.partitions, bool)
+            or not isinstance(self.partitions, int)
+            or not 1 <= self.partitions <= MAX_PARTITIONS
+        ):
+            raise InvalidInputError(
+                f"partitions={self.partitions!r} of {self.name!r} is invalid: use 1 to {MAX_PARTITIONS}"
+            )
         for t in self.tables:
             if not NAME.match(t.name):
                 raise InvalidInputError(f"table name {t.name!r} of {self.name!r} is invalid")

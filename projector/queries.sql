@@ -1,12 +1,48 @@
 -- The projector's SQL. Every statement the projector package runs is here, named.
 
 -- name: ensure_cursor
-INSERT INTO ledgerflow.projection_cursors (projection, version) VALUES (%(projection)s, %(version)s)
+INSERT INTO ledgerflow.projection_cursors (projection, version, partitions)
+VALUES (%(projection)s, %(version)s, %(partitions)s)
 ON CONFLICT (projection) DO NOTHING
 
 -- name: get_cursor
-SELECT cursor_tx, cursor_position, version, events_applied
+SELECT cursor_tx, cursor_position, version, events_applied, partitions
   FROM ledgerflow.projection_cursors WHERE projection = %(projection)s
+
+-- name: segment_cursors
+-- The cursor rows of a partitioned projection's segments (keys `<projection>#<k>`, migration 0065).
+SELECT split_part(projection, '#', 2)::integer AS segment, cursor_tx, cursor_position
+  FROM ledgerflow.projection_cursors
+ WHERE left(projection, length(%(projection)s) + 1) = %(projection)s || '#'
+ ORDER BY 1
+
+-- name: lock_segment_cursors
+-- Taken by a swap or a verify right after the projection's own row, in segment order: each live batch
+-- holds one segment's row only, so the two queue and never deadlock. Once held, no segment moves.
+SELECT split_part(projection, '#', 2)::integer AS segment, cursor_tx, cursor_position
+  FROM ledgerflow.projection_cursors
+ WHERE left(projection, length(%(projection)s) + 1) = %(projection)s || '#'
+ ORDER BY 1
+   FOR UPDATE
+
+-- name: set_partitions
+UPDATE ledgerflow.projection_cursors SET partitions = %(partitions)s WHERE projection = %(projection)s
+
+-- name: reset_segments
+-- A swap (holding every row of the projection) puts each segment of the new number at the swap's cursor
+-- and removes the rows of segments the new number no longer has.
+WITH wanted AS (
+    SELECT %(projection)s || '#' || k AS projection FROM generate_series(0, %(partitions)s - 1) k
+), gone AS (
+    DELETE FROM ledgerflow.projection_cursors c
+     WHERE left(c.projection, length(%(projection)s) + 1) = %(projection)s || '#'
+       AND c.projection NOT IN (SELECT projection FROM wanted)
+)
+INSERT INTO ledgerflow.projection_cursors AS c (projection, cursor_tx, cursor_position, version, partitions)
+SELECT projection, %(tx)s, %(position)s, %(version)s, %(partitions)s FROM wanted
+ON CONFLICT (projection) DO UPDATE
+   SET cursor_tx = excluded.cursor_tx, cursor_position = excluded.cursor_position,
+       version = excluded.version, partitions = excluded.partitions, updated_at = now()
 
 -- name: lock_cursor
 -- Taken first by every transaction that changes a projection's tables, so batches, swaps and replays
@@ -55,6 +91,19 @@ SELECT 1 FROM ledgerflow.projection_leases, set_config('idle_in_transaction_sess
 -- name: lease_of
 SELECT owner, epoch, expires_at > clock_timestamp(), heartbeat_at, expires_at
   FROM ledgerflow.projection_leases WHERE projection = %(projection)s
+
+-- name: segment_leases
+SELECT split_part(projection, '#', 2)::integer, owner, expires_at > clock_timestamp(),
+       extract(epoch FROM clock_timestamp() - expires_at)::float8
+  FROM ledgerflow.projection_leases
+ WHERE left(projection, length(%(projection)s) + 1) = %(projection)s || '#'
+ ORDER BY 1
+
+-- name: live_workers
+-- Projector workers connected now, counted by the name of their listening connection (one per worker
+-- process's worker, held for its whole life): what a worker divides a partitioned projection's segments by.
+SELECT count(*) FROM pg_stat_activity
+ WHERE datname = current_database() AND application_name = %(application_name)s
 
 -- name: start_run
 INSERT INTO ledgerflow.projection_runs
@@ -117,7 +166,8 @@ SELECT id, projection, kind, trigger, actor, owner, status, start_tx, start_posi
        target_tx, target_position, events_processed, started_at, heartbeat_at, ended_at, digest, error, tenant,
        events_total
   FROM ledgerflow.projection_runs
- WHERE (%(projection)s::text IS NULL OR projection = %(projection)s::text)
+ WHERE (%(projection)s::text IS NULL OR projection = %(projection)s::text
+        OR left(projection, length(%(projection)s::text) + 1) = %(projection)s::text || '#')
    AND (%(tenant)s::text IS NULL OR tenant IS NULL OR tenant = %(tenant)s::text)
  ORDER BY id DESC
  LIMIT %(limit)s
@@ -151,7 +201,8 @@ SELECT id, projection, event_position, event_tx, event_id, tenant, stream_id, st
 SELECT id, projection, event_position, event_tx, event_id, tenant, stream_id, stream_version, event_type,
        policy, status, error_class, error_message, attempts, first_seen, last_seen, resolved_at, resolved_by
   FROM ledgerflow.projection_failures
- WHERE (%(projection)s::text IS NULL OR projection = %(projection)s::text)
+ WHERE (%(projection)s::text IS NULL OR projection = %(projection)s::text
+        OR left(projection, length(%(projection)s::text) + 1) = %(projection)s::text || '#')
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
    AND (%(all)s OR status IN ('open', 'retry_requested', 'skip_requested'))
  ORDER BY id DESC
@@ -160,6 +211,20 @@ SELECT id, projection, event_position, event_tx, event_id, tenant, stream_id, st
 -- name: skipped_positions
 SELECT event_position FROM ledgerflow.projection_failures
  WHERE projection = %(projection)s AND status = 'skipped'
+
+-- name: projection_skipped_positions
+-- Of a projection and all its segments (a rebuild keeps every segment's skips).
+SELECT event_position FROM ledgerflow.projection_failures
+ WHERE (projection = %(projection)s OR left(projection, length(%(projection)s) + 1) = %(projection)s || '#')
+   AND status = 'skipped'
+
+-- name: projection_open_failures
+SELECT id, projection, event_position, event_tx, event_id, tenant, stream_id, stream_version, event_type,
+       policy, status, error_class, error_message, attempts, first_seen, last_seen, resolved_at, resolved_by
+  FROM ledgerflow.projection_failures
+ WHERE (projection = %(projection)s OR left(projection, length(%(projection)s) + 1) = %(projection)s || '#')
+   AND status IN ('open', 'retry_requested', 'skip_requested')
+ ORDER BY event_tx, event_position
 
 -- name: get_failure
 SELECT id, projection, event_position, event_tx, event_id, tenant, stream_id, stream_version, event_type,

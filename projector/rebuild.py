@@ -38,6 +38,7 @@ from projector import fences, state, tables
 from projector.digest import TableDifference, differing_rows, projection_digest
 from projector.errors import RunInProgressError, TablesBusyError, wrap_exceptions
 from projector.projection import Projection
+from projector.segments import check_partitions, ensure_cursors, projection_cursor
 from projector.shadow import Progress, ShadowBuild
 from projector.tenant_rebuild import replace_tenant_rows
 
@@ -180,6 +181,12 @@ def _check_scope(projection: Projection, tenant: str | None) -> None:
             f"projection {projection.name!r} is shared by every tenant, so it cannot be rebuilt, replayed "
             "or verified for one tenant; a server administrator can act on all of it"
         )
+    if tenant is not None and projection.partitions > 1:
+        raise InvalidInputError(
+            f"projection {projection.name!r} is partitioned ({projection.partitions} segments), so it is "
+            "rebuilt, replayed and verified whole, not one tenant at a time; a server administrator can act "
+            "on all of it"
+        )
 
 
 def _record_run(
@@ -197,7 +204,7 @@ def _record_run(
     with wrap_exceptions(), store.pool.connection() as conn:
         with conn.transaction():
             # A projection no worker has run yet still has tables to verify or replace.
-            state.ensure_cursor(conn, projection.name, projection.version)
+            ensure_cursors(conn, projection)
             tables.ensure_live_tables(conn, projection)
         sweep_abandoned(conn)
         for attempt in range(_START_ATTEMPTS):
@@ -231,10 +238,15 @@ def _record_run(
         return run_id
 
 
-def _live_cursor(store: EventStore, projection: Projection) -> Cursor:
+def _live_cursor(store: EventStore, projection: Projection, *, highest: bool = False) -> Cursor:
+    """The projection's cursor (of a partitioned one: its lowest segment's, or with `highest` its
+    highest's: how far any of its rows got)."""
     with store.pool.connection() as conn:
-        current = state.get_cursor(conn, projection.name)
-    return current.cursor if current else Cursor()
+        if highest and projection.partitions > 1:
+            segments = state.segment_cursors(conn, projection.name)
+            if segments:
+                return max(segments.values())
+        return projection_cursor(conn, projection) or Cursor()
 
 
 def start_rebuild(
@@ -327,14 +339,15 @@ def start_replay(
         if after is None:
             raise NotFoundError(f"no event was recorded at or after {since.isoformat()}; nothing to replay")
     assert after is not None
-    live = _live_cursor(store, projection)
+    live = _live_cursor(store, projection, highest=True)
     if after >= live:
         raise InvalidInputError(
             f"cursor {after} is not behind the projection's cursor {live}; nothing to replay"
         )
-    if not projection.replay_in_place:
+    if not projection.replay_in_place or projection.partitions > 1:
+        why = "is partitioned" if projection.replay_in_place else "cannot be replayed in place"
         note = (
-            f"{projection.name!r} cannot be replayed in place: rebuilt from the start of the log instead, "
+            f"{projection.name!r} {why}: rebuilt from the start of the log instead, "
             "which gives the state a replay would"
         )
         return start_rebuild(
@@ -439,14 +452,22 @@ def _swap(
     store: EventStore, projection: Projection, build: ShadowBuild, run_id: int, progress: Progress | None
 ) -> tuple[Cursor, str]:
     with wrap_exceptions(), store.pool.connection() as conn, conn.transaction():
-        # Cursor row first, tables second: the same order as a live batch, so the two queue.
+        # Cursor row first, tables second: the same order as a live batch, so the two queue. A partitioned
+        # projection's segment rows come right after its own, in segment order (each batch holds one).
         live_cursor, _ = state.lock_cursor(conn, projection.name)
+        segments = state.lock_segment_cursors(conn, projection.name)
+        live_cursor = max([live_cursor, *segments.values()])
         fences.lock_fences(conn, projection.name)
         tables.lock_live_tables(conn, projection, _SWAP_LOCK_TIMEOUT_MS)
         build.run_until(None, progress, conn)
         final = max(build.cursor, live_cursor)
         tables.swap_in_shadow(conn, projection, build.schema)
         state.set_cursor(conn, projection.name, final, projection.version)
+        # The tables now hold every segment's streams up to `final`, under the code's number of partitions.
+        state.set_partitions(conn, projection.name, projection.partitions)
+        if segments or projection.partitions > 1:
+            wanted = projection.partitions if projection.partitions > 1 else 0
+            state.reset_segments(conn, projection.name, wanted, final, projection.version)
         # A tenant being rebuilt meanwhile now has its rows at `final` too (its replacement builds on to it).
         fences.move_fences(conn, projection.name, final)
         digest = projection_digest(conn, projection, projection.schema)
@@ -473,7 +494,17 @@ def _verify(
         # The live cursor only moves forward under this lock (a replay or swap takes it too), and the
         # build never passes the target it is given, so both copies now stand at `live_cursor`.
         live_cursor, _ = state.lock_cursor(conn, projection.name)
-        if build.cursor > live_cursor:  # a replay moved the live cursor back meanwhile
+        floor = live_cursor
+        if projection.partitions > 1:
+            stored = state.get_cursor(conn, projection.name)
+            assert stored is not None
+            check_partitions(projection, stored)
+            # Each segment stands at its own cursor: the copy takes each stream's events up to its
+            # segment's, so both copies hold the same events.
+            segments = state.lock_segment_cursors(conn, projection.name)
+            floor, live_cursor = min(segments.values()), max(segments.values())
+            build.limit_to(segments, projection.partitions)
+        if build.cursor > floor:  # a replay moved the live cursor back meanwhile
             tables.recreate_schema(conn, projection, schema)
             build.cursor, build.events = Cursor(), 0
         build.run_until(live_cursor, progress, conn)

@@ -7,6 +7,7 @@ rolls all three back together; a second applier of the same batch fails the comp
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +21,11 @@ from eventstore import Cursor, EventStore, RecordedEvent
 from eventstore.spi import span_if_traced, wrap_exceptions
 from projector import fences, state
 from projector.projection import ApplyContext, Projection
+from projector.segments import Unit
 
 log = structlog.get_logger(__name__)
+#: How often an idle segment writes how far it has read (see `_step`).
+_IDLE_WRITE_INTERVAL = 1.0
 _tracer = trace.get_tracer("ledgerflow.projector")
 _events_projected = metrics.get_meter("ledgerflow.projector").create_counter(
     "ledgerflow.events.projected", description="Events applied to projections"
@@ -55,7 +59,8 @@ class StepResult:
 
 
 class LiveRunner:
-    """Moves one projection's live tables forward, batch by batch, while holding its lease."""
+    """Moves one projection's live tables forward, batch by batch, while holding its lease; or, with
+    `segment`, the rows of that segment's streams, holding that segment's lease (`projector.segments`)."""
 
     def __init__(
         self,
@@ -68,9 +73,13 @@ class LiveRunner:
         batch_size: int = 500,
         retry: RetrySettings | None = None,
         catch_up_run: tuple[int, Cursor] | None = None,
+        segment: int | None = None,
     ) -> None:
         self.store = store
         self.projection = projection
+        #: One segment of a partitioned projection (None: all of it); its rows are recorded under `key`.
+        self.unit = Unit(projection, segment)
+        self.key = self.unit.key
         self.owner = owner
         self.epoch = epoch
         self.lease_ttl = lease_ttl
@@ -81,6 +90,7 @@ class LiveRunner:
         self._catch_up_target: Cursor | None = catch_up_run[1] if catch_up_run else None
         self._replay: tuple[int, Cursor | None] | None = None
         self._failures: list[state.Failure] | None = None
+        self._next_idle_write = 0.0
         self._reload()
 
     def _open_failures(self) -> list[state.Failure]:
@@ -89,16 +99,16 @@ class LiveRunner:
         operator's retry or skip."""
         if self._failures is None or self._failures:
             with self.store.pool.connection() as conn:
-                self._failures = state.open_failures(conn, self.projection.name)
+                self._failures = state.open_failures(conn, self.key)
         return self._failures
 
     def _reload(self) -> None:
         with self.store.pool.connection() as conn:
-            current = state.get_cursor(conn, self.projection.name)
+            current = state.get_cursor(conn, self.key)
             assert current is not None, "the worker creates the cursor before running"
             self._db_cursor = current.cursor
-            self._skipped = state.skipped_positions(conn, self.projection.name)
-            self._replay = state.active_run(conn, self.projection.name, "replay")
+            self._skipped = state.skipped_positions(conn, self.key)
+            self._replay = state.active_run(conn, self.key, "replay")
         self._read_cursor = self._db_cursor
 
     @property
@@ -117,7 +127,7 @@ class LiveRunner:
             return self._step()
 
     def _step(self) -> StepResult:
-        name = self.projection.name
+        name = self.key
         failures = self._open_failures()
         for failure in failures:
             if failure.policy == "park" and failure.status in ("retry_requested", "skip_requested"):
@@ -137,14 +147,28 @@ class LiveRunner:
         # Read as stored and upcast in `_commit`: an event no upcaster can bring to its latest shape then
         # fails like a handler does, and is retried, then kept as a failure to retry or skip.
         page = self.store.read_all(
-            self._read_cursor, limit=self.batch_size, types=self.projection.event_types, upcast=False
+            self._read_cursor,
+            limit=self.batch_size,
+            types=self.projection.event_types,
+            upcast=False,
+            segment=self.unit.read_segment,
         )
         if not page.events:
             if self._cursor_moved_while_idle():
                 self._moved()
                 return StepResult(applied=0, caught_up=False)
             # Nothing to apply up to the horizon: read from there next time. The jump is not written to
-            # the cursor row; that would be a write per idle poll.
+            # the cursor row; that would be a write per idle poll. A segment writes it at most once a
+            # second: its cursor says how far the projection got, and a segment whose streams are quiet
+            # would otherwise hold the projection's (lowest) cursor back for ever.
+            segment_idle = self.unit.segment is not None and page.cursor > self._db_cursor
+            if segment_idle and time.monotonic() >= self._next_idle_write:
+                self._next_idle_write = time.monotonic() + _IDLE_WRITE_INTERVAL
+                try:
+                    self._commit([], page.cursor, {})
+                except _CursorMoved:
+                    self._moved()
+                    return StepResult(applied=0, caught_up=False)
             self._read_cursor = page.cursor
             self._finish_catch_up_if(page.caught_up)
             self._check_replay_done()  # a replay over a range with nothing left to re-apply is done
@@ -170,7 +194,7 @@ class LiveRunner:
         next compare-and-set; an idle one looks (one primary-key read per empty page), so a replay starts
         at once rather than at the next append."""
         with self.store.pool.connection() as conn:
-            current = state.get_cursor(conn, self.projection.name)
+            current = state.get_cursor(conn, self.key)
         return current is not None and current.cursor != self._db_cursor
 
     # -- committing -----------------------------------------------------------------------------------
@@ -182,7 +206,7 @@ class LiveRunner:
         retrying: dict[int, int],
         extra: Callable[[psycopg.Connection[Any]], None] | None = None,
     ) -> None:
-        name = self.projection.name
+        name = self.key
         span = span_if_traced(
             _tracer,
             "ledgerflow.projection.batch",
@@ -213,7 +237,7 @@ class LiveRunner:
             if extra is not None:
                 extra(conn)
         self._db_cursor = self._read_cursor = new_cursor
-        _events_projected.add(len(events), {"projection": name})
+        _events_projected.add(len(events), {"projection": self.projection.name})
         self._check_replay_done()
 
     def _unfenced(
@@ -282,7 +306,7 @@ class LiveRunner:
 
     def _fail(self, event: RecordedEvent, error: BaseException) -> StepResult:
         self._failures = None
-        name, policy = self.projection.name, self.projection.failure_policy
+        name, policy = self.key, self.projection.failure_policy
         attempts = self.retry.attempts
         if policy == "block":
             with self.store.pool.connection() as conn:
@@ -310,7 +334,7 @@ class LiveRunner:
     def _record(
         self, conn: psycopg.Connection[Any], event: RecordedEvent, error: BaseException, n: int
     ) -> None:
-        state.record_failure(conn, self.projection.name, event, self.projection.failure_policy, error, n)
+        state.record_failure(conn, self.key, event, self.projection.failure_policy, error, n)
 
     def _resolve_parked(self, failure: state.Failure) -> None:
         """Carry out an operator's retry or skip of a parked stream: apply the failed event (unless
@@ -333,15 +357,13 @@ class LiveRunner:
             first = events[0] if events else None
             if first is not None:
                 with self.store.pool.connection() as conn:
-                    state.record_failure(
-                        conn, self.projection.name, first, "park", exc.error, self.retry.attempts
-                    )
+                    state.record_failure(conn, self.key, first, "park", exc.error, self.retry.attempts)
             return
         if skip:
             self._skipped.add(failure.event_position)
         log.info(
             "projection_stream_unparked",
-            projection=self.projection.name,
+            projection=self.key,
             stream_id=failure.stream_id,
             applied=len(events),
             skipped=skip,
@@ -365,7 +387,7 @@ class LiveRunner:
         ):
             with self.store.pool.connection() as conn:
                 state.finish_run(conn, self._catch_up_run, "completed")
-            log.info("projection_caught_up", projection=self.projection.name, run_id=self._catch_up_run)
+            log.info("projection_caught_up", projection=self.key, run_id=self._catch_up_run)
             self._catch_up_run = None
 
     def _check_replay_done(self) -> None:
@@ -375,11 +397,11 @@ class LiveRunner:
         if target is None or max(self._db_cursor, self._read_cursor) >= target:
             with self.store.pool.connection() as conn:
                 state.finish_run(conn, run_id, "completed")
-            log.info("projection_replay_completed", projection=self.projection.name, run_id=run_id)
+            log.info("projection_replay_completed", projection=self.key, run_id=run_id)
             self._replay = None
 
     def _moved(self) -> None:
-        log.info("projection_cursor_moved", projection=self.projection.name)
+        log.info("projection_cursor_moved", projection=self.key)
         self._reload()
 
     def close(self, status: state.RunStatus = "stopped") -> None:

@@ -16,6 +16,7 @@ import psycopg
 from eventstore import Cursor, EventStore, RecordedEvent
 from projector import state
 from projector.projection import ApplyContext, Projection
+from projector.segments import stream_segment
 
 #: Called after every batch with (events processed so far, build cursor, target cursor).
 Progress = Callable[[int, Cursor, Cursor], None]
@@ -39,12 +40,24 @@ class ShadowBuild:
         self.cursor = Cursor()
         self.events = 0
         with store.pool.connection() as conn:
-            self._skipped = state.skipped_positions(conn, projection.name)
-            failures = state.open_failures(conn, projection.name)
+            # Of every segment too: each keeps its own failures (`projector.segments`).
+            self._skipped = state.projection_skipped_positions(conn, projection.name)
+            failures = state.projection_open_failures(conn, projection.name)
         self._parked = {(f.tenant, f.stream_id): f.stream_version for f in failures if f.policy == "park"}
+        self._segments: dict[int, Cursor] | None = None
+        self._partitions = 1
+
+    def limit_to(self, segments: dict[int, Cursor], partitions: int) -> None:
+        """From now on apply a stream's events only up to its segment's cursor in `segments` (a verify of a
+        partitioned projection, whose segments stand at different cursors)."""
+        self._segments, self._partitions = segments, partitions
 
     def wanted(self, e: RecordedEvent) -> bool:
         parked_at = self._parked.get((e.tenant, e.stream_id))
+        if self._segments is not None:
+            limit = self._segments.get(stream_segment(e.stream_id, self._partitions))
+            if limit is None or e.cursor > limit:
+                return False
         return e.position not in self._skipped and (parked_at is None or e.stream_version < parked_at)
 
     def run_until(

@@ -30,6 +30,8 @@ class CursorState:
     cursor: Cursor
     version: int
     events_applied: int
+    #: The number of segments the projection was built with (1: unpartitioned).
+    partitions: int = 1
 
 
 @dataclass(frozen=True)
@@ -95,8 +97,9 @@ class Failure:
     resolved_by: str | None
 
 
-def ensure_cursor(conn: Conn, projection: str, version: int) -> CursorState:
-    conn.execute(Q["ensure_cursor"], {"projection": projection, "version": version})
+def ensure_cursor(conn: Conn, projection: str, version: int, partitions: int = 1) -> CursorState:
+    params = {"projection": projection, "version": version, "partitions": partitions}
+    conn.execute(Q["ensure_cursor"], params)
     state = get_cursor(conn, projection)
     assert state is not None
     return state
@@ -104,7 +107,35 @@ def ensure_cursor(conn: Conn, projection: str, version: int) -> CursorState:
 
 def get_cursor(conn: Conn, projection: str) -> CursorState | None:
     row = conn.execute(Q["get_cursor"], {"projection": projection}).fetchone()
-    return None if row is None else CursorState(Cursor(row[0], row[1]), row[2], row[3])
+    return None if row is None else CursorState(Cursor(row[0], row[1]), row[2], row[3], row[4])
+
+
+def segment_cursors(conn: Conn, projection: str) -> dict[int, Cursor]:
+    """The cursor of each segment of a partitioned projection, by segment."""
+    rows = conn.execute(Q["segment_cursors"], {"projection": projection}).fetchall()
+    return {int(r[0]): Cursor(r[1], r[2]) for r in rows}
+
+
+def lock_segment_cursors(conn: Conn, projection: str) -> dict[int, Cursor]:
+    """As `segment_cursors`, each row locked until the caller's transaction ends (after `lock_cursor`)."""
+    rows = conn.execute(Q["lock_segment_cursors"], {"projection": projection}).fetchall()
+    return {int(r[0]): Cursor(r[1], r[2]) for r in rows}
+
+
+def set_partitions(conn: Conn, projection: str, partitions: int) -> None:
+    conn.execute(Q["set_partitions"], {"projection": projection, "partitions": partitions})
+
+
+def reset_segments(conn: Conn, projection: str, partitions: int, cursor: Cursor, version: int) -> None:
+    """Inside a swap: segments 0..partitions-1 at `cursor`, no other segment row left."""
+    params = {
+        "projection": projection,
+        "partitions": partitions,
+        "tx": cursor.transaction_id,
+        "position": cursor.position,
+        "version": version,
+    }
+    conn.execute(Q["reset_segments"], params)
 
 
 def lock_cursor(conn: Conn, projection: str) -> tuple[Cursor, int]:
@@ -181,6 +212,25 @@ class LeaseInfo:
 def lease_of(conn: Conn, projection: str) -> LeaseInfo | None:
     row = conn.execute(Q["lease_of"], {"projection": projection}).fetchone()
     return None if row is None else LeaseInfo(*row)
+
+
+@dataclass(frozen=True)
+class SegmentLease:
+    segment: int
+    owner: str
+    alive: bool
+    #: Seconds since it lapsed (negative while alive).
+    lapsed_for: float
+
+
+def segment_leases(conn: Conn, projection: str) -> dict[int, SegmentLease]:
+    rows = conn.execute(Q["segment_leases"], {"projection": projection}).fetchall()
+    return {int(r[0]): SegmentLease(int(r[0]), str(r[1]), bool(r[2]), float(r[3])) for r in rows}
+
+
+def live_workers(conn: Conn, application_name: str) -> int:
+    row = conn.execute(Q["live_workers"], {"application_name": application_name}).fetchone()
+    return int(row[0]) if row else 0
 
 
 # -- runs -------------------------------------------------------------------------------------------
@@ -347,6 +397,18 @@ def get_failure(conn: Conn, failure_id: int, tenant: str | None = None) -> Failu
 
 def skipped_positions(conn: Conn, projection: str) -> set[int]:
     return {int(r[0]) for r in conn.execute(Q["skipped_positions"], {"projection": projection}).fetchall()}
+
+
+def projection_skipped_positions(conn: Conn, projection: str) -> set[int]:
+    """Skipped events of the projection and of all its segments."""
+    rows = conn.execute(Q["projection_skipped_positions"], {"projection": projection}).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+def projection_open_failures(conn: Conn, projection: str) -> list[Failure]:
+    """Open failures of the projection and of all its segments."""
+    with conn.cursor(row_factory=class_row(Failure)) as cur:
+        return cur.execute(Q["projection_open_failures"], {"projection": projection}).fetchall()
 
 
 def request_failure_retry(conn: Conn, failure_id: int, actor: str, tenant: str | None = None) -> bool:

@@ -93,8 +93,12 @@ class Reach:
     next_read: Cursor | None = None
     #: With no such event: how far the log is readable, gap-free (None when unknown).
     horizon: Cursor | None = None
+    #: Of a partitioned projection: each segment's reach (`at` is then the lowest segment cursor).
+    parts: tuple[Reach, ...] = ()
 
     def passed(self, wanted: Cursor) -> bool:
+        if self.parts:
+            return all(part.passed(wanted) for part in self.parts)
         if self.at is None:
             return False
         if self.at >= wanted:
@@ -111,10 +115,29 @@ def reach(store: EventStore, projection: Projection, conn: psycopg.Connection[An
     current = state.get_cursor(conn, projection.name)
     if current is None:
         return Reach(None)
-    at = current.cursor
-    if projection.event_types is None:
+    if projection.partitions > 1 and current.partitions == projection.partitions:
+        # A segment reads only its streams, so like a projection of few types, its cursor stays where it
+        # last applied something while other segments' events go by.
+        segments = state.segment_cursors(conn, projection.name)
+        parts = tuple(
+            _reach_from(store, projection, at, conn, (k, projection.partitions))
+            for k, at in sorted(segments.items())
+        )
+        if parts:
+            return Reach(min(segments.values()), parts=parts)
+    return _reach_from(store, projection, current.cursor, conn, None)
+
+
+def _reach_from(
+    store: EventStore,
+    projection: Projection,
+    at: Cursor,
+    conn: psycopg.Connection[Any],
+    segment: tuple[int, int] | None,
+) -> Reach:
+    if projection.event_types is None and segment is None:
         return Reach(at)  # it reads every event: only its cursor says how far it got
-    page = store.read_all(at, limit=1, types=projection.event_types, conn=conn)
+    page = store.read_all(at, limit=1, types=projection.event_types, conn=conn, segment=segment)
     if page.events:
         return Reach(at, next_read=page.events[0].cursor)
     return Reach(at, horizon=page.cursor if page.caught_up else None)

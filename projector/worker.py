@@ -41,6 +41,7 @@ from projector import state, tables
 from projector.projection import Projection
 from projector.rebuild import rebuild
 from projector.runner import LeaseLost, LiveRunner, RetrySettings
+from projector.segments import PartitionsChangedError, Unit, check_partitions, ensure_cursors, units_of
 
 log = structlog.get_logger(__name__)
 _HORIZON_RECHECK_MIN = 0.005
@@ -63,6 +64,9 @@ class WorkerSettings:
     #: On stop, how long releasing the leases (and closing their runs) may wait for the database; skipped
     #: after that: the leases lapse by themselves, and a standby takes over.
     shutdown_database_timeout: float = 3.0
+    #: How often a worker looks at the spread of partitioned projections' segments over the live workers
+    #: (one query of the leases and of the connected workers), and takes or hands over segments.
+    balance_interval: float = 0.5
 
 
 def _cursor_of(conn: psycopg.Connection[Any], name: str) -> Cursor:
@@ -87,6 +91,10 @@ class ProjectorWorker:
     ) -> None:
         self.store = store
         self.projections = {p.name: p for p in projections}
+        #: What leases cover, by key: each projection, or each segment of a partitioned one.
+        self._units: dict[str, Unit] = {u.key: u for p in projections for u in units_of(p)}
+        self._next_balance = 0.0
+        self._began = time.monotonic()
         self.settings = settings or WorkerSettings()
         self.id = worker_id or new_worker_id()
         self.stopping = threading.Event()
@@ -178,7 +186,7 @@ class ProjectorWorker:
         batch (whichever worker ends up holding the lease)."""
         for projection in self.projections.values():
             with self.store.pool.connection() as conn, conn.transaction():
-                state.ensure_cursor(conn, projection.name, projection.version)
+                ensure_cursors(conn, projection)
                 tables.ensure_live_tables(conn, projection)
 
     def work_once(self) -> bool:
@@ -219,7 +227,7 @@ class ProjectorWorker:
                 next_heartbeat = time.monotonic() + self.settings.heartbeat_interval
             self.acquire_free_leases()
             results = {name: runner.step() for name, runner in list(self._runners.items())}
-            if len(results) == len(self.projections) and all(
+            if len(results) == len(self._units) and all(
                 r.blocked or (r.caught_up and self._runners[name].read_cursor >= target)
                 for name, r in results.items()
             ):
@@ -253,9 +261,12 @@ class ProjectorWorker:
     # -- leases ---------------------------------------------------------------------------------------
 
     def acquire_free_leases(self) -> None:
-        for name, projection in self.projections.items():
+        wanted = self._balance_segments()
+        for name, unit in self._units.items():
             if name in self._runners or self.stopping.is_set() or self._resting(name):
                 continue
+            if unit.segment is not None and name not in wanted and name not in self._leases:
+                continue  # another worker's share, or not this worker's turn to look
             epoch = self._leases.get(name)  # taken before, but its runner did not start (an outage)
             if epoch is None:
                 with self.store.pool.connection() as conn:
@@ -266,7 +277,11 @@ class ProjectorWorker:
                     self._leases[name] = epoch
                 log.info("projection_lease_acquired", projection=name, worker=self.id, epoch=epoch)
             try:
-                self._take(projection, epoch)
+                self._take(unit, epoch)
+            except PartitionsChangedError as exc:
+                log.error("projection_partitions_changed", projection=unit.projection.name, error=str(exc))
+                self._release(name, epoch)
+                self._rest(name)
             except ConflictError as exc:
                 # Someone else rebuilds it (an operator, or a worker that died mid-rebuild whose run
                 # is not yet marked abandoned): hand the lease back and look again later.
@@ -286,14 +301,64 @@ class ProjectorWorker:
         self._not_before[name] = (time.monotonic() + delay, delay)
         return delay
 
-    def _take(self, projection: Projection, epoch: int) -> None:
-        name = projection.name
+    def _balance_segments(self) -> set[str]:
+        """The free segments this worker should try to take now; and, when it holds more of a partitioned
+        projection's segments than its share, the excess released, for a worker with fewer to take.
+
+        The share is ceil(segments / live projector workers), the workers counted by their listening
+        connections (`state.live_workers`). A segment free for longer than a lease's TTL is taken whatever
+        the share, so no segment waits for ever on workers that are not running its projection. Looked at
+        every `balance_interval` seconds; in between, nothing is taken."""
+        partitioned = [p for p in self.projections.values() if p.partitions > 1]
+        now = time.monotonic()
+        if not partitioned or now < self._next_balance or self.stopping.is_set():
+            return set()
+        self._next_balance = now + self.settings.balance_interval
+        wanted: set[str] = set()
+        with self.store.pool.connection() as conn:
+            live = max(1, state.live_workers(conn, self._listener_name))
+            leases = {p.name: state.segment_leases(conn, p.name) for p in partitioned}
+        for p in partitioned:
+            share = -(-p.partitions // live)
+            mine = sorted(u.segment for u in units_of(p) if u.key in self._leases and u.segment is not None)
+            for k in mine[share:]:
+                self._hand_over(Unit(p, k))
+            room = share - min(len(mine), share)
+            for k in range(p.partitions):
+                lease = leases[p.name].get(k)
+                key = Unit(p, k).key
+                if key in self._leases or (lease is not None and lease.alive):
+                    continue
+                # Free for longer than a lease lasts (or never taken since this worker began): nobody
+                # with room wants it, so it is taken beyond the share rather than left unapplied.
+                lapsed_for = now - self._began if lease is None else lease.lapsed_for
+                if room > 0 or lapsed_for > self.settings.lease_ttl:
+                    wanted.add(key)
+                    room -= 1
+        return wanted
+
+    def _hand_over(self, unit: Unit) -> None:
+        """Release a segment beyond this worker's share (its batch in flight has committed: the loop runs
+        batches and this in turn)."""
+        with self._lock:
+            epoch = self._leases.get(unit.key)
+        if epoch is None:
+            return
+        self._drop(unit.key, "stopped")
+        self._release(unit.key, epoch)
+        log.info("projection_segment_handed_over", projection=unit.key, worker=self.id)
+
+    def _take(self, unit: Unit, epoch: int) -> None:
+        projection, name = unit.projection, unit.key
         with self.store.pool.connection() as conn, conn.transaction():
-            current = state.ensure_cursor(conn, name, projection.version)
+            current = ensure_cursors(conn, projection)
             tables.ensure_live_tables(conn, projection)
         if current.version != projection.version:
             log.info(
-                "projection_version_changed", projection=name, stored=current.version, code=projection.version
+                "projection_version_changed",
+                projection=projection.name,
+                stored=current.version,
+                code=projection.version,
             )
             # The keepalive renews the lease (it is in self._leases) for as long as this takes.
             rebuild(
@@ -303,6 +368,10 @@ class ProjectorWorker:
                 trigger="version_change",
                 batch_size=self.settings.batch_size,
             )
+            with self.store.pool.connection() as conn:
+                current = ensure_cursors(conn, projection)
+        # A changed number of partitions is a rebuild, which the operator asks for: until then, refuse.
+        check_partitions(projection, current)
         # The catch-up run ends once everything committed before it began has been applied.
         target = self.store.committed_so_far()
         with self.store.pool.connection() as conn:
@@ -325,6 +394,7 @@ class ProjectorWorker:
             batch_size=self.settings.batch_size,
             retry=self.settings.retry,
             catch_up_run=(run_id, target),
+            segment=unit.segment,
         )
         with self._lock:
             if self._leases.get(name) == epoch:  # not lost while the runner was being set up

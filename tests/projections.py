@@ -9,12 +9,24 @@ from projector import ApplyContext, Projection, Table
 POISONED: set[str] = set()
 
 
-def make_counter(name: str = "test_counter", policy: str = "block", schema: str = "ledgerflow") -> Projection:
+class Crash(BaseException):
+    """A process dying in the middle of a batch: nothing in the projector catches it, and the batch's
+    transaction rolls back."""
+
+
+#: Events still to apply before the counter's handler "crashes" (None: never). Tests set it in-process.
+CRASH_AFTER: list[int | None] = [None]
+
+
+def make_counter(
+    name: str = "test_counter", policy: str = "block", schema: str = "ledgerflow", partitions: int = 1
+) -> Projection:
     """Counts events per stream and records how often each event was applied (must stay 1)."""
     counter = Projection(
         name=name,
         version=1,
         schema=schema,
+        partitions=partitions,
         failure_policy=policy,  # type: ignore[arg-type]
         tables=[
             Table(
@@ -29,6 +41,12 @@ def make_counter(name: str = "test_counter", policy: str = "block", schema: str 
     def count(ctx: ApplyContext, event: RecordedEvent) -> None:
         if event.data.get("poison") and str(event.data["poison"]) in POISONED:
             raise ValueError(f"poisoned event {event.data['poison']}")
+        left = CRASH_AFTER[0]
+        if left is not None:
+            if left == 0:
+                CRASH_AFTER[0] = None
+                raise Crash(f"crashed before applying event {event.position}")
+            CRASH_AFTER[0] = left - 1
         ctx.execute(
             """INSERT INTO {counts} AS c (stream_id, n, total) VALUES (%s, 1, %s)
                ON CONFLICT (stream_id) DO UPDATE SET n = c.n + 1, total = c.total + excluded.total""",
@@ -45,3 +63,6 @@ def make_counter(name: str = "test_counter", policy: str = "block", schema: str 
 
 counter = make_counter()
 parking_counter = make_counter("test_parking", policy="park")
+#: The counter in 4 segments, and its unpartitioned twin in a schema of its own (drills compare the two).
+partitioned_counter = make_counter("test_partitioned", schema="lf_partitioned", partitions=4)
+twin_counter = make_counter("test_twin", schema="lf_twin")

@@ -339,7 +339,7 @@ CREATE FUNCTION ledgerflow.notify_projection_advanced() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    PERFORM pg_notify('ledgerflow_projections', NEW.projection);
+    PERFORM pg_notify('ledgerflow_projections', split_part(NEW.projection, '#', 1));
     RETURN NULL;
 END
 $$;
@@ -407,6 +407,16 @@ BEGIN
         USING ERRCODE = 'LF003',
               HINT = 'Correct a mistake by appending a compensating event.';
 END
+$$;
+
+--
+-- Name: stream_segment(text, integer); Type: FUNCTION; Schema: ledgerflow; Owner: -
+--
+
+CREATE FUNCTION ledgerflow.stream_segment(stream_id text, partitions integer) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT (('x' || substr(md5(stream_id), 1, 7))::bit(28)::integer) % partitions
 $$;
 
 --
@@ -1566,7 +1576,9 @@ CREATE TABLE ledgerflow.projection_cursors (
     cursor_position bigint DEFAULT 0 NOT NULL,
     version integer NOT NULL,
     events_applied bigint DEFAULT 0 NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    partitions integer DEFAULT 1 NOT NULL,
+    CONSTRAINT projection_cursors_partitions_check CHECK (((partitions >= 1) AND (partitions <= 64)))
 );
 
 --

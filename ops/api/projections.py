@@ -62,6 +62,13 @@ _LEVER_SCOPE: Final[dict[str, Any]] = {
 }
 
 
+class SegmentHealthOut(BaseModel):
+    segment: int
+    cursor: str
+    owner: str | None
+    open_failures: int
+
+
 class ProjectionHealthOut(BaseModel):
     name: str
     version: int
@@ -73,6 +80,10 @@ class ProjectionHealthOut(BaseModel):
     owner: str | None
     open_failures: int
     last_run: str | None
+    partitions: int = Field(1, description="Segments the projection is applied in (1: unpartitioned).")
+    segments: list[SegmentHealthOut] = Field(
+        default_factory=list, description="Of a partitioned projection: each segment's cursor and owner."
+    )
 
 
 class HorizonHolderOut(BaseModel):

@@ -125,6 +125,17 @@ def status(ctx: click.Context, as_json: bool) -> None:
             str(h.open_failures),
             h.last_run or "-",
         )
+        for g in h.segments:  # a partitioned projection's segments, each under its own lease
+            table.add_row(
+                f"  {h.name}#{g.segment}",
+                "",
+                str(g.cursor),
+                "",
+                "",
+                g.owner or "-",
+                str(g.open_failures),
+                "",
+            )
     console.print(table)
     if horizon.holders:
         oldest = horizon.holders[0]
