@@ -5,6 +5,15 @@ from eventstore.spi import require_ledgerflow_packages
 
 require_ledgerflow_packages("eventstore")
 
+from projector.bookkeeping import (  # noqa: E402
+    Failure,
+    Run,
+    get_run,
+    list_failures,
+    list_runs,
+    request_failure_retry,
+    request_failure_skip,
+)
 from projector.catalogue import stream_catalogue  # noqa: E402
 from projector.errors import RunInProgressError  # noqa: E402
 from projector.health import ProjectionHealth, SegmentHealth, projection_health  # noqa: E402
@@ -27,15 +36,6 @@ from projector.rebuild import (  # noqa: E402
 from projector.registry import find, load_projections  # noqa: E402
 from projector.runner import LeaseLost, RetrySettings  # noqa: E402
 from projector.segments import PartitionsChangedError, stream_segment  # noqa: E402
-from projector.state import (  # noqa: E402
-    Failure,
-    Run,
-    get_run,
-    list_failures,
-    list_runs,
-    request_failure_retry,
-    request_failure_skip,
-)
 from projector.tables import missing_tables  # noqa: E402
 from projector.type_catalogue import TypeCount, event_type_catalogue, type_counts  # noqa: E402
 from projector.waiting import ProjectionBehindError, wait_for  # noqa: E402

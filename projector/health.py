@@ -8,7 +8,7 @@ from typing import Any
 
 from eventstore import Cursor, EventStore
 from eventstore.spi import wrap_exceptions
-from projector import state
+from projector import bookkeeping
 from projector.projection import Projection
 from projector.rebuild import sweep_abandoned
 from projector.segments import segment_key
@@ -63,18 +63,18 @@ def projection_health(
         if abandoned_after is not None:
             sweep_abandoned(conn, abandoned_after)
         for p in projections:
-            current = state.get_cursor(conn, p.name)
+            current = bookkeeping.get_cursor(conn, p.name)
             cursor = current.cursor if current else Cursor()
             segments = _segments(conn, p.name, tenant) if current and current.partitions > 1 else ()
             if segments:
                 cursor = min(g.cursor for g in segments)
-            lag = state.lag(conn, cursor, p.event_types)
-            lease = state.lease_of(conn, p.name)
-            failures = state.projection_open_failures(conn, p.name)
+            lag = bookkeeping.lag(conn, cursor, p.event_types)
+            lease = bookkeeping.lease_of(conn, p.name)
+            failures = bookkeeping.projection_open_failures(conn, p.name)
             # A failure blocks every tenant's rows, so the state says "blocked" to all; the count (and
             # the failures an API lists) are the tenant's own.
             own = failures if tenant is None else [f for f in failures if f.tenant == tenant]
-            runs = state.list_runs(conn, p.name, limit=5, tenant=tenant)
+            runs = bookkeeping.list_runs(conn, p.name, limit=5, tenant=tenant)
             active = {r.kind for r in runs if r.status == "running"}
             owner = lease.owner if lease and lease.alive else None
             if segments:
@@ -114,13 +114,13 @@ def projection_health(
     return found
 
 
-def _segments(conn: state.Conn, name: str, tenant: str | None) -> tuple[SegmentHealth, ...]:
-    cursors = state.segment_cursors(conn, name)
-    leases = state.segment_leases(conn, name)
+def _segments(conn: bookkeeping.Conn, name: str, tenant: str | None) -> tuple[SegmentHealth, ...]:
+    cursors = bookkeeping.segment_cursors(conn, name)
+    leases = bookkeeping.segment_leases(conn, name)
     found = []
     for k, cursor in sorted(cursors.items()):
         lease = leases.get(k)
-        failures = state.open_failures(conn, segment_key(name, k))
+        failures = bookkeeping.open_failures(conn, segment_key(name, k))
         own = failures if tenant is None else [f for f in failures if f.tenant == tenant]
         owner = lease.owner if lease is not None and lease.alive else None
         found.append(SegmentHealth(k, cursor, owner, len(own)))

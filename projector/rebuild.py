@@ -34,7 +34,7 @@ import structlog
 import tenacity
 
 from eventstore import ConflictError, Cursor, EventStore, InvalidInputError, LedgerflowError, NotFoundError
-from projector import fences, state, tables
+from projector import bookkeeping, fences, tables
 from projector.digest import TableDifference, differing_rows, projection_digest
 from projector.errors import RunInProgressError, TablesBusyError, wrap_exceptions
 from projector.projection import Projection
@@ -122,7 +122,7 @@ class PendingRun:
         self,
         store: EventStore,
         run_id: int,
-        kind: state.RunKind,
+        kind: bookkeeping.RunKind,
         projection: Projection,
         tenant: str | None,
         note: str | None,
@@ -152,7 +152,7 @@ class PendingRun:
         while not self._done.wait(HEARTBEAT_INTERVAL):
             try:
                 with wrap_exceptions(), self.store.pool.connection() as conn:
-                    state.heartbeat_run(conn, self.run_id)
+                    bookkeeping.heartbeat_run(conn, self.run_id)
             except LedgerflowError as exc:
                 # The run's own work meets the same outage and fails the run, or outlives it.
                 log.debug("projection_run_heartbeat_missed", run_id=self.run_id, error=str(exc))
@@ -166,9 +166,9 @@ def sweep_abandoned(
 ) -> list[tuple[int, str, str, str]]:
     """Mark runs whose owner stopped heartbeating as abandoned, and drop every scratch schema whose run
     is no longer running (its owner crashed before it could). Returns the runs marked."""
-    marked = state.mark_abandoned_runs(conn, timeout)
-    running = state.running_run_ids(conn)
-    for schema in state.scratch_schemas(conn):
+    marked = bookkeeping.mark_abandoned_runs(conn, timeout)
+    running = bookkeeping.running_run_ids(conn)
+    for schema in bookkeeping.scratch_schemas(conn):
         if tables.run_of_scratch_schema(schema) not in running:
             tables.drop_schema(conn, schema)
             log.info("projection_scratch_schema_dropped", schema=schema)
@@ -192,7 +192,7 @@ def _check_scope(projection: Projection, tenant: str | None) -> None:
 def _record_run(
     store: EventStore,
     projection: Projection,
-    kind: state.RunKind,
+    kind: bookkeeping.RunKind,
     *,
     trigger: str,
     actor: str | None,
@@ -210,7 +210,7 @@ def _record_run(
         for attempt in range(_START_ATTEMPTS):
             try:
                 with wrap_exceptions():
-                    run_id = state.start_run(
+                    run_id = bookkeeping.start_run(
                         conn,
                         projection.name,
                         kind,
@@ -223,7 +223,7 @@ def _record_run(
                     )
                 break
             except RunInProgressError as busy:
-                running = state.running_operator_run(conn, projection.name, tenant)
+                running = bookkeeping.running_operator_run(conn, projection.name, tenant)
                 # The run that held the scope may have ended between the refused insert and this look:
                 # the scope is free, so try again rather than answer a conflict that names no run.
                 if running is None and attempt + 1 < _START_ATTEMPTS:
@@ -232,7 +232,7 @@ def _record_run(
         # Counted once, for the progress shown (a total, a rate, the time left). A rebuild or verify goes
         # to the end of the log, not to the live cursor; events appended meanwhile take it a little past.
         until = target if kind == "replay" else None
-        state.count_run_events(
+        bookkeeping.count_run_events(
             conn, run_id, start=start, target=until, tenant=tenant, types=projection.event_types
         )
         return run_id
@@ -243,7 +243,7 @@ def _live_cursor(store: EventStore, projection: Projection, *, highest: bool = F
     highest's: how far any of its rows got)."""
     with store.pool.connection() as conn:
         if highest and projection.partitions > 1:
-            segments = state.segment_cursors(conn, projection.name)
+            segments = bookkeeping.segment_cursors(conn, projection.name)
             if segments:
                 return max(segments.values())
         return projection_cursor(conn, projection) or Cursor()
@@ -335,7 +335,7 @@ def start_replay(
         )
     if since is not None:
         with store.pool.connection() as conn:
-            after = state.first_cursor_since(conn, since)
+            after = bookkeeping.first_cursor_since(conn, since)
         if after is None:
             raise NotFoundError(f"no event was recorded at or after {since.isoformat()}; nothing to replay")
     assert after is not None
@@ -454,25 +454,25 @@ def _swap(
     with wrap_exceptions(), store.pool.connection() as conn, conn.transaction():
         # Cursor row first, tables second: the same order as a live batch, so the two queue. A partitioned
         # projection's segment rows come right after its own, in segment order (each batch holds one).
-        live_cursor, _ = state.lock_cursor(conn, projection.name)
-        segments = state.lock_segment_cursors(conn, projection.name)
+        live_cursor, _ = bookkeeping.lock_cursor(conn, projection.name)
+        segments = bookkeeping.lock_segment_cursors(conn, projection.name)
         live_cursor = max([live_cursor, *segments.values()])
         fences.lock_fences(conn, projection.name)
         tables.lock_live_tables(conn, projection, _SWAP_LOCK_TIMEOUT_MS)
         build.run_until(None, progress, conn)
         final = max(build.cursor, live_cursor)
         tables.swap_in_shadow(conn, projection, build.schema)
-        state.set_cursor(conn, projection.name, final, projection.version)
+        bookkeeping.set_cursor(conn, projection.name, final, projection.version)
         # The tables now hold every segment's streams up to `final`, under the code's number of partitions.
-        state.set_partitions(conn, projection.name, projection.partitions)
+        bookkeeping.set_partitions(conn, projection.name, projection.partitions)
         if segments or projection.partitions > 1:
             wanted = projection.partitions if projection.partitions > 1 else 0
-            state.reset_segments(conn, projection.name, wanted, final, projection.version)
+            bookkeeping.reset_segments(conn, projection.name, wanted, final, projection.version)
         # A tenant being rebuilt meanwhile now has its rows at `final` too (its replacement builds on to it).
         fences.move_fences(conn, projection.name, final)
         digest = projection_digest(conn, projection, projection.schema)
-        state.run_progress(conn, run_id, final, 0)
-        state.finish_run(conn, run_id, "completed", digest=digest)
+        bookkeeping.run_progress(conn, run_id, final, 0)
+        bookkeeping.finish_run(conn, run_id, "completed", digest=digest)
     return final, digest
 
 
@@ -493,15 +493,15 @@ def _verify(
     with store.pool.connection() as conn, conn.transaction():
         # The live cursor only moves forward under this lock (a replay or swap takes it too), and the
         # build never passes the target it is given, so both copies now stand at `live_cursor`.
-        live_cursor, _ = state.lock_cursor(conn, projection.name)
+        live_cursor, _ = bookkeeping.lock_cursor(conn, projection.name)
         floor = live_cursor
         if projection.partitions > 1:
-            stored = state.get_cursor(conn, projection.name)
+            stored = bookkeeping.get_cursor(conn, projection.name)
             assert stored is not None
             check_partitions(projection, stored)
             # Each segment stands at its own cursor: the copy takes each stream's events up to its
             # segment's, so both copies hold the same events.
-            segments = state.lock_segment_cursors(conn, projection.name)
+            segments = bookkeeping.lock_segment_cursors(conn, projection.name)
             floor, live_cursor = min(segments.values()), max(segments.values())
             build.limit_to(segments, projection.partitions)
         if build.cursor > floor:  # a replay moved the live cursor back meanwhile
@@ -526,7 +526,7 @@ def _verify(
                 f"{sum(len(d.only_in_live) + len(d.only_in_rebuilt) for d in differences)} rows differ"
             )
         )
-        state.finish_run(
+        bookkeeping.finish_run(
             conn, run_id, "completed" if error is None else "failed", error=error, digest=live_digest
         )
     return VerifyResult(run_id, live_cursor, live_digest, rebuilt_digest, differences)
@@ -550,8 +550,8 @@ def _wait_for_tenant_rebuilds(store: EventStore, projection: Projection, tenant:
 
 def _replay_in_place(store: EventStore, projection: Projection, run_id: int, after: Cursor) -> ReplayResult:
     with store.pool.connection() as conn, conn.transaction():
-        current, version = state.lock_cursor(conn, projection.name)
-        state.set_cursor(conn, projection.name, after, version)
+        current, version = bookkeeping.lock_cursor(conn, projection.name)
+        bookkeeping.set_cursor(conn, projection.name, after, version)
     # Wake the workers now: the lease holder notices the moved cursor and re-applies at once, instead of
     # waiting for the next append.
     store.notify_appended()
@@ -568,11 +568,11 @@ def _replay_in_place(store: EventStore, projection: Projection, run_id: int, aft
 def _fail_run(store: EventStore, run_id: int, exc: BaseException) -> None:
     try:
         with wrap_exceptions(), store.pool.connection() as conn:
-            for schema in state.scratch_schemas(conn):
+            for schema in bookkeeping.scratch_schemas(conn):
                 if tables.run_of_scratch_schema(schema) == run_id:
                     tables.drop_schema(conn, schema)
-            status: state.RunStatus = "stopped" if isinstance(exc, KeyboardInterrupt) else "failed"
-            state.finish_run(conn, run_id, status, error=f"{type(exc).__name__}: {exc}"[:4000])
+            status: bookkeeping.RunStatus = "stopped" if isinstance(exc, KeyboardInterrupt) else "failed"
+            bookkeeping.finish_run(conn, run_id, status, error=f"{type(exc).__name__}: {exc}"[:4000])
     except LedgerflowError as failed:
         # Left running, the run is marked abandoned once its heartbeat is old; its schema goes with it.
         log.warning("projection_run_not_closed", run_id=run_id, error=str(failed))

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from eventstore import ConflictError, Cursor
-from projector import state
+from projector import bookkeeping
 from projector.projection import Projection
 
 SEPARATOR = "#"
@@ -84,25 +84,27 @@ class PartitionsChangedError(ConflictError):
         )
 
 
-def ensure_cursors(conn: psycopg.Connection[Any], projection: Projection) -> state.CursorState:
+def ensure_cursors(conn: psycopg.Connection[Any], projection: Projection) -> bookkeeping.CursorState:
     """Create the projection's cursor row if missing (with its code's version and partitions) and, while
     the stored number of partitions is the code's, any missing segment row, at the projection's own
     cursor: where a swap last put every segment, or the start of the log for a new projection. Returns the
     projection's own row."""
-    current = state.ensure_cursor(conn, projection.name, projection.version, projection.partitions)
+    current = bookkeeping.ensure_cursor(conn, projection.name, projection.version, projection.partitions)
     if projection.partitions > 1 and current.partitions == projection.partitions:
-        present = state.segment_cursors(conn, projection.name)
+        present = bookkeeping.segment_cursors(conn, projection.name)
         if len(present) < projection.partitions:
-            state.lock_cursor(conn, projection.name)  # one creator at a time: a swap holds this row too
-            present = state.segment_cursors(conn, projection.name)
+            bookkeeping.lock_cursor(conn, projection.name)  # one creator at a time: a swap holds this row too
+            present = bookkeeping.segment_cursors(conn, projection.name)
             for k in range(projection.partitions):
                 if k not in present:
-                    state.ensure_cursor(conn, segment_key(projection.name, k), projection.version)
-                    state.set_cursor(conn, segment_key(projection.name, k), current.cursor, current.version)
+                    bookkeeping.ensure_cursor(conn, segment_key(projection.name, k), projection.version)
+                    bookkeeping.set_cursor(
+                        conn, segment_key(projection.name, k), current.cursor, current.version
+                    )
     return current
 
 
-def check_partitions(projection: Projection, stored: state.CursorState) -> None:
+def check_partitions(projection: Projection, stored: bookkeeping.CursorState) -> None:
     if stored.partitions != projection.partitions:
         raise PartitionsChangedError(projection.name, stored.partitions, projection.partitions)
 
@@ -110,10 +112,10 @@ def check_partitions(projection: Projection, stored: state.CursorState) -> None:
 def projection_cursor(conn: psycopg.Connection[Any], projection: Projection) -> Cursor | None:
     """How far the projection's tables show the log (None before it first ran): its cursor, or for a
     partitioned one the lowest of its segments' cursors."""
-    current = state.get_cursor(conn, projection.name)
+    current = bookkeeping.get_cursor(conn, projection.name)
     if current is None:
         return None
     if current.partitions == 1:
         return current.cursor
-    segments = state.segment_cursors(conn, projection.name)
+    segments = bookkeeping.segment_cursors(conn, projection.name)
     return min(segments.values()) if segments else current.cursor

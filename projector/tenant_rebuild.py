@@ -10,7 +10,7 @@ from __future__ import annotations
 import structlog
 
 from eventstore import Cursor, EventStore
-from projector import fences, state, tables
+from projector import bookkeeping, fences, tables
 from projector.digest import projection_digest
 from projector.errors import wrap_exceptions
 from projector.projection import Projection
@@ -31,7 +31,9 @@ def replace_tenant_rows(
     cursor the copy was built to and the digest of the tenant's rows there. Completes the run."""
     name = projection.name
     with wrap_exceptions(), store.pool.connection() as conn, conn.transaction():
-        at, _ = state.lock_cursor(conn, name)  # a batch in flight commits first; no later one applies tenant
+        at, _ = bookkeeping.lock_cursor(
+            conn, name
+        )  # a batch in flight commits first; no later one applies tenant
         fences.fence(conn, name, tenant, run_id, at)
     log.info("projection_tenant_fenced", projection=name, tenant=tenant, run_id=run_id, cursor=str(at))
     try:
@@ -47,12 +49,12 @@ def replace_tenant_rows(
             tables.replace_tenant_rows(conn, projection, build.schema, tenant)
             tables.drop_schema(conn, build.schema)
             digest = projection_digest(conn, projection, projection.schema, tenant=tenant)
-            state.run_progress(conn, run_id, at, 0)
+            bookkeeping.run_progress(conn, run_id, at, 0)
         with wrap_exceptions(), store.pool.connection() as conn, conn.transaction():
-            live, _ = state.lock_cursor(conn, name)
+            live, _ = bookkeeping.lock_cursor(conn, name)
             fenced = fences.Fence(tenant, run_id, fences.lock_fence(conn, name, tenant, run_id), True)
             caught_up = fences.lift(conn, store, projection, fenced, live, build.wanted)
-            state.finish_run(conn, run_id, "completed", digest=digest)
+            bookkeeping.finish_run(conn, run_id, "completed", digest=digest)
     except BaseException:
         _lift_after_failure(store, projection, build, run_id, tenant)
         raise
@@ -74,7 +76,7 @@ def _lift_after_failure(
     lift the fence now. If the database is gone too, the first live batch once the run is closed does."""
     try:
         with wrap_exceptions(), store.pool.connection() as conn, conn.transaction():
-            live, _ = state.lock_cursor(conn, projection.name)
+            live, _ = bookkeeping.lock_cursor(conn, projection.name)
             held = fences.lock_fence(conn, projection.name, tenant, run_id)
             fenced = fences.Fence(tenant, run_id, held, True)
             fences.lift(conn, store, projection, fenced, live, build.wanted)

@@ -36,7 +36,7 @@ import pytest
 
 from eventstore import Cursor, DatabaseSettings, EventStore, LedgerflowError, NewEvent, open_store
 from eventstore.migrate import migrate
-from projector import state, verify
+from projector import bookkeeping, verify
 from projector.catalogue import stream_catalogue
 from tests.acceptance.drill_workers import DRILL_SHUTDOWN_GRACE
 from tests.flows import registry
@@ -274,7 +274,7 @@ def once(fn: Callable[[], Any]) -> Any:
 
 def lease_owner(store: EventStore, name: str) -> str | None:
     with store.pool.connection() as conn:
-        lease = state.lease_of(conn, name)
+        lease = bookkeeping.lease_of(conn, name)
     return lease.owner if lease is not None and lease.alive else None
 
 
@@ -282,7 +282,7 @@ def caught_up(store: EventStore, target: Cursor) -> bool:
     """Every projection has applied everything committed before `target`."""
     with store.pool.connection() as conn:
         for p in (counter, stream_catalogue, workflow_tables):
-            current = state.get_cursor(conn, p.name)
+            current = bookkeeping.get_cursor(conn, p.name)
             if current is None or current.cursor < target:
                 return False
     return True

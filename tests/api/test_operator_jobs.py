@@ -15,7 +15,7 @@ from ops.api.jobs import BackgroundJobs
 from ops.api.settings import ApiSettings
 from ops.services import Services
 from projector import ProjectorWorker
-from projector import state as projector_state
+from projector import bookkeeping as projector_state
 from tests.api.roles import tenant_admin
 from tests.waiting import wait_until
 

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from eventstore import Cursor, NewEvent
 from ops.services import Services
 from projector import Projection, ProjectorWorker
-from projector import state as projector_state
+from projector import bookkeeping as projector_state
 from projector.digest import projection_digest
 from projector.registry import find
 from tests.api.helpers import Headers, MakeToken

@@ -60,11 +60,11 @@ def test_rebuild_and_verify_run_in_the_background(
 
 
 def test_a_second_rebuild_while_one_runs_is_409(client: TestClient, services: Services) -> None:
-    from projector import state
+    from projector import bookkeeping
 
     with services.store.pool.connection() as conn:
-        state.ensure_cursor(conn, "stream_catalogue", 1)
-        run_id = state.start_run(
+        bookkeeping.ensure_cursor(conn, "stream_catalogue", 1)
+        run_id = bookkeeping.start_run(
             conn,
             "stream_catalogue",
             "rebuild",
@@ -166,12 +166,14 @@ def test_unknown_projections_are_404(client: TestClient, admin: Headers) -> None
 
 
 def test_failures_are_listed_and_resolved(client: TestClient, admin: Headers, services: Services) -> None:
-    from projector import state
+    from projector import bookkeeping
 
     services.store.append("order-1", [NewEvent("A", {})], tenant="acme")
     [event] = services.store.read_stream("order-1", tenant="acme")
     with services.store.pool.connection() as conn:
-        failure_id = state.record_failure(conn, "stream_catalogue", event, "block", ValueError("boom"), 3)
+        failure_id = bookkeeping.record_failure(
+            conn, "stream_catalogue", event, "block", ValueError("boom"), 3
+        )
 
     [failure] = client.get("/api/v1/failures", headers=admin).json()["failures"]
     assert (failure["id"], failure["stream_id"], failure["error_message"]) == (failure_id, "order-1", "boom")

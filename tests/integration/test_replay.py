@@ -19,11 +19,11 @@ from projector import (
     ProjectorWorker,
     RunInProgressError,
     WorkerSettings,
+    bookkeeping,
     rebuild,
     replay,
     start_replay,
     start_verify,
-    state,
     stream_catalogue,
     sweep_abandoned,
     verify,
@@ -48,14 +48,14 @@ def all_cursors(store: EventStore) -> list[Cursor]:
 
 def live_cursor(store: EventStore, projection: Projection) -> Cursor:
     with store.pool.connection() as conn:
-        current = state.get_cursor(conn, projection.name)
+        current = bookkeeping.get_cursor(conn, projection.name)
     assert current is not None
     return current.cursor
 
 
-def run_of(store: EventStore, run_id: int) -> state.Run:
+def run_of(store: EventStore, run_id: int) -> bookkeeping.Run:
     with store.pool.connection() as conn:
-        run = state.get_run(conn, run_id)
+        run = bookkeeping.get_run(conn, run_id)
     assert run is not None
     return run
 
@@ -202,7 +202,7 @@ def check_workflow_replay(
     finish_runs(flows, ["linear"])  # the projection goes on after the replay
     worker.run_until_caught_up()
     with store.pool.connection() as conn:
-        assert not state.open_failures(conn, workflow_tables.name)
+        assert not bookkeeping.open_failures(conn, workflow_tables.name)
     assert verify(store, workflow_tables).equal
 
 
@@ -277,7 +277,7 @@ def test_twenty_concurrent_verifies_one_runs_the_rest_are_refused(store: EventSt
     assert all(r.equal for r in results)  # type: ignore[attr-defined]
     assert len(results) + sum(isinstance(o, RunInProgressError) for o in outcomes) == 20
     with store.pool.connection() as conn:
-        assert state.scratch_schemas(conn) == []
+        assert bookkeeping.scratch_schemas(conn) == []
 
 
 def test_a_crashed_runs_scratch_schema_is_dropped_and_its_run_marked(store: EventStore) -> None:
@@ -290,7 +290,7 @@ def test_a_crashed_runs_scratch_schema_is_dropped_and_its_run_marked(store: Even
             (crashed.run_id,),
         )
         assert [r[0] for r in sweep_abandoned(conn)] == [crashed.run_id]
-        assert state.scratch_schemas(conn) == []
+        assert bookkeeping.scratch_schemas(conn) == []
     assert run_of(store, crashed.run_id).status == "abandoned"
     start_verify(store, stream_catalogue).execute()  # the scope is free again
 

@@ -4,13 +4,13 @@ a rate and the time left."""
 from __future__ import annotations
 
 from eventstore import Cursor, EventStore, NewEvent
-from projector import start_rebuild, start_replay, start_verify, state, stream_catalogue
+from projector import bookkeeping, start_rebuild, start_replay, start_verify, stream_catalogue
 from tests.waiting import wait_until
 
 
-def recorded(store: EventStore, run_id: int) -> state.Run:
+def recorded(store: EventStore, run_id: int) -> bookkeeping.Run:
     with store.pool.connection() as conn:
-        run = state.get_run(conn, run_id)
+        run = bookkeeping.get_run(conn, run_id)
     assert run is not None
     return run
 

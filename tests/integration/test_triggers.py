@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from eventstore import Cursor, EventStore, NewEvent, RecordedEvent
 from projector import ApplyContext, Projection, ProjectorWorker
 from projector import WorkerSettings as ProjectorSettings
-from projector import state as projector_state
+from projector import bookkeeping as projector_state
 from tests.integration.test_telemetry import metric_points, telemetry  # noqa: F401 (a fixture)
 from tests.starts_flows import triggered
 from tests.waiting import wait_until

@@ -27,9 +27,9 @@ from projector import (
     ProjectorWorker,
     RetrySettings,
     WorkerSettings,
+    bookkeeping,
     event_type_catalogue,
     rebuild,
-    state,
     type_counts,
 )
 from projector.digest import projection_digest
@@ -255,10 +255,10 @@ def test_an_event_no_upcaster_can_read_is_a_projection_failure_to_skip(store: Ev
     worker = ProjectorWorker(typed, [counter], WorkerSettings(lease_ttl=5, heartbeat_interval=1, retry=retry))
     worker.run_until_caught_up()
     with store.pool.connection() as conn:
-        (failure,) = state.list_failures(conn, counter.name, include_closed=True)
+        (failure,) = bookkeeping.list_failures(conn, counter.name, include_closed=True)
         assert failure.stream_version == 2
         assert failure.error_class == "eventstore.errors.UpcastError"
-        assert state.request_failure_skip(conn, failure.id, "tester")
+        assert bookkeeping.request_failure_skip(conn, failure.id, "tester")
     worker.run_until_caught_up()
     with store.pool.connection() as conn:
         totals = conn.execute("SELECT stream_id, n, total FROM ledgerflow.counts").fetchall()
