@@ -524,7 +524,7 @@ $$;
 --
 
 CREATE FUNCTION ledgerflow.wf_claim_pick(p_workflows text[], p_versions text[], p_limit integer) RETURNS TABLE(run_id uuid, node text, workflow text, n integer)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql ROWS 10
     AS $$
 #variable_conflict use_column
 DECLARE
