@@ -198,7 +198,8 @@ class SubjectKeys:
         self, conn: psycopg.Connection[Any], wanted: Iterable[tuple[str, str]]
     ) -> dict[tuple[str, str], SubjectKey]:
         """The live keys of `wanted` (tenant, subject) pairs, read now on `conn`; forgotten ones are
-        absent. Never from memory: a forgotten key must not decrypt anything after its forgetting."""
+        absent. Which keys live is never taken from memory: a forgotten key must not decrypt anything
+        after its forgetting, whichever process forgot it."""
         pairs = sorted(set(wanted))
         rows = conn.execute(
             Q["keys_for_read"],

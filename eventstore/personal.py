@@ -158,8 +158,9 @@ class Shredder:
     def reveal(self, conn: psycopg.Connection[Any], rows: list[Any], offset: int) -> list[Any]:
         """`rows` of a read (each: a running size, then the event's columns, after `offset` leading
         columns) with personal fields decrypted, or `REDACTED` where their subject was forgotten; the data
-        column of such a row becomes the decoded dict (the readers decode it no more). The keys are read
-        on `conn` at this moment, never from memory."""
+        column of such a row becomes the decoded dict (the readers decode it no more). Which keys live is
+        read on `conn` at this moment (their secrets may have been unwrapped before: see
+        `SubjectKeys.keys_for_read`)."""
         data_at = offset + 8
         # One pass over each marked row's fields: its sealed ones, and the subjects whose keys they need.
         sealed: list[tuple[int, dict[str, Any], list[tuple[str, dict[str, Any]]]]] = []
