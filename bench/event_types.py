@@ -90,13 +90,13 @@ def fill(url: str, events: int) -> float:
     began = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
         ensure_partitions(conn, headroom=events + 1)
-        conn.execute("ALTER TABLE ledgerflow.events DISABLE TRIGGER events_claim_event_id")
+        conn.execute("ALTER TABLE ledgerflow.events DISABLE TRIGGER events_claim_event_ids")
         for first in range(0, events, _FILL_BATCH):
             last = min(first + _FILL_BATCH, events) - 1
             with conn.transaction():
                 conn.execute(_FILL, {"first": first, "last": last})
                 conn.execute(_FILL_IDS, {"first": first, "last": last})
-        conn.execute("ALTER TABLE ledgerflow.events ENABLE ALWAYS TRIGGER events_claim_event_id")
+        conn.execute("ALTER TABLE ledgerflow.events ENABLE ALWAYS TRIGGER events_claim_event_ids")
         conn.execute(_STREAMS, {"streams": events // 10})
         conn.execute("VACUUM (ANALYZE) ledgerflow.events")
     return time.perf_counter() - began

@@ -233,35 +233,47 @@ class EventTypes:
         """`event` in its type's latest shape: itself when it is stored so (or its type has no chain);
         else a copy whose data went through each upcaster in turn and fits the latest model, and whose
         metadata says which version it is now and which it was stored at."""
-        steps = self._upcasters.get(event.type)
+        parts = self.latest_parts(event.type, event.data, event.metadata, lambda: event)
+        return event if parts is None else _with_parts(event, *parts)
+
+    def latest_parts(
+        self,
+        event_type: str,
+        data: Mapping[str, Any],
+        metadata: Mapping[str, Any],
+        event: Callable[[], RecordedEvent],
+    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """`upcast` on an event's decoded data and metadata, for a read that has not built the event yet
+        (so that an upcast event is built once, not once as stored and again as upcast): None when the
+        event is in its latest shape, else the latest shape's (data, metadata). `event` builds the event
+        as stored, only for an error to name it."""
+        steps = self._upcasters.get(event_type)
         if not steps:
-            return event
+            return None
         self._ensure_checked()
-        latest = self._latest[event.type]
-        stored = event.metadata.get(VERSION_KEY, 1)
+        latest = self._latest[event_type]
+        stored = metadata.get(VERSION_KEY, 1)
         if stored == latest:
-            return event
+            return None
         if isinstance(stored, bool) or not isinstance(stored, int) or not 1 <= stored < latest:
             raise _upcast_error(
-                event,
+                event(),
                 stored,
                 None,
                 f"its version is not one of 1 to {latest}; declare that version of the type",
             )
-        data: Mapping[str, Any] = event.data
         for version in range(stored, latest):
             try:
                 data = steps[version].apply(data)
             except StepFailed as exc:
-                raise _upcast_error(event, stored, (version, version + 1), str(exc)) from exc.__cause__
-        model = self._models.get(event.type, {}).get(latest)
+                raise _upcast_error(event(), stored, (version, version + 1), str(exc)) from exc.__cause__
+        model = self._models.get(event_type, {}).get(latest)
         if model is not None:
             try:
                 model.model_validate(data)
             except pydantic.ValidationError as exc:
-                raise _upcast_error(event, stored, None, f"the result does not fit it: {exc}") from None
-        metadata = {**event.metadata, VERSION_KEY: latest, UPCAST_FROM_KEY: stored}
-        return dataclasses.replace(event, data=dict(data), metadata=metadata)
+                raise _upcast_error(event(), stored, None, f"the result does not fit it: {exc}") from None
+        return dict(data), {**metadata, VERSION_KEY: latest, UPCAST_FROM_KEY: stored}
 
     def upcast_encoded(self, event: EncodedEvent) -> EncodedEvent:
         """`upcast` for an event kept as JSON text: decoded and encoded again only when it changes."""
@@ -296,6 +308,25 @@ class EventTypes:
 def _check_version(version: object, what: str) -> None:
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= 32767:
         raise InvalidInputError(f"{what} is {version!r}: use a whole number from 1 to 32767")
+
+
+def _with_parts(event: RecordedEvent, data: dict[str, Any], metadata: dict[str, Any]) -> RecordedEvent:
+    """`event` with other data and metadata. Built field by field: dataclasses.replace looks each field up
+    by name, which costs more than the upcaster and the validation together."""
+    return RecordedEvent(
+        event.position,
+        event.transaction_id,
+        event.tenant,
+        event.stream_id,
+        event.stream_version,
+        event.event_id,
+        event.type,
+        data,
+        metadata,
+        event.correlation_id,
+        event.causation_id,
+        event.recorded_at,
+    )
 
 
 def _upcast_error(

@@ -21,6 +21,7 @@ import psycopg_pool
 import structlog
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from eventstore.arrays import TextArray
 from eventstore.db import wrap_exceptions
 from eventstore.errors import ConfigurationError, ConflictError, InvalidInputError
 from eventstore.masterkeys import KEY_BYTES, MasterKeys
@@ -82,6 +83,39 @@ class KeyCache:
             while len(self._keys) > self._size:
                 self._keys.popitem(last=False)
 
+    def drop(self, tenant: str, subject: str) -> None:
+        with self._lock:
+            self._keys.pop((tenant, subject), None)
+
+
+class UnwrappedKeys:
+    """Data keys reads have unwrapped, by (tenant, subject, key id), least recently used first out; bounded
+    by `KEY_CACHE_SIZE`. Used only for keys a read has just found live in the table (see `keys_for_read`)."""
+
+    def __init__(self, size: int = KEY_CACHE_SIZE) -> None:
+        self._size = size
+        self._keys: OrderedDict[tuple[str, str, uuid.UUID], SubjectKey] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, tenant: str, subject: str, key_id: uuid.UUID) -> SubjectKey | None:
+        with self._lock:
+            key = self._keys.get((tenant, subject, key_id))
+            if key is not None:
+                self._keys.move_to_end((tenant, subject, key_id))
+            return key
+
+    def put(self, tenant: str, subject: str, key: SubjectKey) -> None:
+        with self._lock:
+            self._keys[(tenant, subject, key.key_id)] = key
+            self._keys.move_to_end((tenant, subject, key.key_id))
+            while len(self._keys) > self._size:
+                self._keys.popitem(last=False)
+
+    def drop(self, tenant: str, subject: str) -> None:
+        with self._lock:
+            for found in [k for k in self._keys if k[0] == tenant and k[1] == subject]:
+                del self._keys[found]
+
 
 @dataclass(frozen=True, slots=True)
 class Forgotten:
@@ -112,6 +146,10 @@ class SubjectKeys:
         self.pool = pool
         self.masters = masters
         self.cache = KeyCache()
+        #: Data keys reads have unwrapped, by (tenant, subject, key id): a read still asks the table which
+        #: keys live at that moment (a forgotten key is not in its answer, so nothing cached here decrypts
+        #: after its forgetting, in this process or any other); it only skips unwrapping them again.
+        self.unwrapped = UnwrappedKeys()
         #: Where a key is created: the appending thread's own connection (`EventStore.statement_connection`),
         #: so an append that creates a key neither holds two connections nor gives its pinned one back.
         self._statement_connection = statement_connection or pool.connection
@@ -160,23 +198,33 @@ class SubjectKeys:
         self, conn: psycopg.Connection[Any], wanted: Iterable[tuple[str, str]]
     ) -> dict[tuple[str, str], SubjectKey]:
         """The live keys of `wanted` (tenant, subject) pairs, read now on `conn`; forgotten ones are
-        absent. Never from memory: a forgotten key must not decrypt anything after its forgetting."""
+        absent. Which keys live is never taken from memory: a forgotten key must not decrypt anything
+        after its forgetting, whichever process forgot it."""
         pairs = sorted(set(wanted))
         rows = conn.execute(
             Q["keys_for_read"],
-            {"tenants": [t for t, _ in pairs], "subjects": [s for _, s in pairs]},
+            {"tenants": TextArray(t for t, _ in pairs), "subjects": TextArray(s for _, s in pairs)},
         ).fetchall()
-        return {
-            (tenant, subject): SubjectKey(
-                key_id, self.masters.unwrap(tenant, subject, key_id, bytes(wrapped), master_id)
-            )
-            for tenant, subject, key_id, wrapped, master_id in rows
-        }
+        found: dict[tuple[str, str], SubjectKey] = {}
+        for tenant, subject, key_id, wrapped, master_id in rows:
+            # Live now (the row above): its secret, the same for ever under one key id (a key is never
+            # changed, only re-wrapped or forgotten), may come from an earlier unwrapping.
+            known = self.unwrapped.get(tenant, subject, key_id)
+            if known is None:
+                secret = self.masters.unwrap(tenant, subject, key_id, bytes(wrapped), master_id)
+                known = SubjectKey(key_id, secret)
+                self.unwrapped.put(tenant, subject, known)
+            found[(tenant, subject)] = known
+        return found
 
     def forget_txn(self, conn: psycopg.Connection[Any], tenant: str, subject: str, by: str) -> Forgotten:
         """Delete the subject's key, leaving a tombstone, in the caller's transaction (READ COMMITTED: each
         statement sees what committed before it, so a key created between two of them is found)."""
         subject = check_subject(subject)
+        # This process keeps no copy of the key from here on (were the forgetting rolled back, the key
+        # would only be read again). Reads never needed this: each asks the table (see `keys_for_read`).
+        self.unwrapped.drop(tenant, subject)
+        self.cache.drop(tenant, subject)
         params = {"tenant": tenant, "subject": subject, "by": by}
         for _ in range(3):
             for name in ("forget_key", "forget_keyless"):

@@ -21,7 +21,7 @@ LIMIT 1
 -- name: keys_for_read
 -- The keys a page of events needs, by (tenant, subject); forgotten subjects have no row here.
 SELECT k.tenant, k.subject, k.key_id, k.wrapped_key, k.master_key_id
-  FROM unnest(%(tenants)s::text[], %(subjects)s::text[]) AS wanted (tenant, subject)
+  FROM unnest(%(tenants)b::text[], %(subjects)b::text[]) AS wanted (tenant, subject)
   JOIN ledgerflow.subject_keys k USING (tenant, subject)
  WHERE k.wrapped_key IS NOT NULL
 

@@ -18,7 +18,7 @@ import os
 import threading
 import uuid
 from binascii import a2b_base64
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,39 +158,36 @@ class Shredder:
     def reveal(self, conn: psycopg.Connection[Any], rows: list[Any], offset: int) -> list[Any]:
         """`rows` of a read (each: a running size, then the event's columns, after `offset` leading
         columns) with personal fields decrypted, or `REDACTED` where their subject was forgotten; the data
-        column of such a row becomes the decoded dict (the readers decode it no more). The keys are read
-        on `conn` at this moment, never from memory."""
+        column of such a row becomes the decoded dict (the readers decode it no more). Which keys live is
+        read on `conn` at this moment (their secrets may have been unwrapped before: see
+        `SubjectKeys.keys_for_read`)."""
         data_at = offset + 8
-        marked = [i for i, row in enumerate(rows) if row[data_at] is not None and _MARK_TEXT in row[data_at]]
-        if not marked:
-            return rows
-        parsed: dict[int, dict[str, Any]] = {}
+        # One pass over each marked row's fields: its sealed ones, and the subjects whose keys they need.
+        sealed: list[tuple[int, dict[str, Any], list[tuple[str, dict[str, Any]]]]] = []
         wanted: set[tuple[str, str]] = set()
-        for i in marked:
-            data = jsonvalue.loads(rows[i][data_at])
-            parsed[i] = data
-            tenant = rows[i][offset + 3]
-            wanted.update((tenant, env["subject"]) for env in _envelopes(data))
+        for i, row in enumerate(rows):
+            text = row[data_at]
+            if text is None or _MARK_TEXT not in text:
+                continue
+            data = jsonvalue.loads(text)
+            fields = [(name, value) for name, value in data.items() if type(value) is dict and MARK in value]
+            tenant = row[offset + 3]
+            for _, envelope in fields:
+                wanted.add((tenant, envelope["subject"]))
+            sealed.append((i, data, fields))
+        if not sealed:
+            return rows
         keys = self.keys.keys_for_read(conn, wanted) if wanted else {}
         out = list(rows)
-        for i, data in parsed.items():
+        for i, data, fields in sealed:
             row = rows[i]
             tenant, event_id, event_type = row[offset + 3], row[offset + 6], row[offset + 7]
-            for name, value in data.items():
-                if _is_envelope(value):
-                    key = keys.get((tenant, value["subject"]))
-                    aad = _aad(tenant, value["subject"], event_type, name, event_id)
-                    data[name] = _open(key, name, value, aad)
+            for name, envelope in fields:
+                subject = envelope["subject"]
+                aad = _aad(tenant, subject, event_type, name, event_id)
+                data[name] = _open(keys.get((tenant, subject)), name, envelope, aad)
             out[i] = (*row[:data_at], data, *row[data_at + 1 :])
         return out
-
-
-def _is_envelope(value: object) -> bool:
-    return type(value) is dict and MARK in value
-
-
-def _envelopes(data: Mapping[str, Any]) -> Iterable[dict[str, Any]]:
-    return (v for v in data.values() if _is_envelope(v))
 
 
 def _refuse_envelopes(event_type: str, data: Mapping[str, Any]) -> None:

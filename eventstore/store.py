@@ -129,22 +129,25 @@ def _encoded(row: Sequence[Any]) -> EncodedEvent:
     return EncodedEvent(*row[1:])
 
 
-def _recorded(row: Sequence[Any]) -> RecordedEvent:
-    """`_encoded(row).decode()`, without the intermediate object."""
+def _recorded(row: Sequence[Any], types: EventTypes | None = None) -> RecordedEvent:
+    """`_encoded(row).decode()`, without the intermediate object; in its type's latest shape when given
+    `types` (built once either way)."""
     _, position, tx, tenant, stream_id, version, event_id, type_, data, metadata, corr, cause, at = row
+    decoded = loads(data) if type(data) is str else data  # a dict: revealed personal fields
+    meta = loads(metadata)
+    if types is not None:
+        parts = types.latest_parts(
+            type_,
+            decoded,
+            meta,
+            lambda: RecordedEvent(
+                position, tx, tenant, stream_id, version, event_id, type_, decoded, meta, corr, cause, at
+            ),
+        )
+        if parts is not None:
+            decoded, meta = parts
     return RecordedEvent(
-        position,
-        tx,
-        tenant,
-        stream_id,
-        version,
-        event_id,
-        type_,
-        loads(data) if type(data) is str else data,  # a dict: revealed personal fields
-        loads(metadata),
-        corr,
-        cause,
-        at,
+        position, tx, tenant, stream_id, version, event_id, type_, decoded, meta, corr, cause, at
     )
 
 
@@ -615,7 +618,7 @@ class EventStore:
                 query, {"tenant": tenant, "stream_id": stream_id, "version": version, "limit": limit}
             ).fetchall()
             rows = self.personal.reveal(conn, rows, 0)
-        return self._shaped([_recorded(r) for r in rows], upcast)
+        return self._shaped(rows, upcast)
 
     def read_stream_page(
         self,
@@ -668,7 +671,7 @@ class EventStore:
                 Q["read_streams"], {"tenant": tenant, "stream_ids": list(stream_ids)}
             ).fetchall()
             rows = self.personal.reveal(conn, rows, 0)
-        for event in self._shaped([_recorded(row) for row in rows], upcast):
+        for event in self._shaped(rows, upcast):
             found[event.stream_id].append(event)
         return found
 
@@ -739,7 +742,7 @@ class EventStore:
         rows, cursor, caught_up = self._read_all(
             after, limit, tenant, types, categories, max_bytes, conn, segment
         )
-        return ReadPage(tuple(self._shaped([_recorded(r[2:]) for r in rows], upcast)), cursor, caught_up)
+        return ReadPage(tuple(self._shaped((r[2:] for r in rows), upcast)), cursor, caught_up)
 
     def read_all_encoded(
         self,
@@ -800,12 +803,10 @@ class EventStore:
         return rows, max(after, Cursor(xmin, 0)), not ended
 
     # Every read's events pass through these two, and nowhere else do reads change an event's shape.
-    def _shaped(self, events: list[RecordedEvent], upcast: bool) -> list[RecordedEvent]:
-        """The events a read returns: in their type's latest shape when `upcast`."""
-        if not upcast:
-            return events
-        upcast_one = self.types.upcast
-        return [upcast_one(e) for e in events]
+    def _shaped(self, rows: Iterable[Sequence[Any]], upcast: bool) -> list[RecordedEvent]:
+        """The events of a read's rows (see `_recorded`): in their type's latest shape when `upcast`."""
+        types = self.types if upcast else None
+        return [_recorded(r, types) for r in rows]
 
     def _shaped_encoded(self, events: tuple[EncodedEvent, ...], upcast: bool) -> tuple[EncodedEvent, ...]:
         """`_shaped` for events kept as JSON text: only events that change are decoded and encoded."""

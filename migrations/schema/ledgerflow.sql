@@ -474,6 +474,7 @@ $$;
 
 CREATE FUNCTION ledgerflow.wf_claim(p_worker_name text, p_instance text, p_worker_id text, p_workflows text[], p_versions text[], p_limit integer, p_ttl double precision) RETURNS TABLE(run_id uuid, node text, tenant text, workflow text, attempt integer, token bigint, cancel_requested boolean, crashes integer, version text, stream_id text, stream_version bigint, "position" bigint, transaction_id bigint)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -560,7 +561,7 @@ $$;
 --
 
 CREATE FUNCTION ledgerflow.wf_claim_pick(p_workflows text[], p_versions text[], p_limit integer) RETURNS TABLE(run_id uuid, node text, workflow text, n integer)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql ROWS 10
     AS $$
 #variable_conflict use_column
 DECLARE

@@ -354,3 +354,29 @@ def test_data_that_looks_sealed_is_refused(shredding: EventStore) -> None:
     with pytest.raises(InvalidInputError, match="lacks"):
         shredding.append("customer-1", [NewEvent("TestCustomerMoved", {"address": "x"})])
     assert shredding.stream_version("customer-1") is None
+
+
+def test_a_key_a_reader_unwrapped_decrypts_nothing_once_another_process_forgets(database_url: str) -> None:
+    """Reads keep the data keys they unwrapped (so a page does not unwrap them again), but ask the key
+    table at every page: a forgetting by another store (another process's, as far as memory goes) is
+    obeyed by the reader's next read, with no wait, and the forgetting store drops its own copies."""
+    with keyed_store(database_url) as reader, keyed_store(database_url) as operator:
+        reader.append("customer-1", [registered("c1", "ann@example.com")])
+        reader.append("customer-2", [registered("c2", "bob@example.com")])
+        assert [e.data["email"] for e in reader.read_stream("customer-1")] == ["ann@example.com"]
+        assert [e.data["email"] for e in reader.read_stream("customer-2")] == ["bob@example.com"]
+        with reader.pool.connection() as conn:
+            row = conn.execute("SELECT key_id FROM ledgerflow.subject_keys WHERE subject = 'c1'").fetchone()
+        assert row is not None
+        cached = reader.personal.keys.unwrapped.get("default", "c1", row[0])
+        assert cached is not None  # kept: the case this test is about
+        assert cached.cipher is not None
+        operator.read_stream("customer-1")  # the operator's store unwraps it too
+        forget_subject(operator, "c1", tenant="default", by="test")
+        assert [e.data["email"] for e in reader.read_stream("customer-1")] == [REDACTED]
+        assert [e.data["email"] for e in everything(reader) if e.type != "SubjectForgotten"] == [
+            REDACTED,
+            "bob@example.com",
+        ]
+        assert reader.read_streams(["customer-1"])["customer-1"][0].data["email"] == REDACTED
+        assert operator.personal.keys.unwrapped.get("default", "c1", row[0]) is None
