@@ -271,3 +271,32 @@ def publish(ctx: NodeContext) -> Any:
 
 
 registry.register(approval)
+
+countdown = Workflow("countdown")
+
+
+@countdown.node()
+def count(ctx: NodeContext) -> Any:
+    """Continues as a new run with n - 1 until n is 0. With `gate`, waits (writing nothing, so it does not
+    see a cancellation) until the test opens the run's gate first; with `bad`, tries a successor's input
+    the engine refuses and returns the error's class name."""
+    record_call(ctx, "count")
+    given = ctx.input or {}
+    if given.get("gate"):
+        GATES.setdefault(str(ctx.run_id), threading.Event()).wait(30)
+    if (bad := given.get("bad")) is not None:
+        try:
+            ctx.continue_as_new("x" * 2_000_000 if bad == "large" else {"not json": object()})
+        except Exception as exc:
+            return type(exc).__name__
+    if given.get("n", 0) > 0:
+        ctx.continue_as_new({**given, "n": given["n"] - 1})
+    return {"done": given.get("n", 0)}
+
+
+@countdown.node(depends_on=["count"])
+def after_count(ctx: NodeContext) -> Any:
+    return "after"
+
+
+registry.register(countdown)

@@ -230,6 +230,10 @@ def show(ctx: click.Context, run_id: str, tenant: str, as_json: bool, outputs: b
             f"on the parent's end: {run.parent.parent_close})",
             highlight=False,
         )
+    if run.continued_from is not None:
+        console.print(f"continued_from: {run.continued_from}", highlight=False)
+    if run.continued_as is not None:
+        console.print(f"continued_as: {run.continued_as}", highlight=False)
     if run.triggered_by is not None:
         by = run.triggered_by
         console.print(
@@ -314,6 +318,8 @@ def run_as_dict(run: RunState) -> dict[str, Any]:
         "key": run.key,
         "triggered_by": run.triggered_by.model_dump() if run.triggered_by is not None else None,
         "parent": run.parent.model_dump() if run.parent is not None else None,
+        "continued_from": run.continued_from,
+        "continued_as": run.continued_as,
         "priority": run.priority,
         "status": run.status,
         "cancel_requested": run.cancel_requested,

@@ -1,0 +1,114 @@
+"""`ctx.continue_as_new`: the run's end and its successor's start commit together, linked both ways; a
+run cancelled meanwhile starts none; input the engine refuses is a typed error that writes nothing."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from eventstore import EventStore
+from projector import ProjectorWorker, verify
+from projector import WorkerSettings as ProjectorSettings
+from tests.flows import GATES, registry
+from tests.waiting import wait_until
+from workflows import Engine, RunFilter, WorkerSettings, WorkflowWorker, search_runs, workflow_tables
+from workflows import events as ev
+from workflows.engine import run_id_for
+from workflows.run_state import RunState
+from workflows.testing import running_worker, wait_for_run
+
+
+@pytest.fixture
+def engine(store: EventStore) -> Engine:
+    return Engine(store, registry)
+
+
+@pytest.fixture
+def worker(engine: Engine) -> Iterator[WorkflowWorker]:
+    with running_worker(
+        engine,
+        registry,
+        WorkerSettings(concurrency=2, lease_ttl=5, heartbeat_interval=1, poll_interval=0.1, shutdown_grace=2),
+        name="test-worker",
+    ) as w:
+        yield w
+
+
+def successor_of(run_id: uuid.UUID, tenant: str = "default") -> uuid.UUID:
+    return run_id_for(tenant, f"continue:{run_id}")
+
+
+def chain(engine: Engine, first: uuid.UUID) -> list[RunState]:
+    """The runs of a continue_as_new chain from `first`, each once it has ended."""
+    runs = [wait_for_run(engine, first)]
+    while runs[-1].continued_as is not None:
+        runs.append(wait_for_run(engine, uuid.UUID(runs[-1].continued_as)))
+        assert len(runs) < 20, "the chain does not end"
+    return runs
+
+
+def test_a_chain_of_three_continuations_is_linked_both_ways(engine: Engine, worker: WorkflowWorker) -> None:
+    started = engine.start("countdown", input={"n": 3}, tags={"team": "a"})
+    runs = chain(engine, started.run_id)
+    assert [r.status for r in runs] == ["continued", "continued", "continued", "succeeded"]
+    assert [r.input["n"] for r in runs] == [3, 2, 1, 0]
+    assert runs[0].continued_from is None
+    assert runs[-1].continued_as is None
+    for before, after in itertools.pairwise(runs):
+        assert before.continued_as == str(after.run_id)
+        assert after.continued_from == str(before.run_id)
+        assert after.run_id == successor_of(before.run_id)
+        assert after.tags == {"team": "a"}
+        assert after.workflow == "countdown"
+        # The continued run's node succeeded; the nodes after it never ran.
+        assert before.node("count").status == "succeeded"
+        assert before.node("after_count").status == "pending"
+    assert runs[-1].node("after_count").output == "after"
+    # The tables follow the fold, and a search by status finds the continued runs.
+    project(engine.store)
+    found = search_runs(engine.store, tenant="default", filter=RunFilter(statuses=("continued",)))
+    assert sorted(r["run_id"] for r in found.runs) == sorted(r.run_id for r in runs[:3])
+    assert verify(engine.store, workflow_tables).equal
+
+
+def project(store: EventStore) -> None:
+    worker = ProjectorWorker(store, [workflow_tables], ProjectorSettings())
+    try:
+        worker.run_until_caught_up()
+    finally:
+        worker.release_all()
+
+
+def test_a_run_cancelled_meanwhile_starts_no_successor(engine: Engine, worker: WorkflowWorker) -> None:
+    started = engine.start("countdown", input={"n": 1, "gate": True})
+    gate = GATES.setdefault(str(started.run_id), threading.Event())
+    wait_until(
+        lambda: engine.load(started.run_id).node("count").status == "running",
+        timeout=30,
+        what="the node to run",
+    )
+    engine.cancel(started.run_id)
+    gate.set()  # the node now calls continue_as_new on a run being cancelled
+    run = wait_for_run(engine, started.run_id)
+    assert run.status == "cancelled"
+    assert run.continued_as is None
+    assert engine.store.read_stream(ev.run_stream(successor_of(started.run_id))) == []
+
+
+@pytest.mark.parametrize(("bad", "error"), [("large", "PayloadTooLargeError"), ("json", "InvalidInputError")])
+def test_refused_input_is_a_typed_error_and_writes_nothing(
+    engine: Engine, worker: WorkflowWorker, bad: str, error: str
+) -> None:
+    started = engine.start("countdown", input={"n": 1, "bad": bad})
+    run = wait_for_run(engine, started.run_id)
+    assert run.status == "succeeded"
+    assert run.node("count").output == error
+    assert run.continued_as is None
+    assert engine.store.read_stream(ev.run_stream(successor_of(started.run_id))) == []
+    assert not any(
+        e.type == ev.RUN_CONTINUED_AS_NEW for e in engine.store.read_stream(ev.run_stream(run.run_id))
+    )
