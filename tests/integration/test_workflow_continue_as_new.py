@@ -7,6 +7,7 @@ import itertools
 import threading
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 
@@ -15,7 +16,16 @@ from projector import ProjectorWorker, verify
 from projector import WorkerSettings as ProjectorSettings
 from tests.flows import GATES, registry
 from tests.waiting import wait_until
-from workflows import Engine, RunFilter, WorkerSettings, WorkflowWorker, search_runs, workflow_tables
+from workflows import (
+    Engine,
+    RunFilter,
+    WorkerSettings,
+    WorkflowWorker,
+    release_of,
+    release_run,
+    search_runs,
+    workflow_tables,
+)
 from workflows import events as ev
 from workflows.engine import run_id_for
 from workflows.run_state import RunState
@@ -73,6 +83,18 @@ def test_a_chain_of_three_continuations_is_linked_both_ways(engine: Engine, work
     found = search_runs(engine.store, tenant="default", filter=RunFilter(statuses=("continued",)))
     assert sorted(r["run_id"] for r in found.runs) == sorted(r.run_id for r in runs[:3])
     assert verify(engine.store, workflow_tables).equal
+
+
+def test_retention_releases_a_continued_run_as_an_ended_one(engine: Engine, worker: WorkflowWorker) -> None:
+    first = engine.start("countdown", input={"n": 1}).run_id
+    run = wait_for_run(engine, first)
+    assert run.status == "continued"
+    assert run.finished_at is not None
+    later = run.finished_at + timedelta(seconds=2)
+    release_run(engine, first, default=timedelta(seconds=1), now=later)
+    assert release_of(engine.store, first) is not None
+    successor = wait_for_run(engine, uuid.UUID(run.continued_as or ""))
+    assert successor.continued_from == str(first)  # the successor's link is its own, left as it was
 
 
 def project(store: EventStore) -> None:
