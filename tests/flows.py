@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from workflows import NodeContext, RetryPolicy, Workflow, WorkflowRegistry
+from workflows import AsyncNodeContext, NodeContext, RetryPolicy, Workflow, WorkflowRegistry
 
 registry = WorkflowRegistry()
 
@@ -300,3 +300,17 @@ def after_count(ctx: NodeContext) -> Any:
 
 
 registry.register(countdown)
+
+async_countdown = Workflow("async_countdown")
+
+
+@async_countdown.node()
+async def async_count(ctx: AsyncNodeContext) -> Any:
+    """`countdown`'s loop in an `async def` node."""
+    n = (ctx.input or {}).get("n", 0)
+    if n > 0:
+        ctx.continue_as_new({"n": n - 1})
+    return {"done": n}
+
+
+registry.register(async_countdown)

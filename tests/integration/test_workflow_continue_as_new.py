@@ -134,3 +134,10 @@ def test_refused_input_is_a_typed_error_and_writes_nothing(
     assert not any(
         e.type == ev.RUN_CONTINUED_AS_NEW for e in engine.store.read_stream(ev.run_stream(run.run_id))
     )
+
+
+def test_an_async_node_continues_as_new(engine: Engine, worker: WorkflowWorker) -> None:
+    runs = chain(engine, engine.start("async_countdown", input={"n": 2}).run_id)
+    assert [r.status for r in runs] == ["continued", "continued", "succeeded"]
+    assert runs[-1].node("async_count").output == {"done": 0}
+    assert runs[-1].continued_from == str(runs[1].run_id)
