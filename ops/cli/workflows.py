@@ -272,7 +272,9 @@ def wait(ctx: click.Context, run_id: str, timeout: float, tenant: str) -> None:
         ctx.exit(2)
     if run.error:
         console.print(f"[red]{run.error}[/]", highlight=False)
-    ctx.exit(0 if run.status == "succeeded" else 1)
+    if run.continued_as is not None:  # it ended well, handing over to its successor: wait for that one next
+        console.print(f"continued_as: {run.continued_as}", highlight=False)
+    ctx.exit(0 if run.status in ("succeeded", "continued") else 1)
 
 
 def _wait_for_end(engine: Engine, run_id: uuid.UUID, tenant: str, timeout: float) -> RunState:

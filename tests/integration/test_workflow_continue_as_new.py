@@ -10,8 +10,10 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from click.testing import CliRunner
 
 from eventstore import EventStore
+from ops.cli.commands import cli
 from projector import ProjectorWorker, verify
 from projector import WorkerSettings as ProjectorSettings
 from tests.flows import GATES, registry
@@ -141,3 +143,18 @@ def test_an_async_node_continues_as_new(engine: Engine, worker: WorkflowWorker) 
     assert [r.status for r in runs] == ["continued", "continued", "succeeded"]
     assert runs[-1].node("async_count").output == {"done": 0}
     assert runs[-1].continued_from == str(runs[1].run_id)
+
+
+def test_workflows_show_names_both_links(engine: Engine, worker: WorkflowWorker) -> None:
+    runs = chain(engine, engine.start("countdown", input={"n": 1}).run_id)
+    env = {"LEDGERFLOW_DATABASE_URL": engine.store.url, "LEDGERFLOW_WORKFLOWS": "tests.flows:registry"}
+    runner = CliRunner()
+    first = runner.invoke(cli, ["workflows", "show", str(runs[0].run_id)], env=env)
+    assert first.exit_code == 0, first.output
+    assert f"continued_as: {runs[1].run_id}" in first.output
+    second = runner.invoke(cli, ["workflows", "show", str(runs[1].run_id), "--json"], env=env)
+    assert second.exit_code == 0, second.output
+    assert f'"continued_from": "{runs[0].run_id}"' in second.output
+    waited = runner.invoke(cli, ["workflows", "wait", str(runs[0].run_id)], env=env)
+    assert waited.exit_code == 0, waited.output  # a run that continued ended well
+    assert f"continued_as: {runs[1].run_id}" in waited.output
