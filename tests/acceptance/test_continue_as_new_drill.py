@@ -1,6 +1,7 @@
 """Drill: a `ledgerflow worker` process SIGKILLed while its transaction that continues a run as a new one
-is open (the successor's RunStarted written, not committed). The node is reclaimed by another worker,
-which calls `continue_as_new` again: exactly one successor starts per run, and the chain ends."""
+is open, at its last write (the successor's RunStarted written, the run's RunContinuedAsNew being
+written, nothing committed). No successor is left behind; the node is reclaimed by another worker, which
+calls `continue_as_new` again: exactly one successor starts per run, and the chain ends."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from workflows.testing import wait_for_run
 
 pytestmark = pytest.mark.drill
 
-#: Holds the successor's start open (the row inserted, the transaction not committed) while
-#: public.hold_continue has a row, so that the worker can be killed at exactly that moment.
+#: Holds the run's RunContinuedAsNew, the transaction's last write (after the successor's start), open
+#: while public.hold_continue has a row, so that the worker can be killed at exactly that moment.
 HOLD = """
 CREATE TABLE public.hold_continue (x int);
 INSERT INTO public.hold_continue VALUES (1);
@@ -34,7 +35,7 @@ BEGIN
     RETURN NEW;
 END $$;
 CREATE TRIGGER hold_continue BEFORE INSERT ON ledgerflow.events FOR EACH ROW
-    WHEN (NEW.event_type = 'wf.RunStarted' AND NEW.data ? 'continued_from')
+    WHEN (NEW.event_type = 'wf.RunContinuedAsNew')
     EXECUTE FUNCTION public.hold_continue();
 """
 
@@ -77,7 +78,8 @@ def test_a_worker_killed_while_continuing_starts_exactly_one_successor(
         for pid in held:
             conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
         conn.execute("DELETE FROM public.hold_continue")
-    assert successors_started(store, first) == 0  # nothing of the held transaction committed
+    # The successor's start was written in the killed transaction: it went with it.
+    assert successors_started(store, first) == 0
     assert engine.load(first).status == "running"
     taker = start_worker(store.url, "taker", log, lease_ttl=1.5)
     try:
