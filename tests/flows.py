@@ -314,3 +314,26 @@ async def async_count(ctx: AsyncNodeContext) -> Any:
 
 
 registry.register(async_countdown)
+
+twin_countdown = Workflow("twin_countdown")
+
+
+def _twin(ctx: NodeContext) -> Any:
+    n = (ctx.input or {}).get("n", 0)
+    if n > 0:
+        ctx.continue_as_new({"n": n - 1})
+    return n
+
+
+@twin_countdown.node()
+def twin_a(ctx: NodeContext) -> Any:
+    """Continues at the same moment as `twin_b`: only one of them ends the run."""
+    return _twin(ctx)
+
+
+@twin_countdown.node()
+def twin_b(ctx: NodeContext) -> Any:
+    return _twin(ctx)
+
+
+registry.register(twin_countdown)

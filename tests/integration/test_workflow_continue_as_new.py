@@ -158,3 +158,18 @@ def test_workflows_show_names_both_links(engine: Engine, worker: WorkflowWorker)
     waited = runner.invoke(cli, ["workflows", "wait", str(runs[0].run_id)], env=env)
     assert waited.exit_code == 0, waited.output  # a run that continued ended well
     assert f"continued_as: {runs[1].run_id}" in waited.output
+
+
+def test_two_nodes_continuing_at_once_start_one_successor(engine: Engine, worker: WorkflowWorker) -> None:
+    runs = chain(engine, engine.start("twin_countdown", input={"n": 3}).run_id)
+    assert [r.status for r in runs] == ["continued", "continued", "continued", "succeeded"]
+    for run in runs[:3]:
+        history = engine.store.read_stream(ev.run_stream(run.run_id), limit=10_000)
+        assert sum(e.type == ev.RUN_CONTINUED_AS_NEW for e in history) == 1
+        with engine.store.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM ledgerflow.events WHERE event_type = 'wf.RunStarted' "
+                "AND data ->> 'continued_from' = %s",
+                (str(run.run_id),),
+            ).fetchone()
+        assert row == (1,)
