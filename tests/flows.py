@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from workflows import NodeContext, RetryPolicy, Workflow, WorkflowRegistry
+from workflows import AsyncNodeContext, NodeContext, RetryPolicy, Workflow, WorkflowRegistry
 
 registry = WorkflowRegistry()
 
@@ -271,3 +271,69 @@ def publish(ctx: NodeContext) -> Any:
 
 
 registry.register(approval)
+
+countdown = Workflow("countdown")
+
+
+@countdown.node()
+def count(ctx: NodeContext) -> Any:
+    """Continues as a new run with n - 1 until n is 0. With `gate`, waits (writing nothing, so it does not
+    see a cancellation) until the test opens the run's gate first; with `bad`, tries a successor's input
+    the engine refuses and returns the error's class name."""
+    record_call(ctx, "count")
+    given = ctx.input or {}
+    if given.get("gate"):
+        GATES.setdefault(str(ctx.run_id), threading.Event()).wait(30)
+    if (bad := given.get("bad")) is not None:
+        try:
+            ctx.continue_as_new("x" * 2_000_000 if bad == "large" else {"not json": object()})
+        except Exception as exc:
+            return type(exc).__name__
+    if given.get("n", 0) > 0:
+        ctx.continue_as_new({**given, "n": given["n"] - 1})
+    return {"done": given.get("n", 0)}
+
+
+@countdown.node(depends_on=["count"])
+def after_count(ctx: NodeContext) -> Any:
+    return "after"
+
+
+registry.register(countdown)
+
+async_countdown = Workflow("async_countdown")
+
+
+@async_countdown.node()
+async def async_count(ctx: AsyncNodeContext) -> Any:
+    """`countdown`'s loop in an `async def` node."""
+    n = (ctx.input or {}).get("n", 0)
+    if n > 0:
+        ctx.continue_as_new({"n": n - 1})
+    return {"done": n}
+
+
+registry.register(async_countdown)
+
+twin_countdown = Workflow("twin_countdown")
+
+
+def _twin(ctx: NodeContext) -> Any:
+    n = (ctx.input or {}).get("n", 0)
+    if n > 0:
+        ctx.continue_as_new({"n": n - 1})
+    return n
+
+
+@twin_countdown.node()
+def twin_a(ctx: NodeContext) -> Any:
+    """Continues at the same moment as `twin_b`: only one of them ends the run."""
+    return _twin(ctx)
+
+
+@twin_countdown.node()
+def twin_b(ctx: NodeContext) -> Any:
+    return _twin(ctx)
+
+
+registry.register(twin_countdown)

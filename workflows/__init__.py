@@ -42,6 +42,7 @@ from workflows.demo import ONTOLOGY_EXTRACTED, sample_schema  # noqa: E402
 from workflows.demo import registry as demo_registry  # noqa: E402
 from workflows.engine import Engine, Started  # noqa: E402
 from workflows.errors import (  # noqa: E402
+    ContinueAsNew,
     NodeLeaseLost,
     NodeStuckError,
     NodeTimeout,
@@ -116,6 +117,7 @@ __all__ = [
     "BulkAction",
     "BulkLimitError",
     "BulkPlan",
+    "ContinueAsNew",
     "Debounce",
     "DefinitionError",
     "Engine",

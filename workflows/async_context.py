@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from workflows import events as ev
 from workflows.context import NodeContext
@@ -135,6 +135,13 @@ class AsyncNodeContext:
             child_key=child_key,
             parent_close=parent_close,
         )
+
+    # -- continuing as a new run ---------------------------------------------------------------------------
+
+    def continue_as_new(self, input: Any = None, *, tags: Mapping[str, str] | None = None) -> NoReturn:
+        """End this run and start its successor with `input` (see NodeContext.continue_as_new). No I/O, so
+        not awaited: it raises at once, and the worker records the end and the start in one transaction."""
+        self._sync.continue_as_new(input, tags=tags)
 
     # -- tags --------------------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ survive crashes without paying twice.
 - `step(key, fn)`: a memoized step; its result is recorded in the log and returned without calling `fn`
   again on retry or resume (the expensive call is paid once);
 - `start_workflow(...)`: starts another workflow exactly once, however often the node is retried;
+- `continue_as_new(input)`: ends the run and starts its successor with `input`, in one transaction;
 - `sleep(seconds)` / `sleep_until(when)`: a durable timer;
 - `wait_for_signal(name, timeout=...)`: the payload of a signal sent to the run (`Engine.signal`).
 
@@ -36,7 +37,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from eventstore import (
     ANY,
@@ -49,8 +50,9 @@ from eventstore import (
 from workflows import events as ev
 from workflows import node_queue
 from workflows.definition import NodeSpec
-from workflows.engine import Engine, advance
+from workflows.engine import Engine, advance, fingerprint
 from workflows.errors import (
+    ContinueAsNew,
     NodeSuspended,
     NodeTimeout,
     RepeatedStepKeyError,
@@ -310,6 +312,22 @@ class NodeContext:
         )
         self._state.children[child_key] = str(started.run_id)
         return started.run_id
+
+    # -- continuing as a new run -----------------------------------------------------------------------
+
+    def continue_as_new(self, input: Any = None, *, tags: Mapping[str, str] | None = None) -> NoReturn:
+        """End this run and start its successor (same workflow, tenant, key and tags, unless `tags` is
+        given; this `input`), atomically: the node's success, the run's end (status `continued`) and the
+        successor's start commit together, and however often the node is retried, exactly one successor
+        starts (`Lifecycle.continued`). Does not return: the body stops here. The run's other running
+        nodes stop as after a terminate. Bad input or tags raise a typed error, having written nothing."""
+        self._engine.caps.check_input(input)
+        fingerprint(input)  # input that is not JSON fails here, not in the worker
+        checked = None
+        if tags is not None:
+            checked = {k: v for k, v in self._engine.tag_limits.check(dict(tags)).items() if v is not None}
+        self.check()
+        raise ContinueAsNew(input, checked)
 
     # -- tags ---------------------------------------------------------------------------------------
 

@@ -251,6 +251,7 @@ class Engine:
         priority: int = 0,
         tags: dict[str, str] | None = None,
         parent: ev.ParentLink | None = None,
+        continued_from: uuid.UUID | None = None,
     ) -> Started:
         roots = wf.roots()
         started = ev.event(
@@ -268,6 +269,7 @@ class Engine:
             **({"priority": priority} if priority else {}),
             **({"tags": tags} if tags else {}),
             **({"parent": parent.model_dump()} if parent is not None else {}),
+            **({"continued_from": str(continued_from)} if continued_from is not None else {}),
         )
         appends = [
             StreamAppend(
@@ -367,6 +369,39 @@ class Engine:
                     conn, run_id, tenant, wf.name, wf.version, [wf.nodes[r] for r in roots], priority=priority
                 )
         return result
+
+    def start_successor(
+        self, conn: psycopg.Connection[Any], run: RunState, input: Any, tags: dict[str, str] | None
+    ) -> uuid.UUID:
+        """In the caller's transaction (the one that ends `run`): start `run`'s successor, of the same
+        workflow (its current definition), tenant, key (released by `run` and claimed by the successor here,
+        so no other start takes it between them) and tags unless `tags` is given. Its id derives from
+        `run`'s, and it is started under an idempotency key of `run`'s: a repeat starts nothing more."""
+        wf = self.registry.get(run.workflow)
+        input_fp = fingerprint(input)
+        self.caps.check_input(input)
+        checked = self.tag_limits.check(dict(run.tags) if tags is None else tags)
+        kept = {k: v for k, v in checked.items() if v is not None}
+        idempotency_key = f"continue:{run.run_id}"
+        key_version: int | None = None
+        if run.key is not None:
+            released = self.store.append_many(release_key_appends(run), tenant=run.tenant, conn=conn)
+            key_version = released.events[-1].stream_version
+        started = self._start(
+            wf,
+            run_id_for(run.tenant, idempotency_key),
+            input,
+            input_fp,
+            run.key,
+            key_version,
+            idempotency_key,
+            run.tenant,
+            caller_conn=conn,
+            priority=run.priority,
+            tags=kept,
+            continued_from=run.run_id,
+        )
+        return started.run_id
 
     def _debounce(
         self,

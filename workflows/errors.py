@@ -43,6 +43,16 @@ class NodeSuspended(BaseException):
         self.signal = signal
 
 
+class ContinueAsNew(BaseException):
+    """The node ends its run by starting the run's successor (`NodeContext.continue_as_new`): its worker
+    records the node's success, the run's end and the successor's start in one transaction."""
+
+    def __init__(self, input: Any, tags: dict[str, str] | None) -> None:
+        super().__init__("continuing as a new run")
+        self.input = input
+        self.tags = tags
+
+
 class SignalTimeout(LedgerflowError, TimeoutError):
     """`NodeContext.wait_for_signal` ran past its timeout with no signal; the node may handle it."""
 

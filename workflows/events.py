@@ -40,6 +40,7 @@ RUN_REFRESHED = "wf.RunRefreshed"
 RUN_COMPLETED = "wf.RunCompleted"
 RUN_FAILED = "wf.RunFailed"
 RUN_CANCELLED = "wf.RunCancelled"
+RUN_CONTINUED_AS_NEW = "wf.RunContinuedAsNew"
 RUN_PAUSED = "wf.RunPaused"
 RUN_RESUMED = "wf.RunResumed"
 NODE_WAITING = "wf.NodeWaiting"
@@ -133,6 +134,8 @@ class RunStarted(WorkflowEvent):
     tags: dict[str, str] = {}
     #: Set for a run a node of another run started (a child run), absent for every other start.
     parent: ParentLink | None = None
+    #: Set for a run that another run's `continue_as_new` started (its successor), absent otherwise.
+    continued_from: str | None = None
 
 
 class NodesReady(WorkflowEvent):
@@ -172,6 +175,15 @@ class RunFailed(WorkflowEvent):
 
 class RunCancelled(WorkflowEvent):
     event_type: ClassVar[str] = RUN_CANCELLED
+
+
+class RunContinuedAsNew(WorkflowEvent):
+    """The run ended by starting its successor (`NodeContext.continue_as_new`), recorded in the same
+    transaction as the successor's RunStarted: the run is ended (status `continued`) with its link."""
+
+    event_type: ClassVar[str] = RUN_CONTINUED_AS_NEW
+    successor_run_id: str
+    node: str
 
 
 class RunTagged(WorkflowEvent):
@@ -400,6 +412,7 @@ MODELS: dict[str, type[WorkflowEvent]] = {
         RunCompleted,
         RunFailed,
         RunCancelled,
+        RunContinuedAsNew,
         RunTagged,
         RunPaused,
         RunResumed,

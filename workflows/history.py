@@ -173,6 +173,7 @@ _SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
     ev.RUN_COMPLETED: lambda d: "succeeded",
     ev.RUN_FAILED: lambda d: f"failed: {d.get('error')}",
     ev.RUN_CANCELLED: lambda d: "cancelled",
+    ev.RUN_CONTINUED_AS_NEW: lambda d: f"continued as {d.get('successor_run_id')}",
     ev.RUN_RELEASED: lambda d: f"released by retention ({d.get('actor')})",
     ev.RUN_RESTORED: lambda d: f"restored ({d.get('actor')})",
 }

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,14 +43,14 @@ from workflows import events as ev
 from workflows import node_queue, snapshots
 from workflows.definition import NodeSpec, Workflow
 from workflows.engine import Engine, WrittenJson, advance, release_key_appends
-from workflows.errors import SQLSTATES, NodeSuspended, wrap_exceptions
+from workflows.errors import SQLSTATES, ContinueAsNew, NodeSuspended, RunCancelled, wrap_exceptions
 from workflows.node_queue import Claim, Claimant
 from workflows.run_state import RunState, apply
 from workflows.scheduler import NodeStatus, run_outcome, runnable_nodes
 
 log = structlog.get_logger(__name__)
 _ATTEMPTS = 50
-_TERMINAL = (ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED)
+_TERMINAL = (ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED, ev.RUN_CONTINUED_AS_NEW)
 
 
 def claimed_event(claim: Claim, worker_id: str) -> NewEvent:
@@ -479,6 +480,85 @@ class Lifecycle:
                     tenant=claim.tenant,
                     conn=conn,
                 )
+
+    def continued(
+        self,
+        claim: Claim,
+        wf: Workflow,
+        signal: ContinueAsNew,
+        duration: float,
+        *,
+        run: RunState | None = None,
+    ) -> uuid.UUID:
+        """The node continued its run as a new one (`NodeContext.continue_as_new`): in one transaction,
+        under the claim's fence, the node succeeds, the run's other queue rows go (their holders' next
+        write finds their lease lost, as after Engine.terminate), the run ends as `continued` with its
+        successor's id, and the successor starts. All or nothing: a crash before the commit leaves the run
+        going and its node to be reclaimed, which calls again and starts the same successor (its id and
+        idempotency key derive from the run's); after the commit the claim is gone, so nothing repeats. A
+        run being cancelled raises RunCancelled from the fence, having started nothing."""
+        if run is None:
+            run = self.engine.load(claim.run_id, tenant=claim.tenant)
+        for _ in range(_ATTEMPTS):
+            if run.cancel_requested:
+                raise RunCancelled(f"run {claim.run_id} is being cancelled")
+            try:
+                with fenced_writes(), self.engine.transaction() as conn:
+                    node_queue.lock_run_nodes(conn, claim.run_id, claim.tenant)
+                    # The fence names the guarantee: only the claim's holder, of a run not being cancelled,
+                    # ends the run and starts its successor.
+                    node_queue.fence(conn, claim.run_id, claim.node, claim.token, check_cancel=True)
+                    dropped = node_queue.terminate_run(conn, claim.run_id)
+                    successor = self.engine.start_successor(conn, run, signal.input, signal.tags)
+                    events = [
+                        ev.event(ev.NODE_CANCELLED, claim.run_id, node=n) for n in dropped if n != claim.node
+                    ]
+                    events += [
+                        ev.event(
+                            ev.NODE_SUCCEEDED,
+                            claim.run_id,
+                            node=claim.node,
+                            attempt=claim.attempt,
+                            generation=claim.attempt,
+                            output=None,
+                            duration_ms=round(duration * 1000, 3),
+                        ),
+                        ev.event(
+                            ev.RUN_CONTINUED_AS_NEW,
+                            claim.run_id,
+                            successor_run_id=str(successor),
+                            node=claim.node,
+                        ),
+                    ]
+                    # At the version this worker knows: a cancellation or a sibling's write committed
+                    # meanwhile fails the whole transaction, successor's start included.
+                    self.store.append(
+                        ev.run_stream(claim.run_id),
+                        events,
+                        expected_version=run.version,
+                        tenant=claim.tenant,
+                        conn=conn,
+                    )
+            except WrongExpectedVersionError as exc:
+                if exc.stream_id != ev.run_stream(claim.run_id):
+                    raise
+                self.engine.catch_up(run)
+                continue
+            self.store.notify_appended()
+            was_paused = run.paused
+            self.engine.catch_up(run)
+            if was_paused:
+                self._forget_pause(run)
+            log.info(
+                "workflow_run_continued_as_new",
+                run_id=str(claim.run_id),
+                node=claim.node,
+                successor_run_id=str(successor),
+            )
+            return successor
+        raise ConflictError(
+            f"run {claim.run_id}: too many concurrent changes while continuing it as a new run"
+        )
 
     def suspend(
         self, claim: Claim, wf: Workflow, wait: NodeSuspended, *, run: RunState | None = None

@@ -65,6 +65,7 @@ workflow_tables = Projection(
         ev.RUN_COMPLETED,
         ev.RUN_FAILED,
         ev.RUN_CANCELLED,
+        ev.RUN_CONTINUED_AS_NEW,
         ev.RUN_TAGGED,
         # Read only to link a child run to its parent (search_rows): it changes no row of the parent.
         ev.CHILD_STARTED,

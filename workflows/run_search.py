@@ -33,7 +33,7 @@ Q = load_queries("workflows", "run_search.sql")
 
 #: The most runs one page holds.
 MAX_PAGE = 500
-STATUSES = frozenset({"running", "paused", "succeeded", "failed", "cancelled"})
+STATUSES = frozenset({"running", "paused", "succeeded", "failed", "cancelled", "continued"})
 _TAGS = TagLimits()
 
 

@@ -25,7 +25,7 @@ from workflows.scheduler import NodeStatus
 from workflows.tags import apply_tags
 
 #: Statuses after which a run no longer moves on its own.
-TERMINAL_RUN = {"succeeded", "failed", "cancelled"}
+TERMINAL_RUN = {"succeeded", "failed", "cancelled", "continued"}
 
 
 @dataclass
@@ -116,6 +116,10 @@ class RunState:
     #: The run whose node started this one (a child run), with its node and parent-close policy; None for
     #: every other run.
     parent: ev.ParentLink | None = None
+    #: The successor this run continued as (`NodeContext.continue_as_new`), once it has; else None.
+    continued_as: str | None = None
+    #: The run this one continues (it was started as that run's successor); else None.
+    continued_from: str | None = None
 
     @property
     def parent_run_id(self) -> uuid.UUID | None:
@@ -225,6 +229,7 @@ def _run_started(run: RunState, e: ev.RunStarted, at: datetime) -> None:
     run.priority = e.priority
     run.tags = dict(e.tags)
     run.parent = e.parent
+    run.continued_from = e.continued_from
     run.started_at = at
     for name in [*e.nodes, *e.fingerprints]:
         _touched(run, name, at)
@@ -275,6 +280,12 @@ def _run_failed(run: RunState, e: ev.RunFailed, at: datetime) -> None:
 @_on(ev.RunCancelled)
 def _run_cancelled(run: RunState, e: ev.RunCancelled, at: datetime) -> None:
     _ended(run, "cancelled", None, at)
+
+
+@_on(ev.RunContinuedAsNew)
+def _run_continued(run: RunState, e: ev.RunContinuedAsNew, at: datetime) -> None:
+    run.continued_as = e.successor_run_id
+    _ended(run, "continued", None, at)
 
 
 def _reopened(run: RunState) -> None:

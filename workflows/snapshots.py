@@ -153,6 +153,8 @@ def to_json(run: RunState) -> str:
             "signals_taken": sorted(run.signals_taken),
             "tags": _pairs(run.tags),
             "parent": run.parent.model_dump() if run.parent is not None else None,
+            "continued_as": run.continued_as,
+            "continued_from": run.continued_from,
         }
     )
 
@@ -187,6 +189,9 @@ def from_json(run_id: uuid.UUID, tenant: str, text: str) -> RunState | None:
         # Absent from snapshots written before runs had tags, when no run had any.
         tags=dict(d.get("tags", [])),
         parent=ev.ParentLink.model_validate(d["parent"]) if d["parent"] is not None else None,
+        # Absent from snapshots written before runs could continue as new, when no run had these links.
+        continued_as=d.get("continued_as"),
+        continued_from=d.get("continued_from"),
     )
 
 

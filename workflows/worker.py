@@ -47,7 +47,14 @@ from workflows.context import NodeContext
 from workflows.debounce import DebounceKeeper
 from workflows.definition import NodeSpec, WorkflowRegistry
 from workflows.engine import Engine
-from workflows.errors import NodeLeaseLost, NodeSuspended, RunCancelled, WorkerStopping, wrap_exceptions
+from workflows.errors import (
+    ContinueAsNew,
+    NodeLeaseLost,
+    NodeSuspended,
+    RunCancelled,
+    WorkerStopping,
+    wrap_exceptions,
+)
 from workflows.interrupts import InterruptBackoff
 from workflows.lifecycle import Lifecycle, record_appended
 from workflows.node_queue import Claim, Claimant
@@ -505,6 +512,14 @@ class WorkflowWorker:
                     self._mark_ending(claim)
                     wait = suspended
                     self._through_outage(lambda: self.lifecycle.suspend(claim, wf, wait, run=held))
+                    return None, None
+                except ContinueAsNew as continuing:
+                    # The run ends and its successor starts, together (see Lifecycle.continued).
+                    outcome = "continued"
+                    self._mark_ending(claim)
+                    signal, took = continuing, time.monotonic() - started
+                    self._through_outage(lambda: self.lifecycle.continued(claim, wf, signal, took, run=held))
+                    self._interrupts.progressed()
                     return None, None
                 except Exception as exc:
                     if is_unavailable(exc):

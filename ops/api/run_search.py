@@ -25,7 +25,7 @@ from workflows import RunFilter, run_history, search_runs, tag_filter, workflow_
 
 router = APIRouter(tags=["runs"])
 
-RunStatus = Literal["running", "paused", "succeeded", "failed", "cancelled"]
+RunStatus = Literal["running", "paused", "succeeded", "failed", "cancelled", "continued"]
 #: Filters repeated at most this often in one request (tags, statuses).
 _MAX_REPEATS = 16
 

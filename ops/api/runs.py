@@ -23,7 +23,7 @@ from workflows import NodeState, RunState, release_of, restore_run
 
 router = APIRouter(tags=["runs"])
 
-RunStatus = Literal["running", "paused", "succeeded", "failed", "cancelled"]
+RunStatus = Literal["running", "paused", "succeeded", "failed", "cancelled", "continued"]
 
 
 class ProgressOut(BaseModel):
@@ -85,6 +85,12 @@ class RunDetailOut(BaseModel):
     key: str | None
     parent: ParentOut | None = Field(
         default=None, description="The run whose node started this one (a child run); null otherwise."
+    )
+    continued_from: uuid.UUID | None = Field(
+        default=None, description="The run this one continues (`ctx.continue_as_new`); null otherwise."
+    )
+    continued_as: uuid.UUID | None = Field(
+        default=None, description="The run this one continued as (status `continued`); null otherwise."
     )
     triggered_by: TriggeredByOut | None = Field(
         default=None,
@@ -188,6 +194,8 @@ def run_detail(run: RunState, services: Services, principal: Principal) -> RunDe
         workflow=run.workflow,
         key=run.key,
         parent=ParentOut(**run.parent.model_dump()) if run.parent is not None else None,
+        continued_from=uuid.UUID(run.continued_from) if run.continued_from is not None else None,
+        continued_as=uuid.UUID(run.continued_as) if run.continued_as is not None else None,
         triggered_by=TriggeredByOut(**run.triggered_by.model_dump())
         if run.triggered_by is not None
         else None,

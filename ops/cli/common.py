@@ -48,6 +48,7 @@ ICONS = {
     "failed": "[red]✗[/]",
     "retry_scheduled": "[magenta]↻[/]",
     "cancelled": "[dim]⊘[/]",
+    "continued": "[cyan]↪[/]",
     "parked": "[red]⏸[/]",
     "skipped": "-",
 }

@@ -230,6 +230,10 @@ def show(ctx: click.Context, run_id: str, tenant: str, as_json: bool, outputs: b
             f"on the parent's end: {run.parent.parent_close})",
             highlight=False,
         )
+    if run.continued_from is not None:
+        console.print(f"continued_from: {run.continued_from}", highlight=False)
+    if run.continued_as is not None:
+        console.print(f"continued_as: {run.continued_as}", highlight=False)
     if run.triggered_by is not None:
         by = run.triggered_by
         console.print(
@@ -268,7 +272,9 @@ def wait(ctx: click.Context, run_id: str, timeout: float, tenant: str) -> None:
         ctx.exit(2)
     if run.error:
         console.print(f"[red]{run.error}[/]", highlight=False)
-    ctx.exit(0 if run.status == "succeeded" else 1)
+    if run.continued_as is not None:  # it ended well, handing over to its successor: wait for that one next
+        console.print(f"continued_as: {run.continued_as}", highlight=False)
+    ctx.exit(0 if run.status in ("succeeded", "continued") else 1)
 
 
 def _wait_for_end(engine: Engine, run_id: uuid.UUID, tenant: str, timeout: float) -> RunState:
@@ -314,6 +320,8 @@ def run_as_dict(run: RunState) -> dict[str, Any]:
         "key": run.key,
         "triggered_by": run.triggered_by.model_dump() if run.triggered_by is not None else None,
         "parent": run.parent.model_dump() if run.parent is not None else None,
+        "continued_from": run.continued_from,
+        "continued_as": run.continued_as,
         "priority": run.priority,
         "status": run.status,
         "cancel_requested": run.cancel_requested,

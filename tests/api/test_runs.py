@@ -139,6 +139,22 @@ def test_a_child_run_names_its_parent(client: TestClient, admin: Headers, servic
     }
 
 
+def test_a_continued_run_and_its_successor_link_each_other(
+    client: TestClient, admin: Headers, worker: WorkflowWorker
+) -> None:
+    first = start(client, admin, "countdown", input={"n": 1})
+    ended = wait_until(lambda: finished(client, admin, first), timeout=30, what="the run to continue")
+    assert ended["status"] == "continued"
+    assert ended["continued_from"] is None
+    successor = ended["continued_as"]
+    after = wait_until(lambda: finished(client, admin, successor), timeout=30, what="its successor to end")
+    assert after["status"] == "succeeded"
+    assert after["continued_from"] == first
+    assert after["continued_as"] is None
+    listed = client.get("/api/v1/runs?status=continued", headers=admin)
+    assert listed.status_code == 200, listed.text
+
+
 def test_a_finished_run_shows_progress_attempts_and_generations(
     client: TestClient, admin: Headers, services: Services, worker: WorkflowWorker
 ) -> None:

@@ -111,7 +111,7 @@ export const ICONS = {
   succeeded: "✓", running: "▶", pending: "○", ready: "○", failed: "✗",
   retry_scheduled: "↻", parked: "⏸", cancelled: "⊘", skipped: "–", waiting: "◷", paused: "‖",
 };
-export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+export const TERMINAL = new Set(["succeeded", "failed", "cancelled", "continued"]);
 
 export const statusBadge = (status) =>
   h("span", { class: `status s-${status}`, "data-status": status }, `${ICONS[status] || "?"} ${status}`);

@@ -25,13 +25,15 @@ export function render(root, runId) {
   };
   const refreshBox = h("div", { id: "refresh-box", class: "row", hidden: true }, refreshInput, buttons.refresh);
   const meta = h("p", { id: "run-meta", class: "muted" });
+  // The runs a continue_as_new chain links this one to, each a link to its page.
+  const chain = h("p", { id: "run-chain", class: "muted", hidden: true });
   const error = h("pre", { id: "run-error", class: "error-text", hidden: true });
   const panel = nodePanel(runId);
   panel.onClose = () => run && draw();
   const waiting = waitingPanel(runId, () => follow());
   const history = historyPanel(runId);
   root.append(h("h2", {}, h("a", { href: "#/runs" }, "Runs"), " / ", h("span", { class: "mono" }, runId)),
-    meta, unknown, svgBox, h("p", { class: "muted hint" }, "Click a node to see its output and error."),
+    meta, chain, unknown, svgBox, h("p", { class: "muted hint" }, "Click a node to see its output and error."),
     waiting.el, panel.el, h("div", { class: "row" }, status, buttons.pause, buttons.resume, buttons.cancel, buttons.retry),
     refreshBox, error, history.el);
 
@@ -94,6 +96,11 @@ export function render(root, runId) {
     meta.textContent = [run.workflow, run.workflow_version && `version ${run.workflow_version}`,
       run.key && `key ${run.key}`, run.started_at && `started ${when(run.started_at)}`,
       run.finished_at && `finished ${when(run.finished_at)}`].filter(Boolean).join(" · ");
+    const links = [["continued from", run.continued_from], ["continued as", run.continued_as]]
+      .filter(([, id]) => id)
+      .flatMap(([label, id], i) => [i ? " · " : "", `${label} `, h("a", { href: `#/runs/${id}`, class: "mono" }, id)]);
+    chain.replaceChildren(...links);
+    chain.hidden = links.length === 0;
     unknown.hidden = run.definition_known !== false;
     unknown.textContent = `This server does not have version ${run.workflow_version} of workflow ` +
       `${run.workflow}, so it cannot ` +

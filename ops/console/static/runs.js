@@ -7,7 +7,7 @@ import { bulkPanel } from "./bulk.js";
 export function render(root) {
   const filter = h("form", { id: "runs-filter", class: "row" },
     h("select", { id: "filter-status", name: "status" },
-      ["", "running", "paused", "succeeded", "failed", "cancelled"].map((s) => h("option", { value: s }, s || "any status"))),
+      ["", "running", "paused", "succeeded", "failed", "cancelled", "continued"].map((s) => h("option", { value: s }, s || "any status"))),
     h("select", { id: "filter-workflow", name: "workflow" }, h("option", { value: "" }, "any workflow")),
     h("input", { id: "filter-tags", name: "tags", placeholder: "tags: team=red env=prod", size: 24 }),
     h("label", {}, "started since ", h("input", { id: "filter-since", name: "since", type: "datetime-local" })),

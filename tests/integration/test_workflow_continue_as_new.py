@@ -1,0 +1,175 @@
+"""`ctx.continue_as_new`: the run's end and its successor's start commit together, linked both ways; a
+run cancelled meanwhile starts none; input the engine refuses is a typed error that writes nothing."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from click.testing import CliRunner
+
+from eventstore import EventStore
+from ops.cli.commands import cli
+from projector import ProjectorWorker, verify
+from projector import WorkerSettings as ProjectorSettings
+from tests.flows import GATES, registry
+from tests.waiting import wait_until
+from workflows import (
+    Engine,
+    RunFilter,
+    WorkerSettings,
+    WorkflowWorker,
+    release_of,
+    release_run,
+    search_runs,
+    workflow_tables,
+)
+from workflows import events as ev
+from workflows.engine import run_id_for
+from workflows.run_state import RunState
+from workflows.testing import running_worker, wait_for_run
+
+
+@pytest.fixture
+def engine(store: EventStore) -> Engine:
+    return Engine(store, registry)
+
+
+@pytest.fixture
+def worker(engine: Engine) -> Iterator[WorkflowWorker]:
+    with running_worker(
+        engine,
+        registry,
+        WorkerSettings(concurrency=2, lease_ttl=5, heartbeat_interval=1, poll_interval=0.1, shutdown_grace=2),
+        name="test-worker",
+    ) as w:
+        yield w
+
+
+def successor_of(run_id: uuid.UUID, tenant: str = "default") -> uuid.UUID:
+    return run_id_for(tenant, f"continue:{run_id}")
+
+
+def chain(engine: Engine, first: uuid.UUID) -> list[RunState]:
+    """The runs of a continue_as_new chain from `first`, each once it has ended."""
+    runs = [wait_for_run(engine, first)]
+    while runs[-1].continued_as is not None:
+        runs.append(wait_for_run(engine, uuid.UUID(runs[-1].continued_as)))
+        assert len(runs) < 20, "the chain does not end"
+    return runs
+
+
+def test_a_chain_of_three_continuations_is_linked_both_ways(engine: Engine, worker: WorkflowWorker) -> None:
+    started = engine.start("countdown", input={"n": 3}, tags={"team": "a"})
+    runs = chain(engine, started.run_id)
+    assert [r.status for r in runs] == ["continued", "continued", "continued", "succeeded"]
+    assert [r.input["n"] for r in runs] == [3, 2, 1, 0]
+    assert runs[0].continued_from is None
+    assert runs[-1].continued_as is None
+    for before, after in itertools.pairwise(runs):
+        assert before.continued_as == str(after.run_id)
+        assert after.continued_from == str(before.run_id)
+        assert after.run_id == successor_of(before.run_id)
+        assert after.tags == {"team": "a"}
+        assert after.workflow == "countdown"
+        # The continued run's node succeeded; the nodes after it never ran.
+        assert before.node("count").status == "succeeded"
+        assert before.node("after_count").status == "pending"
+    assert runs[-1].node("after_count").output == "after"
+    # The tables follow the fold, and a search by status finds the continued runs.
+    project(engine.store)
+    found = search_runs(engine.store, tenant="default", filter=RunFilter(statuses=("continued",)))
+    assert sorted(r["run_id"] for r in found.runs) == sorted(r.run_id for r in runs[:3])
+    assert verify(engine.store, workflow_tables).equal
+
+
+def test_retention_releases_a_continued_run_as_an_ended_one(engine: Engine, worker: WorkflowWorker) -> None:
+    first = engine.start("countdown", input={"n": 1}).run_id
+    run = wait_for_run(engine, first)
+    assert run.status == "continued"
+    assert run.finished_at is not None
+    later = run.finished_at + timedelta(seconds=2)
+    release_run(engine, first, default=timedelta(seconds=1), now=later)
+    assert release_of(engine.store, first) is not None
+    successor = wait_for_run(engine, uuid.UUID(run.continued_as or ""))
+    assert successor.continued_from == str(first)  # the successor's link is its own, left as it was
+
+
+def project(store: EventStore) -> None:
+    worker = ProjectorWorker(store, [workflow_tables], ProjectorSettings())
+    try:
+        worker.run_until_caught_up()
+    finally:
+        worker.release_all()
+
+
+def test_a_run_cancelled_meanwhile_starts_no_successor(engine: Engine, worker: WorkflowWorker) -> None:
+    started = engine.start("countdown", input={"n": 1, "gate": True})
+    gate = GATES.setdefault(str(started.run_id), threading.Event())
+    wait_until(
+        lambda: engine.load(started.run_id).node("count").status == "running",
+        timeout=30,
+        what="the node to run",
+    )
+    engine.cancel(started.run_id)
+    gate.set()  # the node now calls continue_as_new on a run being cancelled
+    run = wait_for_run(engine, started.run_id)
+    assert run.status == "cancelled"
+    assert run.continued_as is None
+    assert engine.store.read_stream(ev.run_stream(successor_of(started.run_id))) == []
+
+
+@pytest.mark.parametrize(("bad", "error"), [("large", "PayloadTooLargeError"), ("json", "InvalidInputError")])
+def test_refused_input_is_a_typed_error_and_writes_nothing(
+    engine: Engine, worker: WorkflowWorker, bad: str, error: str
+) -> None:
+    started = engine.start("countdown", input={"n": 1, "bad": bad})
+    run = wait_for_run(engine, started.run_id)
+    assert run.status == "succeeded"
+    assert run.node("count").output == error
+    assert run.continued_as is None
+    assert engine.store.read_stream(ev.run_stream(successor_of(started.run_id))) == []
+    assert not any(
+        e.type == ev.RUN_CONTINUED_AS_NEW for e in engine.store.read_stream(ev.run_stream(run.run_id))
+    )
+
+
+def test_an_async_node_continues_as_new(engine: Engine, worker: WorkflowWorker) -> None:
+    runs = chain(engine, engine.start("async_countdown", input={"n": 2}).run_id)
+    assert [r.status for r in runs] == ["continued", "continued", "succeeded"]
+    assert runs[-1].node("async_count").output == {"done": 0}
+    assert runs[-1].continued_from == str(runs[1].run_id)
+
+
+def test_workflows_show_names_both_links(engine: Engine, worker: WorkflowWorker) -> None:
+    runs = chain(engine, engine.start("countdown", input={"n": 1}).run_id)
+    env = {"LEDGERFLOW_DATABASE_URL": engine.store.url, "LEDGERFLOW_WORKFLOWS": "tests.flows:registry"}
+    runner = CliRunner()
+    first = runner.invoke(cli, ["workflows", "show", str(runs[0].run_id)], env=env)
+    assert first.exit_code == 0, first.output
+    assert f"continued_as: {runs[1].run_id}" in first.output
+    second = runner.invoke(cli, ["workflows", "show", str(runs[1].run_id), "--json"], env=env)
+    assert second.exit_code == 0, second.output
+    assert f'"continued_from": "{runs[0].run_id}"' in second.output
+    waited = runner.invoke(cli, ["workflows", "wait", str(runs[0].run_id)], env=env)
+    assert waited.exit_code == 0, waited.output  # a run that continued ended well
+    assert f"continued_as: {runs[1].run_id}" in waited.output
+
+
+def test_two_nodes_continuing_at_once_start_one_successor(engine: Engine, worker: WorkflowWorker) -> None:
+    runs = chain(engine, engine.start("twin_countdown", input={"n": 3}).run_id)
+    assert [r.status for r in runs] == ["continued", "continued", "continued", "succeeded"]
+    for run in runs[:3]:
+        history = engine.store.read_stream(ev.run_stream(run.run_id), limit=10_000)
+        assert sum(e.type == ev.RUN_CONTINUED_AS_NEW for e in history) == 1
+        with engine.store.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM ledgerflow.events WHERE event_type = 'wf.RunStarted' "
+                "AND data ->> 'continued_from' = %s",
+                (str(run.run_id),),
+            ).fetchone()
+        assert row == (1,)
