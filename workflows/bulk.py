@@ -9,6 +9,10 @@ idempotency key made of the action's id and the run's id, so a resumed action (a
 two processes) never acts on a run twice: a run whose key is already recorded counts as done. One
 process works an action at a time (a session lock, dropped with a killed process's connection).
 
+A cancel works a page at a time instead (`_cancel_batch`, `workflows.cancelling`): the page's queue rows,
+its runs' events (one append, each run's stream at the version it was read at) and the action's progress
+in one transaction, so a resumed action meets none of a committed page again and all of an uncommitted one.
+
 Kinds are the entries of `KINDS`: a new kind is one function and one entry.
 """
 
