@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from psycopg.rows import dict_row
@@ -52,6 +52,8 @@ Q = load_queries("workflows", "bulk.sql")
 MAX_BULK_RUNS = 10_000
 #: Runs read per page of the walk.
 _PAGE = 200
+#: Tries of a cancel's page (each reading its runs afresh) before it is worked one run at a time.
+_BATCH_ATTEMPTS = 3
 
 #: How a kind acts on one run: (engine, run id, tenant, actor, idempotency key, the action's filter). It
 #: raises RunStateError when the run is not in a state the kind applies to (the run is skipped).
@@ -301,6 +303,18 @@ def _cancel_batch(
     one-run pass of this action before a crash) count as done, as `_act_once` counts them. None, and
     nothing written, when a run changed since it was read: the caller then takes the batch one run at a
     time, as one-run cancels decide afresh."""
+    for _ in range(_BATCH_ATTEMPTS):
+        counted = _cancel_batch_once(engine, row, batch, actor)
+        if counted is not False:
+            return counted
+    log.info("bulk_action_batch_changed", bulk_id=str(row["id"]), runs=len(batch))
+    return None
+
+
+def _cancel_batch_once(
+    engine: Engine, row: dict[str, Any], batch: list[tuple[datetime, uuid.UUID]], actor: str
+) -> dict[str, Any] | Literal[False] | None:
+    """One try of `_cancel_batch`: False when a run changed after it was read (nothing was written)."""
     store, tenant, action_id = engine.store, row["tenant"], row["id"]
     keys = {run_id: f"bulk:{action_id}:{run_id}" for _, run_id in batch}
     used = store.idempotency_keys_used(list(keys.values()), tenant=tenant)
@@ -326,8 +340,7 @@ def _cancel_batch(
             if counted is None:
                 raise NotFoundError(f"bulk action {action_id} is no longer running")
     except WrongExpectedVersionError:
-        log.info("bulk_action_batch_changed", bulk_id=str(action_id), runs=len(batch))
-        return None
+        return False  # a run changed after it was read (a node's claim or end, say): read again
     return counted
 
 
