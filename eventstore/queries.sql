@@ -251,6 +251,10 @@ SELECT version FROM ledgerflow.streams WHERE tenant = %(tenant)s AND stream_id =
 -- Whether a committed append used the key (any content), read without writing.
 SELECT 1 FROM ledgerflow.idempotency_keys k WHERE k.tenant = %(tenant)s AND k.key = %(idempotency_key)s
 
+-- name: idempotency_keys_used
+-- Which of these keys a committed append used (any content), read without writing.
+SELECT k.key FROM ledgerflow.idempotency_keys k WHERE k.tenant = %(tenant)s AND k.key = ANY(%(keys)s::text[])
+
 -- name: earlier_append
 -- What an append under an idempotency key answered (see ledgerflow.append_events), read without writing:
 -- one row per event, each with the key's request hash. No row if no committed append used the key.

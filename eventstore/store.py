@@ -694,6 +694,15 @@ class EventStore:
             ).fetchone()
         return row is not None
 
+    def idempotency_keys_used(self, keys: Sequence[str], *, tenant: str = DEFAULT_TENANT) -> set[str]:
+        """Which of `keys` a committed append used: `idempotency_key_used` for many keys in one read."""
+        check.check_tenant(tenant)
+        for key in keys:
+            check.check_idempotency_key(key)
+        with wrap_exceptions(), self.pool.connection() as conn:
+            rows = conn.execute(Q["idempotency_keys_used"], {"tenant": tenant, "keys": list(keys)}).fetchall()
+        return {str(row[0]) for row in rows}
+
     def earlier_append(
         self,
         appends: Sequence[StreamAppend],

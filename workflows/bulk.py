@@ -9,6 +9,10 @@ idempotency key made of the action's id and the run's id, so a resumed action (a
 two processes) never acts on a run twice: a run whose key is already recorded counts as done. One
 process works an action at a time (a session lock, dropped with a killed process's connection).
 
+A cancel works a page at a time instead (`_cancel_batch`, `workflows.cancelling`): the page's queue rows,
+its runs' events (one append, each run's stream at the version it was read at) and the action's progress
+in one transaction, so a resumed action meets none of a committed page again and all of an uncommitted one.
+
 Kinds are the entries of `KINDS`: a new kind is one function and one entry.
 """
 
@@ -20,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from psycopg.rows import dict_row
@@ -32,9 +36,11 @@ from eventstore import (
     InvalidInputError,
     LedgerflowError,
     NotFoundError,
+    WrongExpectedVersionError,
 )
 from eventstore.spi import check_tenant, load_queries
 from workflows import releases
+from workflows.cancelling import cancel_batch
 from workflows.engine import Engine
 from workflows.errors import RunStateError, wrap_exceptions
 from workflows.run_search import MAX_PAGE, RunFilter, cursor_at, search_runs
@@ -46,6 +52,8 @@ Q = load_queries("workflows", "bulk.sql")
 MAX_BULK_RUNS = 10_000
 #: Runs read per page of the walk.
 _PAGE = 200
+#: Tries of a cancel's page (each reading its runs afresh) before it is worked one run at a time.
+_BATCH_ATTEMPTS = 3
 
 #: How a kind acts on one run: (engine, run id, tenant, actor, idempotency key, the action's filter). It
 #: raises RunStateError when the run is not in a state the kind applies to (the run is skipped).
@@ -268,21 +276,72 @@ def _work(engine: Engine, row: dict[str, Any], progress: Callable[[BulkAction], 
     )
     while top[1] is not None and processed < row["max_runs"]:
         page = search_runs(store, tenant=tenant, filter=wanted, limit=_PAGE, after=after)
-        for run in page.runs:
-            position = (run["created_at"], run["run_id"])
-            if position > top:
-                continue  # started after the action was recorded: not one of its runs
-            outcome, error = _act_once(engine, act, run["run_id"], tenant, actor, action_id, wanted)
-            row = _progress(store, action_id, tenant, position, outcome, error)
-            processed += 1
-            if processed >= row["max_runs"]:
-                break
+        # Its runs on this page: none started after the action was recorded, at most `max_runs` in all.
+        batch = [(r["created_at"], r["run_id"]) for r in page.runs if (r["created_at"], r["run_id"]) <= top]
+        batch = batch[: row["max_runs"] - processed]
+        counted = _cancel_batch(engine, row, batch, actor) if row["kind"] == "cancel" and batch else None
+        if counted is not None:
+            row = counted
+        else:  # another kind, or a run of the batch changed meanwhile: one run at a time
+            for position in batch:
+                outcome, error = _act_once(engine, act, position[1], tenant, actor, action_id, wanted)
+                row = _progress(store, action_id, tenant, position, outcome, error)
+        processed += len(batch)
         if progress is not None:
             progress(_action(row))
         if page.next is None:
             break
         after = page.next
     return _finish(store, action_id, tenant, "completed", None)
+
+
+def _cancel_batch(
+    engine: Engine, row: dict[str, Any], batch: list[tuple[datetime, uuid.UUID]], actor: str
+) -> dict[str, Any] | None:
+    """Cancel a page's runs in one transaction, which also counts them: a crash before it commits leaves
+    the whole batch to the resumed action, one after it none. Runs already acted on under their key (by a
+    one-run pass of this action before a crash) count as done, as `_act_once` counts them. None, and
+    nothing written, when a run changed since it was read: the caller then takes the batch one run at a
+    time, as one-run cancels decide afresh."""
+    for _ in range(_BATCH_ATTEMPTS):
+        counted = _cancel_batch_once(engine, row, batch, actor)
+        if counted is not False:
+            return counted
+    log.info("bulk_action_batch_changed", bulk_id=str(row["id"]), runs=len(batch))
+    return None
+
+
+def _cancel_batch_once(
+    engine: Engine, row: dict[str, Any], batch: list[tuple[datetime, uuid.UUID]], actor: str
+) -> dict[str, Any] | Literal[False] | None:
+    """One try of `_cancel_batch`: False when a run changed after it was read (nothing was written)."""
+    store, tenant, action_id = engine.store, row["tenant"], row["id"]
+    keys = {run_id: f"bulk:{action_id}:{run_id}" for _, run_id in batch}
+    used = store.idempotency_keys_used(list(keys.values()), tenant=tenant)
+    pending = [run_id for run_id, key in keys.items() if key not in used]
+    runs = engine.load_many(pending, tenant=tenant)
+    if len(runs) != len(pending):
+        return None  # a run is gone (not found): the one-run path says so per run
+    try:
+        with wrap_exceptions(), engine.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
+            outcome = cancel_batch(store, conn, runs, tenant=tenant, actor=actor)
+            skipped = [why for why in outcome.values() if why is not None]
+            params = {
+                "id": action_id,
+                "tenant": tenant,
+                "done": len(batch) - len(skipped),
+                "failed": 0,
+                "skipped": len(skipped),
+                "created_at": batch[-1][0],
+                "run_id": batch[-1][1],
+                "error": None,
+            }
+            counted = cur.execute(Q["progress"], params).fetchone()
+            if counted is None:
+                raise NotFoundError(f"bulk action {action_id} is no longer running")
+    except WrongExpectedVersionError:
+        return False  # a run changed after it was read (a node's claim or end, say): read again
+    return counted
 
 
 def _act_once(

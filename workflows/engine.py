@@ -21,7 +21,6 @@ import psycopg
 import structlog
 
 from eventstore import (
-    ANY,
     NO_STREAM,
     AppendResult,
     ConflictError,
@@ -36,8 +35,9 @@ from eventstore import (
     WrongExpectedVersionError,
 )
 from eventstore.spi import check_idempotency_key, check_tenant, json_dumps, json_loads
+from workflows import cancelling, node_queue, release_marks, snapshots
 from workflows import events as ev
-from workflows import node_queue, release_marks, snapshots
+from workflows.cancelling import release_key_appends
 from workflows.caps import RunCaps
 from workflows.debounce import Debounce, record_start
 from workflows.debounce import idempotency_key as debounce_idempotency_key
@@ -525,19 +525,11 @@ class Engine:
             if self._repeated(idempotency_key, tenant):
                 return
             run = self.load(run_id, tenant=tenant)
-            if not run.active:
-                raise RunStateError(f"run {run_id} already {run.status}; nothing to cancel")
-            if run.cancel_requested:
+            if not cancelling.cancel_needed(run):
                 return
             with self.transaction() as conn:
                 running, dropped = node_queue.cancel_run(conn, run_id)
-                events = [ev.event(ev.RUN_CANCEL_REQUESTED, run_id, actor=actor)]
-                events += [ev.event(ev.NODE_CANCELLED, run_id, node=n) for n in dropped]
-                ended = not running
-                if ended:  # nothing in flight: the run is cancelled now, not at a node's next call
-                    events.append(ev.event(ev.RUN_CANCELLED, run_id))
-                appends = [StreamAppend(ev.run_stream(run_id), events, run.version)]
-                appends += release_key_appends(run) if ended else []
+                appends = cancelling.cancel_appends(run, running, dropped, actor)
                 self.store.append_many(appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn)
             log.info("workflow_cancel_requested", run_id=str(run_id), running=running, actor=actor)
 
@@ -905,10 +897,3 @@ def advance(
 def _savepoint(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
     with conn.transaction():
         yield conn
-
-
-def release_key_appends(run: RunState) -> list[StreamAppend]:
-    """The key stream's release, when a run with a key ends."""
-    if run.key is None:
-        return []
-    return [StreamAppend(ev.key_stream(run.workflow, run.key), [ev.event(ev.KEY_RELEASED, run.run_id)], ANY)]

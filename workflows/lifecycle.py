@@ -41,8 +41,9 @@ from eventstore import (
 )
 from workflows import events as ev
 from workflows import node_queue, snapshots
+from workflows.cancelling import release_key_appends
 from workflows.definition import NodeSpec, Workflow
-from workflows.engine import Engine, WrittenJson, advance, release_key_appends
+from workflows.engine import Engine, WrittenJson, advance
 from workflows.errors import SQLSTATES, ContinueAsNew, NodeSuspended, RunCancelled, wrap_exceptions
 from workflows.node_queue import Claim, Claimant
 from workflows.run_state import RunState, apply

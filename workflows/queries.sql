@@ -177,6 +177,33 @@ WITH flagged AS (
 )
 SELECT (SELECT coalesce(array_agg(node), '{}') FROM flagged), (SELECT coalesce(array_agg(node), '{}') FROM dropped)
 
+-- name: cancel_runs
+-- `cancel_run` for many runs in one statement (a bulk cancel's batch), with the same effect per run. The
+-- batch's rows are locked first in (run, node) order, so two batches over overlapping runs, or a batch and
+-- a one-run change, queue on one another instead of deadlocking. Returns (run, running, dropped) per run.
+WITH locked AS (
+    SELECT q.run_id, q.node FROM ledgerflow.workflow_queue q
+     WHERE q.run_id = ANY(%(run_ids)s::uuid[])
+     ORDER BY q.run_id, q.node
+       FOR UPDATE
+), flagged AS (
+    UPDATE ledgerflow.workflow_queue q SET cancel_requested = true
+      FROM locked l
+     WHERE q.run_id = l.run_id AND q.node = l.node AND q.status = 'claimed'
+    RETURNING q.run_id, q.node
+), dropped AS (
+    DELETE FROM ledgerflow.workflow_queue q
+     USING locked l
+     WHERE q.run_id = l.run_id AND q.node = l.node AND q.status IN ('ready', 'parked', 'paused')
+    RETURNING q.run_id, q.node
+), unpaused AS (
+    DELETE FROM ledgerflow.workflow_paused_runs WHERE run_id = ANY(%(run_ids)s::uuid[])
+)
+SELECT r.run_id,
+       coalesce((SELECT array_agg(f.node) FROM flagged f WHERE f.run_id = r.run_id), '{}'),
+       coalesce((SELECT array_agg(d.node) FROM dropped d WHERE d.run_id = r.run_id), '{}')
+  FROM unnest(%(run_ids)s::uuid[]) AS r(run_id)
+
 -- name: terminate_run
 -- After `lock_run_nodes`: every row of the run goes, claimed ones too (their holders' next fenced write
 -- fails: the lease is lost), and so does its pause. Returns the nodes dropped.
