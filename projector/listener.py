@@ -46,8 +46,9 @@ from projector.waiting import ProjectionBehindError, Q, Reach, reach
 log = structlog.get_logger(__name__)
 
 _CONNECT_TIMEOUT = 5
-#: How long one round of listening lasts before the stop flag is looked at again.
-_LISTEN_ROUND = 1.0
+#: How long one round of listening lasts before the stop flag is looked at again: the longest a stop waits
+#: for the listener. A round that ends without a notification costs a wake of this thread, no round trip.
+_LISTEN_ROUND = 0.1
 _RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 5.0)
 
 

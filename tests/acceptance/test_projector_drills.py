@@ -92,6 +92,19 @@ def appender(store: EventStore) -> Iterator[threading.Event]:
     joined(thread)
 
 
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The workers a test starts. Any still running at its end (a wait that timed out, an assertion) is
+    killed, stopped ones too: none outlives its test's database, or warns from a later test."""
+    workers: list[subprocess.Popen[bytes]] = []
+    yield workers
+    for worker in workers:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGCONT)
+            worker.kill()
+            worker.wait(timeout=30)
+
+
 def assert_exactly_once_and_equal_to_rebuild(store: EventStore) -> None:
     with store.pool.connection() as conn:
         total = conn.execute("SELECT count(*) FROM ledgerflow.events").fetchone()
@@ -141,15 +154,17 @@ def test_sigkill_at_random_moments(store: EventStore, appender: threading.Event,
 
 
 def test_a_worker_paused_past_its_lease_cannot_commit(
-    store: EventStore, appender: threading.Event, tmp_path: Path
+    store: EventStore, appender: threading.Event, started: list[subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
     log = tmp_path / "workers.log"
     paused = start_worker(store.url, lease_ttl=1.5, log=log)
+    started.append(paused)
     wait_until(lambda: applied_stats(store)[0] > 50, timeout=30, what="the first worker to apply events")
     paused.send_signal(signal.SIGSTOP)
     with store.pool.connection() as conn:
         epoch_before = bookkeeping.lease_of(conn, counter.name)
     taker = start_worker(store.url, lease_ttl=1.5, log=log)
+    started.append(taker)
 
     def taken_over() -> bool:
         with store.pool.connection() as conn:

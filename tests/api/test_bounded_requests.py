@@ -4,6 +4,7 @@ are capped in total and per tenant (429 with Retry-After, nothing written)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -48,7 +49,11 @@ def _call(app: Any, headers: list[tuple[bytes, bytes]]) -> tuple[int, bool]:
         "client": ("127.0.0.1", 1),
         "server": ("127.0.0.1", 80),
     }
-    asyncio.run(app(scope, receive, send))
+    # On a thread of its own: the browser tests' Playwright, open for the whole session, keeps an event
+    # loop running on the main thread of the test process that ran them, and asyncio.run refuses to start
+    # beside it (which tests share a process depends on how the run is spread).
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, app(scope, receive, send)).result(timeout=60)
     return sent[0]["status"], read
 
 
