@@ -32,14 +32,19 @@ class BulkResumer:
         self._interval = services.settings.bulk_resume_after
         self._stopping = threading.Event()
         self._queued: dict[uuid.UUID, Future[Any]] = {}
-        self._thread = threading.Thread(target=self._loop, name="ledgerflow-bulk-resume", daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Start looking; an app's lifespan may run more than once (a test client entered again), so
+        each start has a thread of its own."""
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._loop, name="ledgerflow-bulk-resume", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
-        self._thread.join(timeout=self._interval + 5)
+        if self._thread is not None:
+            self._thread.join(timeout=self._interval + 5)
 
     def _loop(self) -> None:
         while not self._stopping.is_set():

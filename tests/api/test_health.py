@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from structlog.testing import capture_logs
 
@@ -250,3 +251,11 @@ def test_a_request_id_is_returned_and_logged(client: TestClient) -> None:
     [failed] = [e for e in logs if e["event"] == "api_authentication_failed"]
     assert failed["log_level"] == "info"
     assert client.get("/api/healthz", headers={"X-Request-ID": "bad id"}).headers["X-Request-ID"] != "bad id"
+
+
+def test_an_app_serves_again_after_its_lifespan_ended(app: FastAPI) -> None:
+    """A lifespan may run more than once for one app (a test client entered again, as the fuzzing does):
+    each start of its background threads (health checks, the bulk-action resumer) starts afresh."""
+    for _ in range(2):
+        with TestClient(app) as client:
+            assert client.get("/api/healthz").status_code == 200
