@@ -3,9 +3,7 @@ server administrator any tenant's; the API's reads then answer the personal fiel
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -13,7 +11,7 @@ from fastapi.testclient import TestClient
 from eventstore import REDACTED, generate_master_key, personal_fields
 from ops.services import Services, open_services
 from ops.settings import Settings
-from tests.api.helpers import Headers, MakeToken
+from tests.api.helpers import Headers, MakeToken, read_log_to_end
 from tests.api.roles import server_admin, tenant_admin
 
 personal_fields("ApiCustomerSeen", subject="customer_id", fields=["email"])
@@ -39,26 +37,9 @@ def _seen(client: TestClient, headers: Headers, customer: str, email: str) -> No
     assert response.status_code == 201, response.text
 
 
-def _whole_log(client: TestClient, headers: Headers, event_type: str) -> list[dict[str, Any]]:
-    """The tenant's events of that type, following the cursor until caught up: a page may stop short at
-    the log's horizon, which any transaction on the server (another test's, under xdist) holds back."""
-    events: list[dict[str, Any]] = []
-    params: dict[str, str] = {"type": event_type}
-    deadline = time.monotonic() + 30
-    while True:
-        page = client.get("/api/v1/events", params=params, headers=headers).json()
-        events += page["events"]
-        if page["caught_up"]:
-            return events
-        assert time.monotonic() < deadline, "the log's horizon stayed behind for 30 s"
-        params["after"] = page["cursor"]
-        if not page["events"]:
-            time.sleep(0.05)  # the horizon moves when another session's transaction ends: nothing to await
-
-
 def _emails(client: TestClient, headers: Headers, customer: str) -> list[str]:
     events = client.get(f"/api/v1/streams/customer-{customer}", headers=headers).json()["events"]
-    log = _whole_log(client, headers, "ApiCustomerSeen")
+    log = read_log_to_end(client, headers, {"type": "ApiCustomerSeen"})
     from_log = [e["data"]["email"] for e in log if e["stream_id"] == f"customer-{customer}"]
     from_stream = [e["data"]["email"] for e in events]
     assert from_log == from_stream
