@@ -6,7 +6,8 @@ gap-free reading. `EventStore` is put together from one part per job: building a
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -115,6 +116,16 @@ class EventStore(AppendStatements, AppendPath, LogReading):
         from eventstore.subscribe import Subscription
 
         return Subscription(self, self.url, after, **options)
+
+    @contextmanager
+    def connection(self, *, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+        """A connection from the store's pool, for statements of the caller's own (an operator's read, a
+        probe), given back when the block ends: a transaction left open is rolled back, a broken
+        connection discarded. The database boundary for its user: a driver error raised in the block, by
+        the checkout (waiting longer than `timeout`, default the pool's) or by a statement, comes out as a
+        LedgerflowError (its `__cause__` the driver's)."""
+        with wrap_exceptions(), self.pool.connection(timeout=timeout) as conn:
+            yield conn
 
     # -- appending -------------------------------------------------------------------------------
 
