@@ -39,6 +39,7 @@ from eventstore import ANY, DatabaseSettings, EventStore, NewEvent, open_store
 from projector import ProjectorWorker, WorkerSettings
 from workflows import Engine, RunCaps, WorkflowRegistry, workflow_tables
 from workflows import events as ev
+from workflows import new_events as new
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK = 10_000  # events per append: the store's default cap on one append
@@ -48,22 +49,21 @@ def write_run(store: EventStore, events: int) -> uuid.UUID:
     run_id = uuid.uuid4()
     stream = ev.run_stream(run_id)
     head = [
-        ev.event(
-            ev.RUN_STARTED,
-            run_id,
+        new.run_started(
+            run_id=run_id,
             workflow="bench",
             input={"n": 1},
             input_fingerprint="fp",
             nodes=["work"],
             fingerprints={"work": "f"},
         ),
-        ev.event(ev.NODES_READY, run_id, nodes=["work"]),
+        new.nodes_ready(run_id=run_id, nodes=["work"]),
     ]
 
     def one(i: int) -> NewEvent:
         if i % 100 == 99:
-            return ev.event(ev.SIGNAL_RECEIVED, run_id, name="note", payload={"i": i, "pad": "s" * 65_000})
-        return ev.event(ev.NODE_PROGRESS, run_id, node="work", current=i, total=events)
+            return new.signal_received(run_id=run_id, name="note", payload={"i": i, "pad": "s" * 65_000})
+        return new.node_progress(run_id=run_id, node="work", current=i, total=events)
 
     body = [one(i) for i in range(events - len(head))]
     batch: list[NewEvent] = head

@@ -28,7 +28,7 @@ from psycopg import Connection
 from psycopg.rows import kwargs_row
 
 from eventstore import EventStore, InvalidInputError, LedgerflowError, check_tenant
-from eventstore.spi import load_queries, wrap_exceptions
+from eventstore.spi import load_queries
 
 __all__ = [
     "SCOPES",
@@ -221,7 +221,7 @@ def create_token(
         "lifetime_seconds": lifetime,
         "token_hash": hash_secret(secret),
     }
-    with wrap_exceptions(), store.pool.connection() as conn:
+    with store.connection() as conn:
         conn.execute(Q["insert_token"], params)
     log.info(
         "api_token_created",
@@ -237,7 +237,7 @@ def create_token(
 
 def revoke_token(store: EventStore, token_id: str) -> bool:
     """Revoke a token; True if it was live, False if it is unknown or was already revoked."""
-    with wrap_exceptions(), store.pool.connection() as conn:
+    with store.connection() as conn:
         revoked = conn.execute(Q["revoke_token"], {"id": token_id}).fetchone() is not None
     if revoked:
         log.info("api_token_revoked", token_id=token_id)
@@ -247,8 +247,7 @@ def revoke_token(store: EventStore, token_id: str) -> bool:
 def list_tokens(store: EventStore) -> list[TokenInfo]:
     """Every token, live, expired and revoked, oldest first (never their secrets, which are not kept)."""
     with (
-        wrap_exceptions(),
-        store.pool.connection() as conn,
+        store.connection() as conn,
         conn.cursor(row_factory=kwargs_row(TokenInfo.of_row)) as cur,
     ):
         return cur.execute(Q["list_tokens"]).fetchall()
@@ -256,7 +255,7 @@ def list_tokens(store: EventStore) -> list[TokenInfo]:
 
 def has_server_admin_token(store: EventStore) -> bool:
     """Whether a server administrator's token was ever created (live, expired or revoked)."""
-    with wrap_exceptions(), store.pool.connection() as conn:
+    with store.connection() as conn:
         return conn.execute(Q["has_server_admin_token"]).fetchone() is not None
 
 
@@ -272,7 +271,7 @@ def check_secret_format(secret: str) -> re.Match[str]:
 def authenticate(store: EventStore, secret: str) -> Principal:
     """The principal a bearer secret stands for; AuthenticationError if it is not a live token's."""
     check_secret_format(secret)
-    with wrap_exceptions(), store.pool.connection() as conn:
+    with store.connection() as conn:
         return look_up_token(conn, secret)[0]
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from eventstore import EventStore, LedgerflowError, pending_migrations
-from eventstore.spi import load_queries, wrap_exceptions
+from eventstore.spi import load_queries
 from projector import Projection, projection_health
 from workflows import queue_summary, shared_worker_names, versions_without_worker
 
@@ -44,7 +44,7 @@ def diagnose(
     found: list[Finding] = []
     began = time.monotonic()
     try:
-        with wrap_exceptions(), store.pool.connection() as conn:
+        with store.connection() as conn:
             conn.execute(Q["ping"])
             pending = pending_migrations(conn)
             listeners = {str(app): int(n) for app, n in conn.execute(Q["listeners"]).fetchall()}

@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from eventstore import Cursor, EventStore
-from eventstore.spi import wrap_exceptions
 from projector import bookkeeping
 from projector.projection import Projection
 from projector.rebuild import sweep_abandoned
@@ -59,7 +58,7 @@ def projection_health(
     """Every projection's health. With `tenant`, as that tenant may see it: its own open failures, and
     runs over every tenant or its own (never another tenant's)."""
     found: list[ProjectionHealth] = []
-    with wrap_exceptions(), store.pool.connection() as conn:
+    with store.connection() as conn:
         if abandoned_after is not None:
             sweep_abandoned(conn, abandoned_after)
         for p in projections:

@@ -241,7 +241,7 @@ def _record_run(
 def _live_cursor(store: EventStore, projection: Projection, *, highest: bool = False) -> Cursor:
     """The projection's cursor (of a partitioned one: its lowest segment's, or with `highest` its
     highest's: how far any of its rows got)."""
-    with store.pool.connection() as conn:
+    with wrap_exceptions(), store.pool.connection() as conn:
         if highest and projection.partitions > 1:
             segments = bookkeeping.segment_cursors(conn, projection.name)
             if segments:
@@ -334,7 +334,7 @@ def start_replay(
             store, projection, actor=actor, trigger="replay", tenant=tenant, batch_size=batch_size, note=note
         )
     if since is not None:
-        with store.pool.connection() as conn:
+        with wrap_exceptions(), store.pool.connection() as conn:
             after = bookkeeping.first_cursor_since(conn, since)
         if after is None:
             raise NotFoundError(f"no event was recorded at or after {since.isoformat()}; nothing to replay")

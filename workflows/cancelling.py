@@ -18,6 +18,7 @@ import structlog
 
 from eventstore import ANY, EventStore, StreamAppend
 from workflows import events as ev
+from workflows import new_events as new
 from workflows import node_queue
 from workflows.errors import RunStateError
 from workflows.run_state import RunState
@@ -40,11 +41,11 @@ def cancel_appends(
     """The appends that cancel `run`, once its queue rows are changed (`node_queue.cancel_run`): running
     nodes stop at their next context call; with none in flight the run is cancelled now, and its key freed."""
     run_id = run.run_id
-    events = [ev.event(ev.RUN_CANCEL_REQUESTED, run_id, actor=actor)]
-    events += [ev.event(ev.NODE_CANCELLED, run_id, node=n) for n in dropped]
+    events = [new.run_cancel_requested(run_id=run_id, actor=actor)]
+    events += [new.node_cancelled(run_id=run_id, node=n) for n in dropped]
     ended = not running
     if ended:
-        events.append(ev.event(ev.RUN_CANCELLED, run_id))
+        events.append(new.run_cancelled(run_id=run_id))
     appends = [StreamAppend(ev.run_stream(run_id), events, run.version)]
     return appends + (release_key_appends(run) if ended else [])
 
@@ -91,4 +92,4 @@ def release_key_appends(run: RunState) -> list[StreamAppend]:
     """The key stream's release, when a run with a key ends."""
     if run.key is None:
         return []
-    return [StreamAppend(ev.key_stream(run.workflow, run.key), [ev.event(ev.KEY_RELEASED, run.run_id)], ANY)]
+    return [StreamAppend(ev.key_stream(run.workflow, run.key), [new.key_released(run_id=run.run_id)], ANY)]

@@ -48,6 +48,7 @@ from eventstore import (
     WrongExpectedVersionError,
 )
 from workflows import events as ev
+from workflows import new_events as new
 from workflows import node_queue
 from workflows.definition import NodeSpec
 from workflows.engine import Engine, advance, fingerprint
@@ -157,13 +158,8 @@ class NodeContext:
         self._last_progress = now
         self._write(
             [
-                ev.event(
-                    ev.NODE_PROGRESS,
-                    self.run_id,
-                    node=self.node,
-                    current=current,
-                    total=total,
-                    message=message[:500],
+                new.node_progress(
+                    run_id=self.run_id, node=self.node, current=current, total=total, message=message[:500]
                 )
             ]
         )
@@ -181,13 +177,8 @@ class NodeContext:
         self._engine.caps.check_output(f"checkpoint output of {item!r}", output, self._run.held_bytes)
         self._write(
             [
-                ev.event(
-                    ev.NODE_CHECKPOINT,
-                    self.run_id,
-                    node=self.node,
-                    attempt=self.attempt,
-                    item=item,
-                    output=output,
+                new.node_checkpoint(
+                    run_id=self.run_id, node=self.node, attempt=self.attempt, item=item, output=output
                 )
             ]
         )
@@ -255,13 +246,8 @@ class NodeContext:
         self._engine.caps.check_output(f"result of step {key!r}", result, self._run.held_bytes)
         self._write(
             [
-                ev.event(
-                    ev.STEP_RECORDED,
-                    self.run_id,
-                    node=self.node,
-                    attempt=self.attempt,
-                    key=key,
-                    result=result,
+                new.step_recorded(
+                    run_id=self.run_id, node=self.node, attempt=self.attempt, key=key, result=result
                 )
             ]
         )
@@ -299,12 +285,11 @@ class NodeContext:
         )
         self._write(
             [
-                ev.event(
-                    ev.CHILD_STARTED,
-                    self.run_id,
+                new.child_started(
+                    run_id=self.run_id,
                     node=self.node,
                     key=child_key,
-                    child_run_id=str(started.run_id),
+                    child_run_id=started.run_id,
                     workflow=workflow,
                     parent_close=parent_close,
                 )
@@ -343,7 +328,7 @@ class NodeContext:
                 self.check()
                 return
             limits.merged(current, change)
-            tagged = ev.event(ev.RUN_TAGGED, self.run_id, tags=change, node=self.node)
+            tagged = new.run_tagged(run_id=self.run_id, tags=change, node=self.node)
             try:
                 # At the version this node knows, so that the count is checked against the run's tags
                 # as they are: a sibling node's tags written meanwhile are read and counted first.
@@ -407,14 +392,8 @@ class NodeContext:
             )
             if index is None and (until is None or _now() < until):
                 raise NodeSuspended(key, until, name)
-            taken = ev.event(
-                ev.SIGNAL_TAKEN,
-                self.run_id,
-                node=self.node,
-                attempt=self.attempt,
-                key=key,
-                name=name,
-                index=index,
+            taken = new.signal_taken(
+                run_id=self.run_id, node=self.node, attempt=self.attempt, key=key, name=name, index=index
             )
             try:
                 # At the version this node knows: a sibling wait that took the same signal first wins.

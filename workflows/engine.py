@@ -37,6 +37,7 @@ from eventstore import (
 from eventstore.spi import check_idempotency_key, check_tenant, json_dumps, json_loads
 from workflows import cancelling, node_queue, release_marks, snapshots
 from workflows import events as ev
+from workflows import new_events as new
 from workflows.cancelling import release_key_appends
 from workflows.caps import RunCaps
 from workflows.debounce import Debounce, record_start
@@ -254,9 +255,8 @@ class Engine:
         continued_from: uuid.UUID | None = None,
     ) -> Started:
         roots = wf.roots()
-        started = ev.event(
-            ev.RUN_STARTED,
-            run_id,
+        started = new.run_started(
+            run_id=run_id,
             workflow=wf.name,
             version=wf.version,
             key=key,
@@ -264,23 +264,23 @@ class Engine:
             input_fingerprint=input_fp,
             nodes=wf.topological_order(),
             fingerprints={n: s.fingerprint for n, s in wf.nodes.items()},
-            # Only when set: every other start writes the same payload as before.
-            **({"triggered_by": triggered_by.model_dump()} if triggered_by is not None else {}),
-            **({"priority": priority} if priority else {}),
-            **({"tags": tags} if tags else {}),
-            **({"parent": parent.model_dump()} if parent is not None else {}),
-            **({"continued_from": str(continued_from)} if continued_from is not None else {}),
+            # Each written only when set: every other start writes the same payload as before.
+            triggered_by=triggered_by,
+            priority=priority,
+            tags=tags,
+            parent=parent,
+            continued_from=continued_from,
         )
         appends = [
             StreamAppend(
-                ev.run_stream(run_id), [started, ev.event(ev.NODES_READY, run_id, nodes=roots)], NO_STREAM
+                ev.run_stream(run_id), [started, new.nodes_ready(run_id=run_id, nodes=roots)], NO_STREAM
             )
         ]
         if key is not None:
             appends.append(
                 StreamAppend(
                     ev.key_stream(wf.name, key),
-                    [ev.event(ev.KEY_CLAIMED, run_id)],
+                    [new.key_claimed(run_id=run_id)],
                     key_version if key_version is not None else NO_STREAM,
                 )
             )
@@ -467,7 +467,7 @@ class Engine:
         ev.check_signal_name(name)
         self.caps.check_signal(payload)
         stream = ev.run_stream(run_id)
-        received = ev.event(ev.SIGNAL_RECEIVED, run_id, name=name, payload=payload, actor=actor)
+        received = new.signal_received(run_id=run_id, name=name, payload=payload, actor=actor)
         key = None
         if idempotency_key is not None:
             check_idempotency_key(idempotency_key)
@@ -550,10 +550,10 @@ class Engine:
                 node_queue.lock_run_nodes(conn, run_id, tenant)
                 dropped = node_queue.terminate_run(conn, run_id)
                 events = (
-                    [] if run.cancel_requested else [ev.event(ev.RUN_CANCEL_REQUESTED, run_id, actor=actor)]
+                    [] if run.cancel_requested else [new.run_cancel_requested(run_id=run_id, actor=actor)]
                 )
-                events += [ev.event(ev.NODE_CANCELLED, run_id, node=n) for n in dropped]
-                events.append(ev.event(ev.RUN_CANCELLED, run_id))
+                events += [new.node_cancelled(run_id=run_id, node=n) for n in dropped]
+                events.append(new.run_cancelled(run_id=run_id))
                 appends = [
                     StreamAppend(ev.run_stream(run_id), events, run.version),
                     *release_key_appends(run),
@@ -596,12 +596,11 @@ class Engine:
                 running, held = node_queue.pause_run(conn, run_id, tenant, interrupt=interrupt_running)
                 if run.paused and not running:
                     return  # paused already, and nothing left to interrupt
-                paused = ev.event(
-                    ev.RUN_PAUSED,
-                    run_id,
+                paused = new.run_paused(
+                    run_id=run_id,
                     actor=actor,
                     interrupt_running=interrupt_running,
-                    **({"parent_run_id": str(parent_run_id)} if parent_run_id is not None else {}),
+                    parent_run_id=parent_run_id,
                 )
                 self.store.append(
                     ev.run_stream(run_id),
@@ -648,11 +647,10 @@ class Engine:
             with self.transaction() as conn:
                 node_queue.lock_run_nodes(conn, run_id, tenant)
                 ready = node_queue.resume_run(conn, run_id)
-                resumed = ev.event(
-                    ev.RUN_RESUMED,
-                    run_id,
+                resumed = new.run_resumed(
+                    run_id=run_id,
                     actor=actor,
-                    **({"parent_run_id": str(parent_run_id)} if parent_run_id is not None else {}),
+                    parent_run_id=parent_run_id,
                 )
                 self.store.append(
                     ev.run_stream(run_id),
@@ -692,7 +690,7 @@ class Engine:
             self._refuse_released(run_id, tenant, "retry")
             wf = self.registry.get(run.workflow, run.workflow_version)  # the version it started with
             reset = retry_from_failed(wf, run.statuses)
-            retried = ev.event(ev.RUN_RETRIED, run_id, nodes=sorted(reset), actor=actor)
+            retried = new.run_retried(run_id=run_id, nodes=sorted(reset), actor=actor)
             self._reopen(run, wf, retried, reset, tenant, idempotency_key)
             log.info("workflow_retried", run_id=str(run_id), nodes=sorted(reset), actor=actor)
 
@@ -719,9 +717,8 @@ class Engine:
             rerun = nodes_to_rerun(wf, run.fingerprints, new_fps, input_fp != run.input_fingerprint)
             if not rerun:
                 return
-            refreshed = ev.event(
-                ev.RUN_REFRESHED,
-                run_id,
+            refreshed = new.run_refreshed(
+                run_id=run_id,
                 input=input,
                 input_fingerprint=input_fp,
                 fingerprints=new_fps,
@@ -750,7 +747,7 @@ class Engine:
         appends = [
             StreamAppend(
                 ev.run_stream(run.run_id),
-                [cause, ev.event(ev.NODES_READY, run.run_id, nodes=ready)],
+                [cause, new.nodes_ready(run_id=run.run_id, nodes=ready)],
                 run.version,
             )
         ]
@@ -767,7 +764,7 @@ class Engine:
                 appends.append(
                     StreamAppend(
                         ev.key_stream(run.workflow, run.key),
-                        [ev.event(ev.KEY_CLAIMED, run.run_id)],
+                        [new.key_claimed(run_id=run.run_id)],
                         last[0].stream_version if last else NO_STREAM,
                     )
                 )
@@ -868,10 +865,10 @@ def advance(
         return False
     if written is None:
         written = WrittenJson(
-            [json_dumps(dict(new.data)) for new in events],
-            [json_dumps(dict(new.metadata)) for new in events],
+            [json_dumps(dict(e.data)) for e in events],
+            [json_dumps(dict(e.metadata)) for e in events],
         )
-    for new, at, data, metadata in zip(events, landed, written.data, written.metadata, strict=True):
+    for pending, at, data, metadata in zip(events, landed, written.data, written.metadata, strict=True):
         apply(
             run,
             RecordedEvent(
@@ -880,13 +877,13 @@ def advance(
                 run.tenant,
                 stream,
                 at.stream_version,
-                new.event_id,
-                new.type,
+                pending.event_id,
+                pending.type,
                 # As a reader would get it back: JSON values, not the Python objects that were written.
                 json_loads(data),
                 json_loads(metadata),
-                new.correlation_id,
-                new.causation_id,
+                pending.correlation_id,
+                pending.causation_id,
                 recorded_at,
             ),
         )

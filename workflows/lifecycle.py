@@ -40,6 +40,7 @@ from eventstore import (
     WrongExpectedVersionError,
 )
 from workflows import events as ev
+from workflows import new_events as new
 from workflows import node_queue, snapshots
 from workflows.cancelling import release_key_appends
 from workflows.definition import NodeSpec, Workflow
@@ -55,13 +56,8 @@ _TERMINAL = (ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED, ev.RUN_CONTINUED
 
 
 def claimed_event(claim: Claim, worker_id: str) -> NewEvent:
-    return ev.event(
-        ev.NODE_CLAIMED,
-        claim.run_id,
-        node=claim.node,
-        attempt=claim.attempt,
-        token=claim.token,
-        worker=worker_id,
+    return new.node_claimed(
+        run_id=claim.run_id, node=claim.node, attempt=claim.attempt, token=claim.token, worker=worker_id
     )
 
 
@@ -344,9 +340,8 @@ class Lifecycle:
             statuses = run.statuses
             statuses[claim.node] = NodeStatus.SUCCEEDED
             events = [
-                ev.event(
-                    ev.NODE_SUCCEEDED,
-                    claim.run_id,
+                new.node_succeeded(
+                    run_id=claim.run_id,
                     node=claim.node,
                     attempt=claim.attempt,
                     generation=claim.attempt,
@@ -358,7 +353,7 @@ class Lifecycle:
             for name in ready:
                 statuses[name] = NodeStatus.READY
             if ready:
-                events.append(ev.event(ev.NODES_READY, claim.run_id, nodes=ready))
+                events.append(new.nodes_ready(run_id=claim.run_id, nodes=ready))
             events += self._run_end(run, wf, statuses)
             return _Decision(events, ready)
 
@@ -385,9 +380,8 @@ class Lifecycle:
             retrying = spec.retry.is_retryable(error) and failures < spec.retry.max_attempts
             if retrying and not run.cancel_requested:
                 delay = spec.retry.backoff(failures, rng)
-                event = ev.event(
-                    ev.NODE_RETRY_SCHEDULED,
-                    claim.run_id,
+                event = new.node_retry_scheduled(
+                    run_id=claim.run_id,
                     node=claim.node,
                     attempt=claim.attempt,
                     error=message,
@@ -398,9 +392,8 @@ class Lifecycle:
             statuses = run.statuses
             statuses[claim.node] = NodeStatus.FAILED
             events = [
-                ev.event(
-                    ev.NODE_FAILED,
-                    claim.run_id,
+                new.node_failed(
+                    run_id=claim.run_id,
                     node=claim.node,
                     attempt=claim.attempt,
                     error=message,
@@ -444,7 +437,7 @@ class Lifecycle:
         def decide(run: RunState) -> _Decision:
             statuses = run.statuses
             statuses[claim.node] = NodeStatus.CANCELLED
-            events = [ev.event(ev.NODE_CANCELLED, claim.run_id, node=claim.node)]
+            events = [new.node_cancelled(run_id=claim.run_id, node=claim.node)]
             events += self._run_end(run, wf, statuses)
             return _Decision(events)
 
@@ -465,12 +458,8 @@ class Lifecycle:
         """Hand an interrupted node back (see `node_queue.hand_back`), recorded at the exact version `run`
         knows: a pause, a resume or a cancellation committed meanwhile fails it
         (WrongExpectedVersionError)."""
-        released = ev.event(
-            ev.NODE_RELEASED,
-            claim.run_id,
-            node=claim.node,
-            worker=run.node(claim.node).worker,
-            reason="paused",
+        released = new.node_released(
+            run_id=claim.run_id, node=claim.node, worker=run.node(claim.node).worker, reason="paused"
         )
         with fenced_writes(), self.engine.transaction() as conn:
             if node_queue.hand_back(conn, claim.run_id, claim.node, claim.token):
@@ -512,23 +501,19 @@ class Lifecycle:
                     dropped = node_queue.terminate_run(conn, claim.run_id)
                     successor = self.engine.start_successor(conn, run, signal.input, signal.tags)
                     events = [
-                        ev.event(ev.NODE_CANCELLED, claim.run_id, node=n) for n in dropped if n != claim.node
+                        new.node_cancelled(run_id=claim.run_id, node=n) for n in dropped if n != claim.node
                     ]
                     events += [
-                        ev.event(
-                            ev.NODE_SUCCEEDED,
-                            claim.run_id,
+                        new.node_succeeded(
+                            run_id=claim.run_id,
                             node=claim.node,
                             attempt=claim.attempt,
                             generation=claim.attempt,
                             output=None,
                             duration_ms=round(duration * 1000, 3),
                         ),
-                        ev.event(
-                            ev.RUN_CONTINUED_AS_NEW,
-                            claim.run_id,
-                            successor_run_id=str(successor),
-                            node=claim.node,
+                        new.run_continued_as_new(
+                            run_id=claim.run_id, successor_run_id=successor, node=claim.node
                         ),
                     ]
                     # At the version this worker knows: a cancellation or a sibling's write committed
@@ -571,9 +556,8 @@ class Lifecycle:
 
         def decide(run: RunState) -> _Decision:
             arrived = wait.signal is not None and run.untaken_signal(wait.signal) is not None
-            event = ev.event(
-                ev.NODE_WAITING,
-                claim.run_id,
+            event = new.node_waiting(
+                run_id=claim.run_id,
                 node=claim.node,
                 attempt=claim.attempt,
                 key=wait.key,
@@ -597,7 +581,7 @@ class Lifecycle:
             if node_queue.release(conn, claim.run_id, claim.node, claim.token):
                 self.store.append(
                     ev.run_stream(claim.run_id),
-                    [ev.event(ev.NODE_RELEASED, claim.run_id, node=claim.node, worker=worker)],
+                    [new.node_released(run_id=claim.run_id, node=claim.node, worker=worker)],
                     expected_version=ANY,
                     tenant=claim.tenant,
                     conn=conn,
@@ -618,15 +602,13 @@ class Lifecycle:
             for s in statuses.values()
         )
         if run.cancel_requested:
-            return [] if in_flight else [ev.event(ev.RUN_CANCELLED, run.run_id)]
+            return [] if in_flight else [new.run_cancelled(run_id=run.run_id)]
         outcome = run_outcome(wf, statuses)
         if outcome == "succeeded":
-            return [ev.event(ev.RUN_COMPLETED, run.run_id)]
+            return [new.run_completed(run_id=run.run_id)]
         if outcome == "failed" and not in_flight:
             culprit = failed_node or next((n for n, s in statuses.items() if s == NodeStatus.FAILED), None)
             return [
-                ev.event(
-                    ev.RUN_FAILED, run.run_id, node=culprit, error=error or run.node(culprit or "").error
-                )
+                new.run_failed(run_id=run.run_id, node=culprit, error=error or run.node(culprit or "").error)
             ]
         return []

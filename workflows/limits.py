@@ -134,7 +134,7 @@ def usage(conn: Conn) -> list[LimitUsage]:
 
 def read_usage(pool: Any) -> list[LimitUsage]:
     """`usage` on a connection of `pool` (a store's pool), for readers outside a transaction."""
-    with pool.connection() as conn:
+    with wrap_exceptions(), pool.connection() as conn:
         return usage(conn)
 
 

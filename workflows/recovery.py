@@ -29,6 +29,7 @@ from eventstore import ANY, NewEvent, StreamAppend
 from eventstore.spi import load_queries
 from workflows import events as ev
 from workflows import metrics
+from workflows import new_events as new
 from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeStuckError
@@ -95,17 +96,15 @@ class Reclaimed:
     def events(self, worker_id: str) -> list[NewEvent]:
         if self.status == "parked":
             return [
-                ev.event(
-                    ev.NODE_PARKED,
-                    self.run_id,
+                new.node_parked(
+                    run_id=self.run_id,
                     node=self.node,
                     crashes=self.crashes,
                     error=f"crashed {self.crashes} times; parked for an operator",
                 )
             ]
-        reclaimed = ev.event(
-            ev.NODE_RECLAIMED,
-            self.run_id,
+        reclaimed = new.node_reclaimed(
+            run_id=self.run_id,
             node=self.node,
             attempt=self.lost_attempt,
             previous_worker=self.previous_worker,
@@ -127,14 +126,13 @@ class Stuck:
     seconds: float
 
     def events(self) -> list[NewEvent]:
-        stuck = ev.event(
-            ev.NODE_STUCK, self.run_id, node=self.node, seconds=round(self.seconds, 3), action=self.action
+        stuck = new.node_stuck(
+            run_id=self.run_id, node=self.node, seconds=round(self.seconds, 3), action=self.action
         )
         if self.action != "retry":
             return [stuck]
-        reclaimed = ev.event(
-            ev.NODE_RECLAIMED,
-            self.run_id,
+        reclaimed = new.node_reclaimed(
+            run_id=self.run_id,
             node=self.node,
             attempt=self.attempt,
             previous_worker=self.worker,

@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from eventstore import EventStore, InvalidInputError, WrongExpectedVersionError
 from eventstore.spi import check_tenant
 from workflows import events as ev
+from workflows import new_events as new
 from workflows import release_marks
 from workflows.engine import Engine
 from workflows.errors import RunStateError, wrap_exceptions
@@ -149,8 +150,8 @@ def release_run(
         if not is_due(run.status, since, cutoff):
             raise RunStateError(_why_not(run_id, run.status, since, run.workflow, cutoff))
         assert cutoff is not None  # is_due
-        marker = ev.event(
-            ev.RUN_RELEASED, run_id, retention_seconds=(moment - cutoff).total_seconds(), actor=actor
+        marker = new.run_released(
+            run_id=run_id, retention_seconds=(moment - cutoff).total_seconds(), actor=actor
         )
         # Written at the version the checks read: a retry or refresh that lands in between (the run goes
         # on) makes this append fail, and the checks run again on the run as it is now.
@@ -197,7 +198,7 @@ def restore_run(
             with engine.transaction() as conn:
                 engine.store.append(
                     ev.run_stream(run_id),
-                    [ev.event(ev.RUN_RESTORED, run_id, actor=actor)],
+                    [new.run_restored(run_id=run_id, actor=actor)],
                     expected_version=run.version,
                     tenant=tenant,
                     conn=conn,

@@ -18,7 +18,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
-from eventstore.spi import wrap_exceptions
 from ops.api.deps import JobsDep, Operator, Reader, ServicesDep
 from ops.api.errors import NOT_FOUND
 from ops.api.run_search import RunStatus
@@ -99,41 +98,39 @@ def start_bulk_action(
     comes at once; follow the action with `GET /api/v1/runs/bulk/{id}`."""
     wanted, limit = body.run_filter(), services.settings.bulk_max_runs
     store = services.store
-    with wrap_exceptions():
-        if body.dry_run:
-            plan = plan_bulk(store, kind=kind, tenant=principal.tenant, filter=wanted, limit=limit)
-            return BulkActionOut(
-                id=None,
-                kind=kind,
-                dry_run=True,
-                state="dry_run",
-                matched=plan.matched,
-                limit=limit,
-                over_limit=plan.over_limit,
-            )
-        with jobs.reserve(principal.tenant) as place:
-            action = create_bulk_action(
-                store,
-                kind=kind,
-                tenant=principal.tenant,
-                filter=wanted,
-                actor=f"api:{principal.token_id}",
-                limit=limit,
-            )
-            engine, tenant = services.engine, principal.tenant
-            place.submit(
-                f"bulk_{kind}",
-                lambda: run_bulk_action(engine, action.id, tenant=tenant),
-                bulk_id=str(action.id),
-            )
+    if body.dry_run:
+        plan = plan_bulk(store, kind=kind, tenant=principal.tenant, filter=wanted, limit=limit)
+        return BulkActionOut(
+            id=None,
+            kind=kind,
+            dry_run=True,
+            state="dry_run",
+            matched=plan.matched,
+            limit=limit,
+            over_limit=plan.over_limit,
+        )
+    with jobs.reserve(principal.tenant) as place:
+        action = create_bulk_action(
+            store,
+            kind=kind,
+            tenant=principal.tenant,
+            filter=wanted,
+            actor=f"api:{principal.token_id}",
+            limit=limit,
+        )
+        engine, tenant = services.engine, principal.tenant
+        place.submit(
+            f"bulk_{kind}",
+            lambda: run_bulk_action(engine, action.id, tenant=tenant),
+            bulk_id=str(action.id),
+        )
     return _out(action)
 
 
 @router.get("/runs/bulk/{action_id}", response_model=BulkActionOut, responses=NOT_FOUND)
 def get_bulk_action(action_id: uuid.UUID, principal: Reader, services: ServicesDep) -> BulkActionOut:
     """A bulk action's record and progress (its counts and the last run it processed)."""
-    with wrap_exceptions():
-        return _out(bulk_action(services.store, action_id, tenant=principal.tenant))
+    return _out(bulk_action(services.store, action_id, tenant=principal.tenant))
 
 
 def _out(action: BulkAction) -> BulkActionOut:
@@ -151,14 +148,13 @@ def continue_bulk_action(
 ) -> BulkActionOut:
     """Work on an action that stopped (its server was stopped or killed) from where it stopped; a run it
     already acted on is not acted on again. An ended action is answered as it is."""
-    with wrap_exceptions():
-        action = bulk_action(services.store, action_id, tenant=principal.tenant)
-        if action.state == "running":
-            engine, tenant = services.engine, principal.tenant
-            with jobs.reserve(tenant) as place:
-                place.submit(
-                    f"bulk_{action.kind}",
-                    lambda: run_bulk_action(engine, action_id, tenant=tenant),
-                    bulk_id=str(action_id),
-                )
+    action = bulk_action(services.store, action_id, tenant=principal.tenant)
+    if action.state == "running":
+        engine, tenant = services.engine, principal.tenant
+        with jobs.reserve(tenant) as place:
+            place.submit(
+                f"bulk_{action.kind}",
+                lambda: run_bulk_action(engine, action_id, tenant=tenant),
+                bulk_id=str(action_id),
+            )
     return _out(action)

@@ -14,7 +14,6 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel
 
 from eventstore import NotFoundError
-from eventstore.spi import wrap_exceptions
 from ops.api.deps import Admin, ServicesDep
 from ops.api.errors import NOT_FOUND
 from ops.auth import Principal
@@ -79,7 +78,7 @@ def list_failures(
     """Open failures (with `all`, resolved and skipped ones too), newest first: the token's tenant's, or
     every tenant's for a server administrator."""
     name = find(services.projections, projection).name if projection is not None else None
-    with wrap_exceptions(), services.store.pool.connection() as conn:
+    with services.store.connection() as conn:
         found = failure_records(conn, name, include_closed=all, limit=limit, tenant=_tenant_scope(principal))
     return FailureList(failures=[FailureOut.of(f) for f in found])
 
@@ -93,7 +92,7 @@ def _resolve(
 ) -> None:
     request = request_failure_retry if action == "retry" else request_failure_skip
     actor = f"api:{principal.token_id}"
-    with wrap_exceptions(), services.store.pool.connection() as conn:
+    with services.store.connection() as conn:
         # Scoped in the statement itself: another tenant's failure is not found, and nothing changes.
         if not request(conn, failure_id, actor, tenant=_tenant_scope(principal)):
             raise NotFoundError(

@@ -15,7 +15,6 @@ from datetime import datetime
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from eventstore.spi import wrap_exceptions
 from ops.api.deps import Reader, ServicesDep
 from ops.services import Services
 from workflows import limit_usage, watch_limit_usage
@@ -41,8 +40,7 @@ class LimitsReport(BaseModel):
 @router.get("/limits", response_model=LimitsReport)
 def limits(principal: Reader, services: ServicesDep) -> LimitsReport:
     """Every declared limit with its slots in use, the nodes waiting, and its starts in the last minute."""
-    with wrap_exceptions():
-        found = limit_usage(services.store.pool)
+    found = limit_usage(services.store.pool)
     return LimitsReport(limits=[LimitOut(**asdict(u)) for u in found])
 
 

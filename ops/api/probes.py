@@ -35,7 +35,7 @@ class MigrationStatus:
 
 def ping(store: EventStore, timeout: float) -> None:
     """Raise DatabaseUnavailableError unless the database answers `SELECT 1` within about `timeout`."""
-    with wrap_exceptions(), store.pool.connection(timeout=timeout) as conn:
+    with store.connection(timeout=timeout) as conn:
         conn.execute(Q["ping"]).fetchone()
 
 
@@ -67,7 +67,7 @@ def readiness(
     store: EventStore, projections: Sequence[str], *, recent_seconds: float, timeout: float
 ) -> Readiness:
     """`read_readiness` on a pool connection: for an app whose monitor has not checked yet."""
-    with wrap_exceptions(), store.pool.connection(timeout=timeout) as conn:
+    with store.connection(timeout=timeout) as conn:
         return read_readiness(conn, projections, recent_seconds=recent_seconds)
 
 

@@ -26,7 +26,6 @@ from fastapi import APIRouter, Path, Query
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from eventstore import Cursor
-from eventstore.spi import wrap_exceptions
 from ops.api.deps import Admin, JobsDep, Reader, ServicesDep
 from ops.api.errors import CONFLICT, NOT_FOUND, TOO_MANY_REQUESTS
 from ops.api.jobs import SERVER, Lane, Reservation
@@ -209,13 +208,12 @@ def projections(principal: Reader, services: ServicesDep) -> ProjectionsOut:
     """Every projection's state, cursor, lag, owner and failures, and the log's safe horizon.
 
     A tenant's token sees its own tenant's open failures and last run; a server administrator's, all."""
-    with wrap_exceptions():
-        health = projection_health(
-            services.store,
-            services.projections,
-            abandoned_after=services.settings.abandoned_after,
-            tenant=_tenant_scope(principal),
-        )
+    health = projection_health(
+        services.store,
+        services.projections,
+        abandoned_after=services.settings.abandoned_after,
+        tenant=_tenant_scope(principal),
+    )
     horizon = services.store.horizon()
     return ProjectionsOut(
         projections=[ProjectionHealthOut(**h.as_dict()) for h in health],
@@ -244,7 +242,7 @@ def projection_runs(
     """The projection's recent catch-up, replay, rebuild and verify runs, newest first: for a tenant's
     token, the runs over every tenant and its own tenant's, never another tenant's."""
     projection = find(services.projections, name)
-    with wrap_exceptions(), services.store.pool.connection() as conn:
+    with services.store.connection() as conn:
         runs = list_runs(conn, projection.name, limit, tenant=_tenant_scope(principal))
     return ProjectionRunList(runs=[ProjectionRunOut.of(r, principal) for r in runs])
 
@@ -289,7 +287,7 @@ def rebuild_projection(
     """Rebuild from the whole log in a shadow schema and swap it in atomically (in the background)."""
     projection = find(services.projections, name)
     tenant = _operated_scope(projection, principal, "rebuilding")
-    with jobs.reserve(_lane(principal)) as place, wrap_exceptions():
+    with jobs.reserve(_lane(principal)) as place:
         pending = start_rebuild(
             services.store,
             projection,
@@ -313,7 +311,7 @@ def verify_projection(
     """Rebuild in a scratch schema and compare digests with the live tables (in the background)."""
     projection = find(services.projections, name)
     tenant = _operated_scope(projection, principal, "verifying")
-    with jobs.reserve(_lane(principal)) as place, wrap_exceptions():
+    with jobs.reserve(_lane(principal)) as place:
         pending = start_verify(
             services.store,
             projection,
@@ -338,7 +336,7 @@ def replay_projection(
     place, or one tenant's rows, are rebuilt instead (`kind` and `note` say so)."""
     projection = find(services.projections, name)
     tenant = _operated_scope(projection, principal, "replaying")
-    with jobs.reserve(_lane(principal)) as place, wrap_exceptions():
+    with jobs.reserve(_lane(principal)) as place:
         pending = start_replay(
             services.store,
             projection,

@@ -12,7 +12,6 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from eventstore.spi import wrap_exceptions
 from ops.api.deps import Reader, ServicesDep
 from workflows import queue_summary, recent_recoveries
 
@@ -49,7 +48,7 @@ def recovery(
     principal: Reader, services: ServicesDep, limit: Annotated[int, Query(ge=1, le=200)] = 20
 ) -> RecoveryReport:
     """The scheduler queue (ready, running, orphaned, parked) and the most recent recovery sweeps."""
-    with wrap_exceptions(), services.store.pool.connection() as conn:
+    with services.store.connection() as conn:
         summary = queue_summary(conn)
         recent = recent_recoveries(conn, limit)
     return RecoveryReport(

@@ -17,7 +17,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from eventstore.spi import wrap_exceptions
 from ops.api.deps import Reader, ServicesDep
 from ops.api.errors import NOT_FOUND
 from ops.api.read_your_writes import PROJECTION_BEHIND, MinCursor, WaitSeconds, projection_behind
@@ -111,8 +110,7 @@ async def list_runs(
     store = services.store
 
     def answer() -> RunList:
-        with wrap_exceptions():
-            page = search_runs(store, tenant=principal.tenant, filter=wanted, limit=limit, after=after)
+        page = search_runs(store, tenant=principal.tenant, filter=wanted, limit=limit, after=after)
         return RunList(runs=[RunSummaryOut(**r) for r in page.runs], next=page.next)
 
     return await run_in_threadpool(answer)
