@@ -1,17 +1,24 @@
-"""A bulk cancel against the same cancels made one by one, in the same run.
+"""A bulk action worked a page per transaction against the same action worked one run at a time, and
+against the same changes made one by one through the engine, in the same run.
 
 Run by hand (it is not a test):
 
-    python -m bench.bulk_actions [--runs 1000] [--rounds 5] [--url postgresql://postgres@127.0.0.1:5432/postgres]
+    python -m bench.bulk_actions [--kind cancel|retry|pause|resume|all] [--runs 1000] [--rounds 5]
+                                 [--url postgresql://postgres@127.0.0.1:5432/postgres]
 
-One fresh database. Each round starts 2 x `--runs` runs of a one-node workflow (no worker: they stay
-running), projects them, then cancels one half two ways, in alternating order from round to round:
+One fresh database. Each round of a kind starts 3 x `--runs` runs of a one-node workflow (no worker: they
+stay running), projects them, brings them into the state the kind acts on (paused for `resume`, cancelled
+for `retry`, with a bulk action not timed), then acts on a third of them each way, in an order that turns
+from round to round:
 
-  loop   `Engine.cancel` on each run id, one after the other (the baseline: what a script would do);
-  bulk   `create_bulk_action` + `run_bulk_action` with a tag filter: the search pages, the idempotency
-         key per run and the recorded progress per run on top of the same cancels.
+  loop   `Engine.cancel` / `retry` / `pause` / `resume` on each run id, one after the other (what a script
+         would do);
+  one    `create_bulk_action` + `run_bulk_action` with a tag filter, every run on its own (the bulk path
+         before pages: `workflows.bulk.BATCHES` emptied for the call);
+  page   the same bulk action, a page of runs per transaction (`workflows.bulk.BATCHES`).
 
-Medians of the rounds (ms per run and runs per second) and the ratio bulk ÷ loop; JSON under bench/results/.
+Medians of the rounds (ms per run and runs per second) and the ratios page ÷ one; JSON under
+bench/results/. The process's CPU time per run is printed beside the wall time (the server's is not).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from workflows import (
     RunFilter,
     Workflow,
     WorkflowRegistry,
+    bulk,
     create_bulk_action,
     run_bulk_action,
     workflow_tables,
@@ -58,29 +66,56 @@ def _project(store: EventStore) -> None:
         worker.release_all()
 
 
-def _round(engine: Engine, index: int, runs: int) -> dict[str, float]:
+KINDS = ("cancel", "retry", "pause", "resume")
+WAYS = ("loop", "one", "page")
+
+
+def _act_loop(engine: Engine, kind: str, run_ids: list) -> None:  # type: ignore[type-arg]
+    act = {"cancel": engine.cancel, "retry": engine.retry, "pause": engine.pause, "resume": engine.resume}[
+        kind
+    ]
+    for run_id in run_ids:
+        act(run_id)
+
+
+def _act_bulk(engine: Engine, kind: str, tag: str, runs: int, *, pages: bool) -> None:
+    wanted = RunFilter(tags=(("round", tag),))
+    action = create_bulk_action(
+        engine.store, kind=kind, tenant="default", filter=wanted, actor="bench", limit=runs
+    )
+    kept = bulk.BATCHES
+    if not pages:
+        bulk.BATCHES = {}
+    try:
+        ended = run_bulk_action(engine, action.id, tenant="default")
+    finally:
+        bulk.BATCHES = kept
+    assert ended.done == runs, ended
+
+
+def _round(engine: Engine, kind: str, index: int, runs: int) -> dict[str, float]:
     ids = {
         way: [
-            engine.start("bench_bulk", input=None, tags={"round": f"{index}-{way}"}).run_id
+            engine.start("bench_bulk", input=None, tags={"round": f"{kind}-{index}-{way}"}).run_id
             for _ in range(runs)
         ]
-        for way in ("loop", "bulk")
+        for way in WAYS
     }
     _project(engine.store)
+    before = {"resume": "pause", "retry": "cancel"}.get(kind)
+    if before is not None:  # the state the kind acts on, not timed
+        for way in WAYS:
+            _act_bulk(engine, before, f"{kind}-{index}-{way}", runs, pages=True)
     seconds: dict[str, float] = {}
-    for way in ("loop", "bulk") if index % 2 == 0 else ("bulk", "loop"):
-        began = time.perf_counter()
+    order = WAYS[index % 3 :] + WAYS[: index % 3]
+    for way in order:
+        began, cpu = time.perf_counter(), time.process_time()
         if way == "loop":
-            for run_id in ids["loop"]:
-                engine.cancel(run_id)
+            _act_loop(engine, kind, ids["loop"])
         else:
-            wanted = RunFilter(tags=(("round", f"{index}-bulk"),))
-            action = create_bulk_action(
-                engine.store, kind="cancel", tenant="default", filter=wanted, actor="bench", limit=runs
-            )
-            ended = run_bulk_action(engine, action.id, tenant="default")
-            assert ended.done == runs, ended
+            _act_bulk(engine, kind, f"{kind}-{index}-{way}", runs, pages=way == "page")
         seconds[way] = time.perf_counter() - began
+        seconds[f"{way}_cpu"] = time.process_time() - cpu
     return seconds
 
 
@@ -88,38 +123,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--kind", choices=(*KINDS, "all"), default="all")
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--url", default=default_admin_url())
     args = parser.parse_args()
     quiet_logs()
+    kinds = KINDS if args.kind == "all" else (args.kind,)
     load_before = os.getloadavg()
+    report: dict[str, object] = {"runs": args.runs, "kinds": {}}
     with fresh_database(args.url, "bench_bulk") as url, open_store(url=url) as store:
         engine = Engine(store, registry)
-        rounds = [_round(engine, i, args.runs) for i in range(args.rounds)]
+        for kind in kinds:
+            rounds = [_round(engine, kind, i, args.runs) for i in range(args.rounds)]
+            med = {w: statistics.median(r[w] for r in rounds) for w in WAYS}
+            cpu = {w: statistics.median(r[f"{w}_cpu"] for r in rounds) for w in WAYS}
+            ratios = [r["one"] / r["page"] for r in rounds]
+            print(f"{kind}: medians of {args.rounds} rounds of {args.runs} runs each way")
+            for way in WAYS:
+                print(
+                    f"  {way:5} {med[way] * 1000 / args.runs:8.2f} ms/run {args.runs / med[way]:8.0f} runs/s"
+                    f"  (client CPU {cpu[way] * 1000 / args.runs:.2f} ms/run)"
+                )
+            print(
+                f"  page speed-up over one: median {statistics.median(ratios):.1f}x "
+                f"(range {min(ratios):.1f}-{max(ratios):.1f})"
+            )
+            report["kinds"][kind] = {  # type: ignore[index]
+                "rounds": rounds,
+                "median_seconds": med,
+                "median_client_cpu_seconds": cpu,
+                "speedup_page_over_one": {"median": statistics.median(ratios), "all": ratios},
+            }
     load_after = os.getloadavg()
-    med = {w: statistics.median(r[w] for r in rounds) for w in ("loop", "bulk")}
-    ratios = [r["bulk"] / r["loop"] for r in rounds]
-    print(f"medians of {args.rounds} rounds of {args.runs} runs each way")
-    for way in ("loop", "bulk"):
-        print(f"{way:6} {med[way] * 1000 / args.runs:8.2f} ms/run {args.runs / med[way]:10.0f} runs/s")
-    print(f"bulk ÷ loop: median {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})")
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
+    report["load_average"] = {"before": load_before, "after": load_after}
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    (results / f"bulk_actions-{stamp}.json").write_text(
-        json.dumps(
-            {
-                "runs": args.runs,
-                "rounds": rounds,
-                "median_seconds": med,
-                "ratio_bulk_over_loop": {"median": statistics.median(ratios), "all": ratios},
-                "load_average": {"before": load_before, "after": load_after},
-            },
-            indent=2,
-        )
-    )
+    (results / f"bulk_actions-{stamp}.json").write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

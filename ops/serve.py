@@ -26,7 +26,7 @@ from ops.settings import Settings
 from ops.telemetry import configure_telemetry
 from projector import ProjectorWorker
 from projector import WorkerSettings as ProjectorSettings
-from workflows import Engine, WorkflowWorker
+from workflows import Engine, RetentionSettings, RetentionWorker, WorkflowWorker
 
 log = structlog.get_logger(__name__)
 _GRACE_SECONDS = 10
@@ -73,6 +73,8 @@ def serve(settings: Settings, *, api: bool, projector: bool, worker: bool, host:
         services.roles.append(Role("projector", lambda: _projector(services)))
     if worker:
         services.roles.append(Role("workflow-worker", lambda: _workflow_worker(services)))
+        if RetentionSettings().retention_interval > 0:
+            services.roles.append(Role("retention", lambda: _retention(services)))
     for role in services.roles:
         role.start()
     try:
@@ -119,6 +121,11 @@ def _workflow_worker(services: Services) -> WorkflowWorker:
         name=settings.worker_name,
         quotas=services.quotas,  # a debounced burst over its tenant's quota waits
     )
+
+
+def _retention(services: Services) -> RetentionWorker:
+    # Releases are the server's own work: an engine without quotas, as the workflow worker's.
+    return RetentionWorker(Engine(services.store, services.registry))
 
 
 def _run_api(services: Services, host: str, port: int) -> None:

@@ -90,6 +90,7 @@ from workflows.releases import (  # noqa: E402
     restore_run,
 )
 from workflows.retention import RetentionPlan, plan_retention, retention_pass  # noqa: E402
+from workflows.retention_worker import RetentionWorker  # noqa: E402
 from workflows.run_search import RunFilter, RunPage, search_runs, tag_filter  # noqa: E402
 from workflows.run_state import NodeState, RunState  # noqa: E402
 from workflows.scheduler import NodeStatus  # noqa: E402
@@ -140,6 +141,7 @@ __all__ = [
     "RepeatedStepKeyError",
     "RetentionPlan",
     "RetentionSettings",
+    "RetentionWorker",
     "RetryPolicy",
     "RunCancelled",
     "RunCaps",

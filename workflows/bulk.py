@@ -9,11 +9,16 @@ idempotency key made of the action's id and the run's id, so a resumed action (a
 two processes) never acts on a run twice: a run whose key is already recorded counts as done. One
 process works an action at a time (a session lock, dropped with a killed process's connection).
 
-A cancel works a page at a time instead (`_cancel_batch`, `workflows.cancelling`): the page's queue rows,
-its runs' events (one append, each run's stream at the version it was read at) and the action's progress
-in one transaction, so a resumed action meets none of a committed page again and all of an uncommitted one.
+Every kind works a page at a time instead (`_batch`, with the kind's entry of `BATCHES`:
+`workflows.cancelling`, `workflows.retrying`, `workflows.pausing`, `workflows.releases`): the page's queue
+rows (one statement), its runs' events (one append, each run's stream at the version it was read at) and
+the action's progress in one transaction, so a resumed action meets none of a committed page again and
+all of an uncommitted one. A page whose runs changed after they were read is read again
+(`_BATCH_ATTEMPTS` times), then worked one run at a time (`KINDS`), as is a page the kind cannot take as
+one (BatchUnfit).
 
-Kinds are the entries of `KINDS`: a new kind is one function and one entry.
+Kinds are the entries of `KINDS` (and of `BATCHES` for a page at a time): a new kind is one function and
+one entry.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any, Literal
 
+import psycopg
 import structlog
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -42,8 +48,11 @@ from eventstore.spi import check_tenant, load_queries
 from workflows import releases
 from workflows.cancelling import cancel_batch
 from workflows.engine import Engine
-from workflows.errors import RunStateError, wrap_exceptions
+from workflows.errors import BatchUnfit, RunStateError, wrap_exceptions
+from workflows.pausing import pause_batch, resume_batch
+from workflows.retrying import retry_batch
 from workflows.run_search import MAX_PAGE, RunFilter, cursor_at, search_runs
+from workflows.run_state import RunState
 
 log = structlog.get_logger("workflows.bulk")
 Q = load_queries("workflows", "bulk.sql")
@@ -52,12 +61,14 @@ Q = load_queries("workflows", "bulk.sql")
 MAX_BULK_RUNS = 10_000
 #: Runs read per page of the walk.
 _PAGE = 200
-#: Tries of a cancel's page (each reading its runs afresh) before it is worked one run at a time.
+#: Tries of a page (each reading its runs afresh) before it is worked one run at a time.
 _BATCH_ATTEMPTS = 3
 
 #: How a kind acts on one run: (engine, run id, tenant, actor, idempotency key, the action's filter). It
 #: raises RunStateError when the run is not in a state the kind applies to (the run is skipped).
 Act = Callable[[Engine, uuid.UUID, str, str, str, RunFilter], object]
+#: Per run of a page: None (acted on, or nothing to do) or why it was skipped.
+Outcome = dict[uuid.UUID, str | None]
 
 
 def _cancel(engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str, _: RunFilter) -> object:
@@ -88,6 +99,82 @@ def _pause(engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str,
 def _resume(engine: Engine, run_id: uuid.UUID, tenant: str, actor: str, key: str, _: RunFilter) -> object:
     return engine.resume(run_id, tenant=tenant, actor=actor, idempotency_key=key)
 
+
+#: How a kind acts on a page of runs in the caller's transaction: (engine, connection, the runs as read,
+#: tenant, actor, the action's filter) -> per run None (acted on, or nothing to do) or why it was skipped.
+#: It raises WrongExpectedVersionError when a run changed after it was read, BatchUnfit when the page must
+#: be worked one run at a time; either way having written nothing.
+ActMany = Callable[
+    [Engine, psycopg.Connection[Any], Mapping[uuid.UUID, RunState], str, str, RunFilter], Outcome
+]
+
+
+def _cancel_many(
+    engine: Engine,
+    conn: psycopg.Connection[Any],
+    runs: Mapping[uuid.UUID, RunState],
+    tenant: str,
+    actor: str,
+    _: RunFilter,
+) -> Outcome:
+    return cancel_batch(engine.store, conn, runs, tenant=tenant, actor=actor)
+
+
+def _retry_many(
+    engine: Engine,
+    conn: psycopg.Connection[Any],
+    runs: Mapping[uuid.UUID, RunState],
+    tenant: str,
+    actor: str,
+    _: RunFilter,
+) -> Outcome:
+    return retry_batch(engine.store, engine.registry, conn, runs, tenant=tenant, actor=actor)
+
+
+def _pause_many(
+    engine: Engine,
+    conn: psycopg.Connection[Any],
+    runs: Mapping[uuid.UUID, RunState],
+    tenant: str,
+    actor: str,
+    _: RunFilter,
+) -> Outcome:
+    return pause_batch(engine.store, conn, runs, tenant=tenant, actor=actor)
+
+
+def _resume_many(
+    engine: Engine,
+    conn: psycopg.Connection[Any],
+    runs: Mapping[uuid.UUID, RunState],
+    tenant: str,
+    actor: str,
+    _: RunFilter,
+) -> Outcome:
+    return resume_batch(engine.store, conn, runs, tenant=tenant, actor=actor)
+
+
+def _release_many(
+    engine: Engine,
+    conn: psycopg.Connection[Any],
+    runs: Mapping[uuid.UUID, RunState],
+    tenant: str,
+    actor: str,
+    wanted: RunFilter,
+) -> Outcome:
+    if wanted.ended_before is None:
+        raise BatchUnfit("a release action names the latest end of its runs (ended_before)")
+    return releases.release_batch(
+        engine, conn, runs, tenant=tenant, actor=actor, ended_before=wanted.ended_before
+    )
+
+
+BATCHES: Mapping[str, ActMany] = {
+    "cancel": _cancel_many,
+    "retry": _retry_many,
+    "pause": _pause_many,
+    "resume": _resume_many,
+    "release": _release_many,
+}
 
 KINDS: Mapping[str, Act] = {
     "cancel": _cancel,
@@ -279,7 +366,8 @@ def _work(engine: Engine, row: dict[str, Any], progress: Callable[[BulkAction], 
         # Its runs on this page: none started after the action was recorded, at most `max_runs` in all.
         batch = [(r["created_at"], r["run_id"]) for r in page.runs if (r["created_at"], r["run_id"]) <= top]
         batch = batch[: row["max_runs"] - processed]
-        counted = _cancel_batch(engine, row, batch, actor) if row["kind"] == "cancel" and batch else None
+        many = BATCHES.get(row["kind"])
+        counted = _batch(engine, many, row, batch, actor) if many is not None and batch else None
         if counted is not None:
             row = counted
         else:  # another kind, or a run of the batch changed meanwhile: one run at a time
@@ -295,26 +383,27 @@ def _work(engine: Engine, row: dict[str, Any], progress: Callable[[BulkAction], 
     return _finish(store, action_id, tenant, "completed", None)
 
 
-def _cancel_batch(
-    engine: Engine, row: dict[str, Any], batch: list[tuple[datetime, uuid.UUID]], actor: str
+def _batch(
+    engine: Engine, many: ActMany, row: dict[str, Any], batch: list[tuple[datetime, uuid.UUID]], actor: str
 ) -> dict[str, Any] | None:
-    """Cancel a page's runs in one transaction, which also counts them: a crash before it commits leaves
-    the whole batch to the resumed action, one after it none. Runs already acted on under their key (by a
-    one-run pass of this action before a crash) count as done, as `_act_once` counts them. None, and
-    nothing written, when a run changed since it was read: the caller then takes the batch one run at a
-    time, as one-run cancels decide afresh."""
+    """Act on a page's runs in one transaction (`many`, the kind's entry of BATCHES), which also counts
+    them: a crash before it commits leaves the whole batch to the resumed action, one after it none. Runs
+    already acted on under their key (by a one-run pass of this action before a crash) count as done, as
+    `_act_once` counts them. None, and nothing written, when runs kept changing since they were read, or
+    the kind cannot take the page as one: the caller then takes the batch one run at a time, as one-run
+    actions decide afresh."""
     for _ in range(_BATCH_ATTEMPTS):
-        counted = _cancel_batch_once(engine, row, batch, actor)
+        counted = _batch_once(engine, many, row, batch, actor)
         if counted is not False:
             return counted
     log.info("bulk_action_batch_changed", bulk_id=str(row["id"]), runs=len(batch))
     return None
 
 
-def _cancel_batch_once(
-    engine: Engine, row: dict[str, Any], batch: list[tuple[datetime, uuid.UUID]], actor: str
+def _batch_once(
+    engine: Engine, many: ActMany, row: dict[str, Any], batch: list[tuple[datetime, uuid.UUID]], actor: str
 ) -> dict[str, Any] | Literal[False] | None:
-    """One try of `_cancel_batch`: False when a run changed after it was read (nothing was written)."""
+    """One try of `_batch`: False when a run changed after it was read (nothing was written)."""
     store, tenant, action_id = engine.store, row["tenant"], row["id"]
     keys = {run_id: f"bulk:{action_id}:{run_id}" for _, run_id in batch}
     used = store.idempotency_keys_used(list(keys.values()), tenant=tenant)
@@ -324,7 +413,7 @@ def _cancel_batch_once(
         return None  # a run is gone (not found): the one-run path says so per run
     try:
         with wrap_exceptions(), engine.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
-            outcome = cancel_batch(store, conn, runs, tenant=tenant, actor=actor)
+            outcome = many(engine, conn, runs, tenant, actor, filter_from_json(row["filter"]))
             skipped = [why for why in outcome.values() if why is not None]
             params = {
                 "id": action_id,
@@ -341,6 +430,9 @@ def _cancel_batch_once(
                 raise NotFoundError(f"bulk action {action_id} is no longer running")
     except WrongExpectedVersionError:
         return False  # a run changed after it was read (a node's claim or end, say): read again
+    except BatchUnfit as exc:
+        log.info("bulk_action_batch_unfit", bulk_id=str(action_id), runs=len(batch), why=str(exc))
+        return None
     return counted
 
 

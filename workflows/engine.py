@@ -35,7 +35,7 @@ from eventstore import (
     WrongExpectedVersionError,
 )
 from eventstore.spi import check_idempotency_key, check_tenant, json_dumps, json_loads
-from workflows import cancelling, node_queue, release_marks, snapshots
+from workflows import cancelling, node_queue, pausing, release_marks, retrying, snapshots
 from workflows import events as ev
 from workflows import new_events as new
 from workflows.cancelling import release_key_appends
@@ -284,7 +284,13 @@ class Engine:
                     key_version if key_version is not None else NO_STREAM,
                 )
             )
-        in_flight = self.quotas.max_runs_in_flight(tenant) if self.quotas is not None else None
+        # A continue_as_new successor is not admitted again: it replaces its run, which was admitted, in
+        # the transaction that ends that run (workflows.quotas).
+        in_flight = (
+            self.quotas.max_runs_in_flight(tenant)
+            if self.quotas is not None and continued_from is None
+            else None
+        )
         if len(appends) == 1 and idempotency_key is None and caller_conn is None:
             result = self._start_alone(wf, run_id, appends[0], roots, tenant, priority, in_flight)
         else:
@@ -584,11 +590,7 @@ class Engine:
             if self._repeated(idempotency_key, tenant):
                 return
             run = self.load(run_id, tenant=tenant)
-            if not run.active:
-                raise RunStateError(f"run {run_id} already {run.status}; nothing to pause")
-            if run.cancel_requested:
-                raise RunStateError(f"run {run_id} is being cancelled; a cancelled run cannot be paused")
-            if run.paused and not interrupt_running:
+            if not pausing.pause_needed(run, interrupt=interrupt_running):
                 return
             with self.transaction() as conn:
                 # Every row of the run first (the order a node's end and a signal take too): see `pause_run`.
@@ -640,9 +642,7 @@ class Engine:
             if self._repeated(idempotency_key, tenant):
                 return
             run = self.load(run_id, tenant=tenant)
-            if not run.active:
-                raise RunStateError(f"run {run_id} already {run.status}; nothing to resume")
-            if not run.paused:
+            if not pausing.resume_needed(run):
                 return
             with self.transaction() as conn:
                 node_queue.lock_run_nodes(conn, run_id, tenant)
@@ -681,12 +681,7 @@ class Engine:
             if self._repeated(idempotency_key, tenant):
                 return
             run = self.load(run_id, tenant=tenant)
-            if run.status not in ("failed", "cancelled") and not any(
-                n.status == NodeStatus.PARKED for n in run.nodes.values()
-            ):
-                raise RunStateError(
-                    f"run {run_id} is {run.status}; only failed, cancelled or parked runs retry"
-                )
+            retrying.check_retryable(run)
             self._refuse_released(run_id, tenant, "retry")
             wf = self.registry.get(run.workflow, run.workflow_version)  # the version it started with
             reset = retry_from_failed(wf, run.statuses)

@@ -91,6 +91,11 @@ class RunStateError(ConflictError):
     code = "run_state_conflict"
 
 
+class BatchUnfit(Exception):
+    """A batch of runs (a bulk action's page) cannot be acted on as one: its caller takes the runs one at
+    a time instead, where each run's own outcome is reported."""
+
+
 #: The workflow SQL's own SQLSTATEs, as the signals a node's worker acts on.
 SQLSTATES: dict[str, Translation] = {
     LEASE_LOST: lambda exc: NodeLeaseLost(str(exc.diag.message_detail)),

@@ -47,6 +47,7 @@ from workflows.definition import NodeSpec, Workflow
 from workflows.engine import Engine, WrittenJson, advance
 from workflows.errors import SQLSTATES, ContinueAsNew, NodeSuspended, RunCancelled, wrap_exceptions
 from workflows.node_queue import Claim, Claimant
+from workflows.quotas import TenantQuotas
 from workflows.run_state import RunState, apply
 from workflows.scheduler import NodeStatus, run_outcome, runnable_nodes
 
@@ -173,9 +174,11 @@ def _hand_off(
 
 
 class Lifecycle:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, quotas: TenantQuotas | None = None) -> None:
         self.engine = engine
         self.store = engine.store
+        #: The tenants' quotas a continue_as_new successor counts against (default: the engine's).
+        self.quotas = quotas if quotas is not None else engine.quotas
         # Events the hand-over of ledgerflow.wf_record_run_end reads after the claimed run's snapshot. The
         # projection keeps snapshots within about `run_snapshot_every` events of a run's end; a run further
         # behind (the projection stopped) is loaded by the worker itself, which writes a snapshot.
@@ -500,6 +503,10 @@ class Lifecycle:
                     node_queue.fence(conn, claim.run_id, claim.node, claim.token, check_cancel=True)
                     dropped = node_queue.terminate_run(conn, claim.run_id)
                     successor = self.engine.start_successor(conn, run, signal.input, signal.tags)
+                    if self.quotas is not None:
+                        # Counted, never refused: the run's work goes on, and a tenant that loops through
+                        # continuations still starts runs at its quota's rate (workflows.quotas).
+                        self.quotas.charge_start(conn, claim.tenant)
                     events = [
                         new.node_cancelled(run_id=claim.run_id, node=n) for n in dropped if n != claim.node
                     ]

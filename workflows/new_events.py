@@ -117,8 +117,11 @@ def run_continued_as_new(*, run_id: uuid.UUID, successor_run_id: uuid.UUID, node
     return ev.event(ev.RUN_CONTINUED_AS_NEW, run_id, successor_run_id=str(successor_run_id), node=node)
 
 
-def run_tagged(*, run_id: uuid.UUID, tags: dict[str, str | None], node: str | None) -> NewEvent:
-    return ev.event(ev.RUN_TAGGED, run_id, tags=tags, node=node)
+def run_tagged(
+    *, run_id: uuid.UUID, tags: dict[str, str | None], node: str | None, actor: str | None = None
+) -> NewEvent:
+    # A node's tags carry no actor (the node is named); an operator's carry theirs.
+    return ev.event(ev.RUN_TAGGED, run_id, tags=tags, node=node, **({"actor": actor} if actor else {}))
 
 
 def run_paused(

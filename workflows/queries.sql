@@ -253,6 +253,51 @@ WITH unpaused AS (
 )
 SELECT coalesce(array_agg(node ORDER BY node), '{}') FROM ready
 
+-- name: pause_runs
+-- `pause_run` without interrupting running nodes, for many runs of one tenant in one statement (a bulk
+-- pause's page), with the same effect per run. The page's rows are locked first in (run, node) order, as
+-- `cancel_runs` locks them, so that two pages over overlapping runs, or a page and a one-run change (a
+-- claim, a node's end: see migration 0049), queue on one another instead of deadlocking, and a claim in
+-- flight commits first or then sees the pause. Returns the number of rows held.
+WITH locked AS (
+    SELECT q.run_id, q.node FROM ledgerflow.workflow_queue q
+     WHERE q.run_id = ANY(%(run_ids)s::uuid[]) AND q.tenant = %(tenant)s
+     ORDER BY q.run_id, q.node
+       FOR UPDATE
+), paused AS (
+    INSERT INTO ledgerflow.workflow_paused_runs (run_id, tenant)
+    SELECT r.run_id, %(tenant)s FROM unnest(%(run_ids)s::uuid[]) AS r(run_id)
+    ON CONFLICT (run_id) DO NOTHING
+), held AS (
+    UPDATE ledgerflow.workflow_queue q SET status = 'paused'
+      FROM locked l
+     WHERE q.run_id = l.run_id AND q.node = l.node AND q.status = 'ready'
+    RETURNING q.run_id
+)
+SELECT count(*) FROM held
+
+-- name: resume_runs
+-- `resume_run` for many runs of one tenant in one statement (a bulk resume's page), rows locked in (run,
+-- node) order as `pause_runs` locks them. Returns the number of rows made ready.
+WITH locked AS (
+    SELECT q.run_id, q.node FROM ledgerflow.workflow_queue q
+     WHERE q.run_id = ANY(%(run_ids)s::uuid[]) AND q.tenant = %(tenant)s
+     ORDER BY q.run_id, q.node
+       FOR UPDATE
+), unpaused AS (
+    DELETE FROM ledgerflow.workflow_paused_runs WHERE run_id = ANY(%(run_ids)s::uuid[])
+), cleared AS (
+    UPDATE ledgerflow.workflow_queue q SET cancel_requested = false
+      FROM locked l
+     WHERE q.run_id = l.run_id AND q.node = l.node AND q.status <> 'paused' AND q.cancel_requested
+), ready AS (
+    UPDATE ledgerflow.workflow_queue q SET status = 'ready', cancel_requested = false
+      FROM locked l
+     WHERE q.run_id = l.run_id AND q.node = l.node AND q.status = 'paused'
+    RETURNING q.run_id
+)
+SELECT count(*) FROM ready
+
 -- name: recent_recoveries
 SELECT id, worker, trigger, started_at, duration_ms, found, reclaimed, parked, stuck, failed
   FROM ledgerflow.workflow_recoveries ORDER BY id DESC LIMIT %(limit)s

@@ -11,6 +11,9 @@ them for one tenant (`set_tenant_quota`). Each process reads that table as a who
   counts the tenant's runs in the queue, under a lock of that tenant only, in the transaction that starts
   the run (ledgerflow.wf_runs_in_flight). A run is in flight from its start until it ends (succeeded,
   failed or cancelled); a waiting or parked run is in flight.
+- **A continue_as_new successor** is never refused, by either quota: it replaces its run, which was
+  admitted (so the runs in flight do not change), and it counts against the starts per second
+  (`charge_start`, in the continuation's transaction), the bucket going into debt if need be.
 - **Starts and appends per second** hold across every process too: one token bucket per tenant and quota
   in the database (`ledgerflow.tenant_rate_buckets`), refilled from the database's clock and taken from
   in one statement on the caller's pinned connection (ledgerflow.take_rate_tokens; one round trip, a lock
@@ -179,6 +182,27 @@ class TenantQuotas:
         if granted > 1:
             with self._lock:
                 self._spare[tenant, quota] = (granted - 1, time.monotonic() + SPARE_LIFETIME)
+
+    def charge_start(self, conn: psycopg.Connection[Any], tenant: str) -> None:
+        """Count a start of `tenant` that must not be refused (a continue_as_new successor) against its
+        starts-per-second quota, in the caller's transaction `conn`: counted if and only if that transaction
+        commits. The token is taken from the database's bucket whatever it holds, which may leave it in
+        debt, so the tenant's next starts wait until the rate has paid it back."""
+        rate = self.quota(tenant).starts_per_second
+        if rate is None:
+            return
+        at = None if self._bucket_clock is None else datetime.fromtimestamp(self._bucket_clock(), UTC)
+        params = {
+            "tenant": tenant,
+            "quota": "starts_per_second",
+            "rate": rate,
+            "capacity": max(1.0, rate * self.burst),
+            "at": at,
+        }
+        row = conn.execute(Q["charge_rate_token"], params).fetchone()
+        assert row is not None
+        if row[0] < 0:
+            log.info("tenant_quota_in_debt", tenant=tenant, quota="starts_per_second", tokens=float(row[0]))
 
     def _spend_spare(self, tenant: str, quota: str) -> bool:
         """Spend one of the tokens this process took earlier, if it holds one that is fresh enough."""

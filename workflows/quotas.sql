@@ -25,3 +25,8 @@ DELETE FROM ledgerflow.tenant_quotas WHERE tenant = %(tenant)s
 -- taken from). `granted`: tokens taken (0: none, then `retry_after` seconds until one will be there).
 SELECT granted, retry_after
   FROM ledgerflow.take_rate_tokens(%(tenant)s, %(quota)s, %(rate)s, %(capacity)s, %(at)s, %(want)s)
+
+-- name: charge_rate_token
+-- A token taken whatever the bucket holds, in the caller's transaction: see ledgerflow.charge_rate_token
+-- (migration 0085). Returns the tokens left (below zero: the tenant's next takes wait for the debt).
+SELECT ledgerflow.charge_rate_token(%(tenant)s, %(quota)s, %(rate)s, %(capacity)s, %(at)s)

@@ -22,3 +22,11 @@ SELECT count(*), coalesce(max(stream_version), 0)
 SELECT data -> 'parent' ->> 'run_id'
   FROM ledgerflow.events
  WHERE tenant = %(tenant)s AND stream_id = %(stream)s AND stream_version = 1
+
+-- name: last_marks
+-- `last_mark` for many runs at once: each run's latest release or restore, if it has one.
+SELECT DISTINCT ON (stream_id) stream_id, event_type, recorded_at, data ->> 'actor', stream_version
+  FROM ledgerflow.events
+ WHERE tenant = %(tenant)s AND stream_id = ANY(%(streams)s::text[])
+   AND event_type IN ('wf.RunReleased', 'wf.RunRestored')
+ ORDER BY stream_id, stream_version DESC

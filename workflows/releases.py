@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import psycopg
 import structlog
 from pydantic import Field, TypeAdapter, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from eventstore import EventStore, InvalidInputError, WrongExpectedVersionError
+from eventstore import EventStore, InvalidInputError, NewEvent, StreamAppend, WrongExpectedVersionError
 from eventstore.spi import check_tenant
 from workflows import events as ev
 from workflows import new_events as new
@@ -31,12 +34,15 @@ from workflows import release_marks
 from workflows.engine import Engine
 from workflows.errors import RunStateError, wrap_exceptions
 from workflows.release_marks import Release
-from workflows.run_state import TERMINAL_RUN
+from workflows.run_state import TERMINAL_RUN, RunState
 
 log = structlog.get_logger("workflows.releases")
 
 #: The most runs one release action of a pass takes unless LEDGERFLOW_RETENTION_BATCH says otherwise.
 RETENTION_BATCH = 10_000
+#: Seconds between the passes of the retention role unless LEDGERFLOW_RETENTION_INTERVAL says otherwise: a
+#: pass with nothing due costs a skip scan per tenant and a count per workflow.
+RETENTION_INTERVAL = 600.0
 _DURATION = re.compile(r"\s*(\d+)\s*([smhdw]?)\s*")
 _UNITS = {"": "seconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _TIMEDELTA = TypeAdapter(timedelta)
@@ -71,6 +77,9 @@ class RetentionSettings(BaseSettings):
     run_retention: timedelta | None = None
     #: The most runs one release action of a pass takes (the rest wait for the next pass).
     retention_batch: int = Field(default=RETENTION_BATCH, ge=1, le=1_000_000)
+    #: Seconds between the retention passes of `ledgerflow serve`'s retention role (0: no passes but those
+    #: asked for, `ledgerflow workflows retention`).
+    retention_interval: float = Field(default=RETENTION_INTERVAL, ge=0, le=7 * 86_400)
 
     @field_validator("run_retention", mode="before")
     @classmethod
@@ -140,18 +149,10 @@ def release_run(
         run = engine.load(run_id, tenant=tenant)
         with wrap_exceptions(), engine.store.pool.connection() as conn:
             mark = release_marks.last_mark(conn, run_id, tenant)
-        if mark is not None and not mark.restored:
-            if idempotency_key is not None:  # an action's: released by another, so not this one's to count
-                raise RunStateError(f"run {run_id} was released already, at {mark.released_at.isoformat()}")
+        if mark is not None and not mark.restored and idempotency_key is None:
             return mark
-        cutoff = release_cutoff(engine, run.workflow, default=default, now=moment, ended_before=ended_before)
-        # A restored run stays for another retention from its restore, to be inspected.
-        since = max(run.finished_at, mark.released_at) if mark and run.finished_at else run.finished_at
-        if not is_due(run.status, since, cutoff):
-            raise RunStateError(_why_not(run_id, run.status, since, run.workflow, cutoff))
-        assert cutoff is not None  # is_due
-        marker = new.run_released(
-            run_id=run_id, retention_seconds=(moment - cutoff).total_seconds(), actor=actor
+        marker = release_event(
+            engine, run, mark, actor=actor, default=default, ended_before=ended_before, now=moment
         )
         # Written at the version the checks read: a retry or refresh that lands in between (the run goes
         # on) makes this append fail, and the checks run again on the run as it is now.
@@ -173,6 +174,72 @@ def release_run(
     if found is None:
         raise RunStateError(f"run {run_id} changed while it was released; run the pass again")
     return found
+
+
+def release_event(
+    engine: Engine,
+    run: RunState,
+    mark: Release | None,
+    *,
+    actor: str,
+    default: timedelta | None,
+    ended_before: datetime | None,
+    now: datetime,
+) -> NewEvent:
+    """The RunReleased event that releases `run` (whose latest release or restore is `mark`) at `now`, to
+    be appended at the run's version; RunStateError when it is not to be released: released already, still
+    going, within its retention, or kept for ever."""
+    if mark is not None and not mark.restored:
+        raise RunStateError(f"run {run.run_id} was released already, at {mark.released_at.isoformat()}")
+    cutoff = release_cutoff(engine, run.workflow, default=default, now=now, ended_before=ended_before)
+    # A restored run stays for another retention from its restore, to be inspected.
+    since = max(run.finished_at, mark.released_at) if mark and run.finished_at else run.finished_at
+    if not is_due(run.status, since, cutoff):
+        raise RunStateError(_why_not(run.run_id, run.status, since, run.workflow, cutoff))
+    assert cutoff is not None  # is_due
+    return new.run_released(run_id=run.run_id, retention_seconds=(now - cutoff).total_seconds(), actor=actor)
+
+
+def release_batch(
+    engine: Engine,
+    conn: psycopg.Connection[Any],
+    runs: Mapping[uuid.UUID, RunState],
+    *,
+    tenant: str,
+    actor: str,
+    ended_before: datetime,
+    now: datetime | None = None,
+) -> dict[uuid.UUID, str | None]:
+    """Release `runs` (a release action's page, cut off at `ended_before`) in the caller's transaction
+    `conn`: each run decided as `release_run` decides (`release_event`), their events in one append, each
+    run's stream at the version its state was read at, so a run retried or released meanwhile makes the
+    whole append fail (WrongExpectedVersionError) and nothing is written. Returns per run None (released)
+    or why it was skipped."""
+    moment = now if now is not None else datetime.now(UTC)
+    marks = release_marks.last_marks(conn, list(runs), tenant)
+    outcome: dict[uuid.UUID, str | None] = {}
+    appends: list[StreamAppend] = []
+    for run_id in sorted(runs):  # run streams in run order
+        run = runs[run_id]
+        try:
+            marker = release_event(
+                engine,
+                run,
+                marks.get(run_id),
+                actor=actor,
+                default=None,
+                ended_before=ended_before,
+                now=moment,
+            )
+        except RunStateError as exc:
+            outcome[run_id] = str(exc)
+            continue
+        appends.append(StreamAppend(ev.run_stream(run_id), [marker], run.version))
+        outcome[run_id] = None
+    if appends:
+        engine.store.append_many(appends, tenant=tenant, conn=conn)
+        log.info("workflow_release_batch", runs=len(appends), tenant=tenant, actor=actor)
+    return outcome
 
 
 def restore_run(

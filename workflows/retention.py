@@ -12,8 +12,9 @@ What one run's release means, and how it is restored: workflows.releases.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -65,9 +66,12 @@ def retention_pass(
     actor: str = "retention",
     settings: RetentionSettings | None = None,
     progress: Callable[[bulk.BulkAction], None] | None = None,
+    started_before: Mapping[str, datetime] | None = None,
 ) -> list[bulk.BulkAction]:
     """Release the tenant's due runs: first the release actions a crashed pass left running, then one new
-    action per workflow with due runs. Returns the actions worked (their records and counts)."""
+    action per workflow with due runs (with `started_before`, of that workflow's runs started before its
+    entry there: where an earlier pass got to, while the run tables still show the runs it released).
+    Returns the actions worked (their records and counts)."""
     check_tenant(tenant)
     settings = settings if settings is not None else RetentionSettings()
     worked = [
@@ -75,6 +79,8 @@ def retention_pass(
         for action_id in _unfinished(engine.store, tenant)
     ]
     for workflow, _retention, wanted in _filters(engine, tenant, settings.run_retention):
+        if started_before is not None and workflow in started_before:
+            wanted = dataclasses.replace(wanted, started_before=started_before[workflow])
         plan = bulk.plan_bulk(
             engine.store, kind="release", tenant=tenant, filter=wanted, limit=settings.retention_batch
         )
@@ -92,6 +98,18 @@ def retention_pass(
         log.info("retention_action_recorded", workflow=workflow, tenant=tenant, due=action.matched)
         worked.append(bulk.run_bulk_action(engine, action.id, tenant=tenant, progress=progress))
     return worked
+
+
+def reached(store: EventStore, actions: Sequence[bulk.BulkAction]) -> dict[str, datetime]:
+    """Per workflow, the start time of the oldest run these release actions processed: a next pass over
+    runs started before it meets none of theirs again."""
+    ids = [a.id for a in actions]
+    with wrap_exceptions(), store.pool.connection() as conn:
+        rows = conn.execute(Q["reached"], {"ids": ids}).fetchall()
+    out: dict[str, datetime] = {}
+    for workflow, at in rows:
+        out[workflow] = min(at, out.get(workflow, at))
+    return out
 
 
 def _filters(

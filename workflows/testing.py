@@ -61,13 +61,22 @@ def running_worker(
 
 
 def wait_for_run(
-    engine: Engine, run_id: uuid.UUID, *, tenant: str = "default", timeout: float = 30.0
+    engine: Engine,
+    run_id: uuid.UUID,
+    *,
+    tenant: str = "default",
+    timeout: float = 30.0,
+    follow: bool = False,
 ) -> RunState:
-    """The run once it has ended (succeeded, failed or cancelled), read from its stream. Raises
-    TimeoutError after `timeout` seconds, naming each node's status, so a stuck test says where."""
+    """The run once it has ended (succeeded, failed, cancelled or continued), read from its stream; with
+    `follow`, the last run of its continue_as_new chain once that has ended (one `timeout` for the chain).
+    Raises TimeoutError after `timeout` seconds, naming each node's status, so a stuck test says where."""
     deadline = time.monotonic() + timeout
     while True:
         run = engine.load(run_id, tenant=tenant)
+        if follow and run.continued_as is not None:
+            run_id = uuid.UUID(run.continued_as)
+            continue
         if not run.active:
             return run
         if time.monotonic() > deadline:

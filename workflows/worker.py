@@ -135,7 +135,7 @@ class WorkflowWorker:
         self.settings = settings or WorkerSettings()
         self.name = name or socket.gethostname()
         self.instance = uuid.uuid4().hex[:12]
-        self.lifecycle = Lifecycle(engine)
+        self.lifecycle = Lifecycle(engine, quotas=quotas)
         self.stopping = threading.Event()
         self.outage = Outage(worker=self.id, role="workflow_worker")
         self._wake = threading.Event()

@@ -127,6 +127,32 @@ END
 $$;
 
 --
+-- Name: charge_rate_token(text, text, double precision, double precision, timestamp with time zone); Type: FUNCTION; Schema: ledgerflow; Owner: -
+--
+
+CREATE FUNCTION ledgerflow.charge_rate_token(p_tenant text, p_quota text, p_rate double precision, p_capacity double precision, p_at timestamp with time zone) RETURNS double precision
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_at, clock_timestamp());
+    v_tokens double precision;
+BEGIN
+    INSERT INTO ledgerflow.tenant_rate_buckets (tenant, quota, tokens, at)
+    VALUES (p_tenant, p_quota, p_capacity, v_now)
+    ON CONFLICT (tenant, quota) DO NOTHING;
+    SELECT least(p_capacity, b.tokens + greatest(0, extract(epoch FROM v_now - b.at)) * p_rate)
+      INTO v_tokens
+      FROM ledgerflow.tenant_rate_buckets b
+     WHERE b.tenant = p_tenant AND b.quota = p_quota
+       FOR UPDATE;
+    UPDATE ledgerflow.tenant_rate_buckets b
+       SET tokens = v_tokens - 1, at = greatest(b.at, v_now)
+     WHERE b.tenant = p_tenant AND b.quota = p_quota;
+    RETURN v_tokens - 1;
+END
+$$;
+
+--
 -- Name: claim_event_ids(); Type: FUNCTION; Schema: ledgerflow; Owner: -
 --
 
@@ -438,7 +464,7 @@ BEGIN
       FROM ledgerflow.tenant_rate_buckets b
      WHERE b.tenant = p_tenant AND b.quota = p_quota
        FOR UPDATE;
-    granted := least(greatest(p_want, 1), floor(v_tokens))::integer;
+    granted := greatest(0, least(greatest(p_want, 1), floor(v_tokens)))::integer;
     retry_after := CASE WHEN granted >= 1 THEN 0 ELSE (1 - v_tokens) / p_rate END;
     UPDATE ledgerflow.tenant_rate_buckets b
        SET tokens = v_tokens - granted, at = greatest(b.at, v_now)

@@ -15,6 +15,7 @@ from eventstore.settings import DatabaseSettings
 from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, Quota, TenantQuotas, clear_tenant_quota, set_tenant_quota
+from workflows.testing import running_worker, wait_for_run
 
 
 class Clock:
@@ -234,3 +235,27 @@ def test_a_tenants_own_row_overrides_the_settings(store: EventStore) -> None:
     engine.start("linear", tenant="globex")
     clear_tenant_quota(store, "acme")
     engine.start("linear", tenant="acme")  # back to the setting's 100
+
+
+def test_continuations_count_against_the_starts_rate_and_are_never_refused(store: EventStore) -> None:
+    """A chain of continue_as_new runs under a rate of one start a second and one run in flight: every
+    successor starts (none is refused, by either quota), and each takes its token, so the tenant's next
+    start waits for the debt to be paid back."""
+    clock = Clock()
+    quotas = TenantQuotas(store, Quota(max_runs_in_flight=1, starts_per_second=1), clock=clock)
+    engine = Engine(store, registry, quotas=quotas)
+    first = engine.start("countdown", input={"n": 3}, tenant="acme").run_id
+    with running_worker(engine, registry):
+        last = wait_for_run(engine, first, tenant="acme", follow=True)
+    assert last.status == "succeeded"
+    assert last.input == {"n": 0}
+    # One start and three successors against one token, the clock still: three tokens in debt.
+    with pytest.raises(QuotaExceededError) as refused:
+        engine.start("linear", tenant="acme")
+    assert refused.value.quota == "starts_per_second"
+    assert refused.value.retry_after == pytest.approx(4.0)
+    clock.now += 3.5
+    with pytest.raises(QuotaExceededError):
+        engine.start("linear", tenant="acme")
+    clock.now += 0.5
+    assert engine.start("linear", tenant="acme").created

@@ -156,8 +156,46 @@ def test_workflows_show_names_both_links(engine: Engine, worker: WorkflowWorker)
     assert second.exit_code == 0, second.output
     assert f'"continued_from": "{runs[0].run_id}"' in second.output
     waited = runner.invoke(cli, ["workflows", "wait", str(runs[0].run_id)], env=env)
-    assert waited.exit_code == 0, waited.output  # a run that continued ended well
+    assert waited.exit_code == 3, waited.output  # it ended by handing over: not the chain's success
     assert f"continued_as: {runs[1].run_id}" in waited.output
+
+
+def test_wait_follow_waits_for_the_last_run_of_the_chain_and_exits_as_it_ended(
+    engine: Engine, worker: WorkflowWorker
+) -> None:
+    env = {"LEDGERFLOW_DATABASE_URL": engine.store.url, "LEDGERFLOW_WORKFLOWS": "tests.flows:registry"}
+    runner = CliRunner()
+    # A chain that ends well: the last run succeeded (exit 0), named with its predecessor.
+    runs = chain(engine, engine.start("countdown", input={"n": 2}).run_id)
+    waited = runner.invoke(cli, ["workflows", "wait", str(runs[0].run_id), "--follow"], env=env)
+    assert waited.exit_code == 0, waited.output
+    assert f"run {runs[-1].run_id} (countdown) succeeded" in waited.output
+    assert f"continued_from: {runs[-2].run_id}" in waited.output
+    assert wait_for_run(engine, runs[0].run_id, follow=True).run_id == runs[-1].run_id
+
+    # A chain whose last run was cancelled: exit 1, whichever run of the chain is named.
+    first = engine.start("countdown", input={"n": 1, "gate": True}).run_id
+    second = successor_of(first)
+    GATES.setdefault(str(first), threading.Event()).set()
+    gate = GATES.setdefault(str(second), threading.Event())
+    wait_until(
+        lambda: (
+            engine.load(second).node("count").status == "running"
+            if engine.store.read_stream(ev.run_stream(second), limit=1)
+            else False
+        ),
+        timeout=30,
+        what="the successor's node to run",
+    )
+    engine.terminate(second)
+    gate.set()
+    for named in (first, second):
+        waited = runner.invoke(cli, ["workflows", "wait", str(named), "--follow", "--timeout", "30"], env=env)
+        assert waited.exit_code == 1, waited.output
+        assert f"run {second} (countdown) cancelled" in waited.output
+    # Without --follow, the first run's own end: it continued.
+    waited = runner.invoke(cli, ["workflows", "wait", str(first)], env=env)
+    assert waited.exit_code == 3, waited.output
 
 
 def test_two_nodes_continuing_at_once_start_one_successor(engine: Engine, worker: WorkflowWorker) -> None:

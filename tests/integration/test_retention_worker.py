@@ -1,0 +1,153 @@
+"""Retention as a role (`workflows.retention_worker.RetentionWorker`, `ledgerflow serve`'s `retention`
+role): a tick passes over every tenant, pass after pass while passes fill their batches (though the run
+tables still show what the last one released), one process at a time, and never releases a run twice."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from eventstore import EventStore
+from projector import ProjectorWorker
+from tests.waiting import joined, wait_until
+from workflows import (
+    Engine,
+    NodeContext,
+    RetentionSettings,
+    RetentionWorker,
+    Workflow,
+    WorkflowRegistry,
+    workflow_tables,
+)
+from workflows import events as ev
+from workflows.retention_worker import _sole_pass
+
+registry = WorkflowRegistry()
+hold = Workflow("hold")
+
+
+@hold.node()
+def held(ctx: NodeContext) -> Any:
+    return ctx.wait_for_signal("go")
+
+
+registry.register(hold)
+
+#: Every ended run is due; a pass takes 3 runs per workflow and tenant.
+DUE = {"run_retention": timedelta(microseconds=1), "retention_batch": 3}
+
+
+@pytest.fixture
+def engine(store: EventStore) -> Engine:
+    return Engine(store, registry)
+
+
+def project(engine: Engine) -> None:
+    worker = ProjectorWorker(engine.store, [workflow_tables])
+    try:
+        worker.run_until_caught_up()
+    finally:
+        worker.release_all()
+
+
+def ended_runs(engine: Engine, count: int, tenant: str = "default") -> list[uuid.UUID]:
+    runs = [engine.start("hold", tenant=tenant).run_id for _ in range(count)]
+    for run_id in runs:
+        engine.cancel(run_id, tenant=tenant)  # nothing in flight: cancelled at once
+    return runs
+
+
+def releases(store: EventStore, run_id: uuid.UUID, tenant: str = "default") -> int:
+    return sum(
+        1 for e in store.read_stream(ev.run_stream(run_id), tenant=tenant) if e.type == ev.RUN_RELEASED
+    )
+
+
+def test_a_tick_drains_every_tenants_due_runs_pass_after_pass(engine: Engine, store: EventStore) -> None:
+    mine, theirs = ended_runs(engine, 7), ended_runs(engine, 2, tenant="acme")
+    going = engine.start("hold").run_id
+    project(engine)
+    worker = RetentionWorker(engine, RetentionSettings(**DUE))
+    tick = worker.tick()
+    # 7 runs of one workflow in passes of 3 (3, 3, 1), without the tables catching up in between.
+    assert tick.released == 9
+    assert [(a.tenant, a.done) for a in tick.actions or []] == [
+        ("acme", 2),
+        ("default", 3),
+        ("default", 3),
+        ("default", 1),
+    ]
+    assert all(releases(store, r) == 1 for r in mine)
+    assert all(releases(store, r, "acme") == 1 for r in theirs)
+    assert releases(store, going) == 0
+    # The tables have not caught up: a tick finds the released runs again, releases none twice, and ends.
+    assert worker.tick().released == 0
+    project(engine)
+    assert worker.tick().actions == []
+    assert all(releases(store, r) == 1 for r in mine)
+
+
+def test_one_tick_at_a_time_across_processes_and_each_run_released_once(
+    engine: Engine, store: EventStore
+) -> None:
+    runs = ended_runs(engine, 10)
+    project(engine)
+    worker = RetentionWorker(engine, RetentionSettings(**DUE))
+    with _sole_pass(store) as held_here:  # another process's tick, in progress
+        assert held_here
+        assert worker.tick().actions is None
+    assert all(releases(store, r) == 0 for r in runs)
+
+    ticks: list[Any] = []
+    errors: list[BaseException] = []
+
+    def tick() -> None:
+        try:
+            ticks.append(RetentionWorker(engine, RetentionSettings(**DUE)).tick())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=tick) for _ in range(3)]
+    for t in threads:
+        t.start()
+    joined(*threads)
+    assert errors == []
+    assert sum(t.released for t in ticks) == 10
+    assert all(releases(store, r) == 1 for r in runs)
+
+
+def test_the_role_passes_every_interval_and_is_off_at_0(engine: Engine, store: EventStore) -> None:
+    off = RetentionWorker(engine, RetentionSettings(**DUE, retention_interval=0))
+    stopped = threading.Thread(target=off.run)
+    stopped.start()
+    first = ended_runs(engine, 2)
+    project(engine)
+    off.stop()
+    joined(stopped)
+    assert all(releases(store, r) == 0 for r in first), "interval 0: no passes"
+
+    worker = RetentionWorker(engine, RetentionSettings(**DUE, retention_interval=0.1))
+    running = threading.Thread(target=worker.run)
+    running.start()
+    try:
+        wait_until(lambda: all(releases(store, r) == 1 for r in first), what="the first tick's releases")
+        later = ended_runs(engine, 2)
+        project(engine)
+        wait_until(lambda: all(releases(store, r) == 1 for r in later), what="a later tick's releases")
+    finally:
+        worker.stop()
+        joined(running)
+    assert not worker.database_state().waiting
+
+
+def test_the_interval_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert RetentionSettings().retention_interval == 600
+    monkeypatch.setenv("LEDGERFLOW_RETENTION_INTERVAL", "0")
+    assert RetentionSettings().retention_interval == 0
+    monkeypatch.setenv("LEDGERFLOW_RETENTION_INTERVAL", "-1")
+    with pytest.raises(ValueError, match="retention_interval"):
+        RetentionSettings()
