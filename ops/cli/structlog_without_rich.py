@@ -22,7 +22,9 @@ class RichNotForStructlog(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname == "rich" and _importer().partition(".")[0] == "structlog":
+        # rich's modules, rich itself too if a table was drawn first (then only its submodules are looked
+        # for), when one of structlog's modules asks.
+        if fullname.partition(".")[0] == "rich" and _importer().partition(".")[0] == "structlog":
             # An ImportError is what structlog expects of a missing rich (`try: import rich`).
             raise ModuleNotFoundError("rich is not offered to structlog in the CLI", name=fullname)
         return None  # the other finders decide
