@@ -12,7 +12,7 @@ import urllib.parse
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import psycopg.errors
@@ -31,7 +31,11 @@ from eventstore.errors import (
     WrongExpectedVersionError,
 )
 from eventstore.pooling import Pool
-from eventstore.settings import DatabaseSettings
+
+if TYPE_CHECKING:
+    # Only named here: a program that never reads settings from the environment does not load
+    # pydantic-settings.
+    from eventstore.settings import DatabaseSettings
 
 log = structlog.get_logger(__name__)
 

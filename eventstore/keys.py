@@ -14,18 +14,20 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import psycopg_pool
 import structlog
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from eventstore.arrays import TextArray
 from eventstore.db import wrap_exceptions
 from eventstore.errors import ConfigurationError, ConflictError, InvalidInputError
-from eventstore.masterkeys import KEY_BYTES, MasterKeys
+from eventstore.masterkeys import KEY_BYTES, MasterKeys, aes_gcm
 from eventstore.sqlfile import load_queries
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 log = structlog.get_logger(__name__)
 Q = load_queries("eventstore", "keys.sql")
@@ -44,7 +46,7 @@ class SubjectKey:
         self.key_id = key_id
         #: As written in the envelopes (compared for each field read).
         self.key_text = str(key_id)
-        self.cipher = None if secret is None else AESGCM(secret)
+        self.cipher: AESGCM | None = None if secret is None else aes_gcm(secret)
 
 
 def check_subject(subject: object) -> str:
@@ -161,6 +163,8 @@ class SubjectKeys:
         if cached is not None:
             return cached
         key_id = uuid.uuid4()
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # loaded at the first personal field
+
         secret = AESGCM.generate_key(bit_length=KEY_BYTES * 8)
         wrapped, master_id = self.masters.wrap(tenant, subject, key_id, secret)
         params = {

@@ -11,14 +11,23 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from typing import TYPE_CHECKING
 
 from eventstore.errors import ConfigurationError, MasterKeyMissingError, MasterKeyUnknownError
 
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
 KEY_BYTES = 32
 NONCE_BYTES = 12
+
+
+def aes_gcm(secret: bytes) -> AESGCM:
+    """AES-GCM under `secret`. cryptography (OpenSSL underneath) is imported at its first use, so that
+    a process that never meets a personal field (most CLI calls) does not load it."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    return AESGCM(secret)
 
 
 def generate_master_key() -> str:
@@ -101,7 +110,7 @@ class MasterKeys:
     def wrap(self, tenant: str, subject: str, key_id: uuid.UUID, data_key: bytes) -> tuple[bytes, str]:
         master = self.require(f"subject {subject!r} needs a data key")
         nonce = os.urandom(NONCE_BYTES)
-        sealed = AESGCM(master.secret).encrypt(nonce, data_key, _aad(tenant, subject, key_id))
+        sealed = aes_gcm(master.secret).encrypt(nonce, data_key, _aad(tenant, subject, key_id))
         return nonce + sealed, master.key_id
 
     def unwrap(self, tenant: str, subject: str, key_id: uuid.UUID, wrapped: bytes, master_id: str) -> bytes:
@@ -110,8 +119,10 @@ class MasterKeys:
         master = self._by_id.get(master_id)
         if master is None:
             raise MasterKeyUnknownError(master_id)
+        from cryptography.exceptions import InvalidTag
+
         try:
-            return AESGCM(master.secret).decrypt(
+            return aes_gcm(master.secret).decrypt(
                 wrapped[:NONCE_BYTES], wrapped[NONCE_BYTES:], _aad(tenant, subject, key_id)
             )
         except InvalidTag:

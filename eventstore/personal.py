@@ -24,15 +24,13 @@ from typing import Any
 
 import psycopg
 import pydantic
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from eventstore import jsonvalue
 from eventstore._validation import check_event_type, dumped_json_object
 from eventstore.errors import EventDecodeError, InvalidInputError
 from eventstore.events import NewEvent
 from eventstore.keys import SubjectKey, SubjectKeys, check_subject
-from eventstore.masterkeys import KEY_BYTES, NONCE_BYTES
+from eventstore.masterkeys import KEY_BYTES, NONCE_BYTES, aes_gcm
 
 #: What reads answer in place of a personal field whose subject was forgotten.
 REDACTED = "[forgotten]"
@@ -135,7 +133,7 @@ class Shredder:
             subject = check_subject(data[subject_field])
             key = self.keys.key_for_append(tenant, subject)
             # A forgotten subject's data is sealed with a key nobody keeps: forgotten as it is written.
-            cipher = key.cipher or AESGCM(os.urandom(KEY_BYTES))
+            cipher = key.cipher or aes_gcm(os.urandom(KEY_BYTES))
             # Checked as the stored data is (the ciphertext hides it from that check): sealed as the JSON
             # object {name: value}, which is also what a read decodes.
             plain, problem = dumped_json_object({name: data[name]})
@@ -203,6 +201,8 @@ def _refuse_envelopes(event_type: str, data: Mapping[str, Any]) -> None:
 def _open(key: SubjectKey | None, name: str, envelope: dict[str, Any], aad: bytes) -> Any:
     if key is None or key.cipher is None or key.key_text != envelope.get("key"):
         return REDACTED
+    from cryptography.exceptions import InvalidTag  # loaded already: key.cipher is an AESGCM
+
     try:
         plain = key.cipher.decrypt(a2b_base64(envelope["nonce"]), a2b_base64(envelope["ct"]), aad)
     except (InvalidTag, KeyError, ValueError, TypeError) as exc:

@@ -3,28 +3,84 @@ connections and pooling, error translation, SQL files, outage handling, keepaliv
 input checks. Applications use `eventstore` itself; its siblings use this module and `eventstore`, never
 another of its modules (an import contract holds them to it), so the store's insides can move freely."""
 
-from eventstore._guard import require_ledgerflow_packages
-from eventstore._validation import check_idempotency_key, check_tenant, dump_json_object
-from eventstore.arrays import FloatArray, IntArray, TextArray
-from eventstore.db import Translation, connect, pipelined, synced, translate, wrap_exceptions
-from eventstore.frozen import end_frozen_sessions
-from eventstore.importing import import_object
-from eventstore.jsonvalue import dumps as json_dumps
-from eventstore.jsonvalue import loads as json_loads
-from eventstore.keepalive import Beat, Keepalive
-from eventstore.outage import (
-    Outage,
-    OutageState,
-    backoff,
-    is_unavailable,
-    retry_delay,
-    sleeper,
-    slots_full,
-    wait_until_available,
-)
-from eventstore.pooling import bounded_once_stopping, bounded_waits
-from eventstore.sqlfile import load_queries
-from eventstore.telemetry import span_if_traced
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from eventstore._guard import require_ledgerflow_packages
+    from eventstore._validation import check_idempotency_key, check_tenant, dump_json_object
+    from eventstore.arrays import FloatArray, IntArray, TextArray
+    from eventstore.db import Translation, connect, pipelined, synced, translate, wrap_exceptions
+    from eventstore.frozen import end_frozen_sessions
+    from eventstore.importing import import_object
+    from eventstore.jsonvalue import dumps as json_dumps
+    from eventstore.jsonvalue import loads as json_loads
+    from eventstore.keepalive import Beat, Keepalive
+    from eventstore.outage import (
+        Outage,
+        OutageState,
+        backoff,
+        is_unavailable,
+        retry_delay,
+        sleeper,
+        slots_full,
+        wait_until_available,
+    )
+    from eventstore.pooling import bounded_once_stopping, bounded_waits
+    from eventstore.sqlfile import load_queries
+    from eventstore.telemetry import span_if_traced
+else:
+    from eventstore._lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "eventstore._guard": ("require_ledgerflow_packages",),
+            "eventstore._validation": (
+                "check_idempotency_key",
+                "check_tenant",
+                "dump_json_object",
+            ),
+            "eventstore.arrays": (
+                "FloatArray",
+                "IntArray",
+                "TextArray",
+            ),
+            "eventstore.db": (
+                "Translation",
+                "connect",
+                "pipelined",
+                "synced",
+                "translate",
+                "wrap_exceptions",
+            ),
+            "eventstore.frozen": ("end_frozen_sessions",),
+            "eventstore.importing": ("import_object",),
+            "eventstore.jsonvalue": (
+                "json_dumps=dumps",
+                "json_loads=loads",
+            ),
+            "eventstore.keepalive": (
+                "Beat",
+                "Keepalive",
+            ),
+            "eventstore.outage": (
+                "Outage",
+                "OutageState",
+                "backoff",
+                "is_unavailable",
+                "retry_delay",
+                "sleeper",
+                "slots_full",
+                "wait_until_available",
+            ),
+            "eventstore.pooling": (
+                "bounded_once_stopping",
+                "bounded_waits",
+            ),
+            "eventstore.sqlfile": ("load_queries",),
+            "eventstore.telemetry": ("span_if_traced",),
+        },
+    )
 
 __all__ = [
     "Beat",

@@ -132,7 +132,5 @@ def _action_id(text: str) -> uuid.UUID:
         raise InvalidInputError(f"{text!r} is not a bulk action id (a UUID)") from None
 
 
-def register(group: click.Group) -> None:
-    for kind in BULK_KINDS:
-        bulk_group.add_command(_kind_command(kind))
-    group.add_command(bulk_group)
+for _kind in BULK_KINDS:
+    bulk_group.add_command(_kind_command(_kind))

@@ -1,4 +1,6 @@
-"""The `ledgerflow` command line."""
+"""The `ledgerflow` command line: the root group, its table of the commands other modules define (imported
+when used, see `ops.cli.lazy`) and the commands on the log itself. Product packages are imported inside
+the commands, so that `--help` loads none of them."""
 
 from __future__ import annotations
 
@@ -15,54 +17,79 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import psycopg
-import pydantic
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from eventstore import (
-    ANY,
-    NO_STREAM,
-    STREAM_EXISTS,
-    ConfigurationError,
-    Cursor,
-    DatabaseUnavailableError,
-    EventStore,
-    ExpectedVersion,
-    LedgerflowError,
-    NewEvent,
-    apply_migrations,
-    open_store,
-    resolve_database_url,
-)
-from eventstore.spi import json_dumps, json_loads
-from ops.cli import bulk as cli_bulk
-from ops.cli import events as cli_events
-from ops.cli import log as cli_log
-from ops.cli import projections as cli_projections
-from ops.cli import quotas as cli_quotas
-from ops.cli import retention as cli_retention
-from ops.cli import run_search as cli_run_search
-from ops.cli import subjects as cli_subjects
-from ops.cli import tokens as cli_tokens
-from ops.cli import workflows as cli_workflows
-from ops.cli.common import console, emit_json, err_console, settings_of
-from ops.cli.errors import explain
-from ops.settings import Settings
-from ops.startup import check_database_url
-from ops.telemetry import configure_logging
+from ops.cli import structlog_without_rich
+from ops.cli.common import emit_json, settings_of
+from ops.cli.lazy import LazyCommand, LazyGroup
+
+if TYPE_CHECKING:
+    from eventstore import EventStore, ExpectedVersion
+    from ops.settings import Settings
+
+#: The commands defined in other modules, by name: where each is, and the first paragraph of its help.
+COMMANDS = {
+    "demo": LazyCommand(
+        "ops.cli.workflows:demo",
+        "Run the six-node extraction pipeline with live progress; kill its worker mid-node and watch the "
+        "run resume at the right item. Then an event starts a review run, which waits for an approval.",
+    ),
+    "events": LazyCommand("ops.cli.events:events_group", "Event types: versions, upcasters and counts."),
+    "failures": LazyCommand(
+        "ops.cli.projections:failures_group", "Events projections could not apply: list, retry, skip."
+    ),
+    "keys": LazyCommand("ops.cli.subjects:keys_group", "The master key that wraps the subjects' data keys."),
+    "log": LazyCommand(
+        "ops.cli.log:log_group",
+        "The event log's partitions: list them, archive old ones to files, restore them for a rebuild.",
+    ),
+    "projections": LazyCommand(
+        "ops.cli.projections:projections_group",
+        "Inspect and operate projections: status, runs, replay, rebuild, verify, failures.",
+    ),
+    "projector": LazyCommand(
+        "ops.cli.projections:projector_command",
+        "Run a projector worker until SIGTERM or Ctrl-C; start as many as you like.",
+    ),
+    "quotas": LazyCommand(
+        "ops.cli.quotas:quotas_group", "Per-tenant quotas: runs in flight, starts and appends per second."
+    ),
+    "recover": LazyCommand(
+        "ops.cli.workflows:recover",
+        "Reclaim orphaned nodes now (workers also do this continuously) and show recent recoveries.",
+    ),
+    "subjects": LazyCommand(
+        "ops.cli.subjects:subjects_group",
+        "Subjects of personal data: forget one (its personal fields then read as [forgotten]).",
+    ),
+    "tokens": LazyCommand(
+        "ops.cli.tokens:tokens_group",
+        "API tokens: each bound to one tenant and to scopes (append, read, operate, admin).",
+    ),
+    "worker": LazyCommand(
+        "ops.cli.workflows:worker_command",
+        "Run a workflow worker until SIGTERM or Ctrl-C; start as many as you like.",
+    ),
+    "workflows": LazyCommand(
+        "ops.cli.workflows:workflows_group",
+        "Start, list, show, signal, pause, resume, cancel, retry and refresh workflow runs.",
+    ),
+}
 
 
 @contextmanager
 def _store(ctx: click.Context) -> Iterator[EventStore]:
+    from eventstore import open_store
+
     with open_store(settings_of(ctx)) as store:
         yield store
 
 
 def _expected(text: str) -> ExpectedVersion:
+    from eventstore import ANY, NO_STREAM, STREAM_EXISTS
+
     named = {"any": ANY, "no-stream": NO_STREAM, "exists": STREAM_EXISTS}
     if text in named:
         return named[text]
@@ -72,14 +99,22 @@ def _expected(text: str) -> ExpectedVersion:
         raise click.BadParameter("use any, no-stream, exists or a version number") from None
 
 
-class LedgerflowGroup(click.Group):
+class LedgerflowGroup(LazyGroup):
     """Turns ledgerflow errors, an unreachable database and invalid settings into a line or two that say
     what to do, and exit status 1, instead of a traceback (`--debug` adds it)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (LedgerflowError, psycopg.OperationalError, pydantic.ValidationError) as exc:
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # click's own: usage errors, --help and exit statuses
+        except Exception as exc:
+            # Imported once something failed: the error module brings the driver and pydantic.
+            from ops.cli.common import err_console
+            from ops.cli.errors import REPORTED, explain
+
+            if not isinstance(exc, REPORTED):
+                raise
             if ctx.params.get("debug"):
                 err_console.print_exception()
             explained = explain(exc, os.environ.get("LEDGERFLOW_DATABASE_URL"))
@@ -92,7 +127,7 @@ class LedgerflowGroup(click.Group):
             sys.exit(1)
 
 
-@click.group(cls=LedgerflowGroup)
+@click.group(cls=LedgerflowGroup, lazy=COMMANDS)
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
@@ -100,21 +135,21 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
     Uses LEDGERFLOW_DATABASE_URL, or an embedded PostgreSQL when it is unset.
     """
-    settings = Settings()
-    configure_logging(settings.log_level, settings.log_format)
-    check_database_url(settings.database_url)  # a malformed URL is two lines now, not a traceback later
+    # The settings are read (and logging set up) when the command first asks for them: settings_of.
     # `kill -USR1 <pid>` prints every thread's stack to stderr and the process goes on: what an operator
     # (or a drill) needs to see where a process that does not stop, or does not progress, is waiting.
     # The process's own stderr: a host that swapped sys.stderr for a buffer (a test runner) has no fd there.
     if sys.__stderr__ is not None:
         faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
-    ctx.obj = settings
 
 
 @cli.command()
 @click.pass_context
 def migrate(ctx: click.Context) -> None:
     """Apply pending database migrations (also done automatically on start-up)."""
+    from eventstore import apply_migrations, resolve_database_url
+    from ops.cli.common import console
+
     applied = apply_migrations(resolve_database_url(settings_of(ctx)))
     if applied:
         for m in applied:
@@ -143,6 +178,9 @@ def append(
     tenant: str,
 ) -> None:
     """Append one event to a stream."""
+    from eventstore import NewEvent
+    from eventstore.spi import json_loads
+
     try:
         # Numbers keep their exact decimal value (1.00000000000000000001 stays so).
         parsed_data, parsed_metadata = json_loads(data), json_loads(metadata)
@@ -158,7 +196,9 @@ def append(
         )
     event = result.events[0]
     note = " (duplicate: the original append's result)" if result.duplicate else ""
-    console.print(f"{stream_id} is at version {event.stream_version}, position {event.position}{note}")
+    # Plain text, not rich's: the most frequent call in scripts loads no table drawing, and a stream id
+    # with brackets is printed as it is, not read as markup.
+    click.echo(f"{stream_id} is at version {event.stream_version}, position {event.position}{note}")
 
 
 @cli.command()
@@ -173,6 +213,8 @@ def read(
     ctx: click.Context, stream_id: str, tenant: str, backward: bool, limit: int, as_json: bool, upcast: bool
 ) -> None:
     """Print a stream's events, as stored unless --upcast."""
+    from eventstore.spi import json_dumps
+
     with _store(ctx) as store:
         events = store.read_stream(stream_id, tenant=tenant, backward=backward, limit=limit, upcast=upcast)
     if as_json:
@@ -190,6 +232,10 @@ def read(
                 )
             )
         return
+    from rich.table import Table
+
+    from ops.cli.common import console
+
     table = Table("version", "position", "type", "data", "recorded")
     for e in events:
         table.add_row(
@@ -258,6 +304,10 @@ def tail(
 
     On Ctrl-C it prints (on stderr) the cursor of the last event it printed: resuming from there skips
     nothing."""
+    from eventstore import Cursor
+    from eventstore.spi import json_dumps
+    from ops.cli.common import err_console
+
     with _store(ctx) as store:
         # From now: below the oldest transaction still open, so that none committing later is skipped
         # (a few events committed just before may show).
@@ -297,6 +347,8 @@ def horizon(ctx: click.Context, as_json: bool) -> None:
 
     Only transactions that append (or appended) to this database's log hold it back; others, here or in
     any database of the server, never do."""
+    from ops.cli.common import console
+
     with _store(ctx) as store:
         h = store.horizon()
     if as_json:
@@ -308,6 +360,8 @@ def horizon(ctx: click.Context, as_json: bool) -> None:
     if not h.holders:
         console.print("no writer of the log holds the horizon back")
         return
+    from rich.table import Table
+
     table = Table("pid", "application", "database", "state", "age (s)", "query")
     for holder in h.holders:
         table.add_row(
@@ -354,6 +408,10 @@ def serve(
 @click.pass_context
 def doctor(ctx: click.Context) -> None:
     """Check the database, migrations, leases, the safe horizon and stuck work; say what to do."""
+    from rich.table import Table
+
+    from eventstore import DatabaseUnavailableError, open_store
+    from ops.cli.common import console
     from ops.doctor import diagnose, unreachable
     from projector import load_projections
     from workflows import workflow_tables
@@ -378,6 +436,11 @@ def doctor(ctx: click.Context) -> None:
 def _check_reachable(settings: Settings) -> None:
     """One quick connection attempt with the driver's own reason, before the pool, which would retry for
     the whole connect timeout and then only say that it timed out."""
+    import psycopg
+
+    from eventstore import DatabaseUnavailableError, resolve_database_url
+    from ops.cli.errors import explain
+
     url = resolve_database_url(settings)
     try:
         psycopg.connect(url, connect_timeout=max(1, int(settings.connect_timeout / 3))).close()
@@ -392,6 +455,11 @@ def _check_reachable(settings: Settings) -> None:
 @click.pass_context
 def events_demo(ctx: click.Context, count: int, writers: int) -> None:
     """Append sample events from several threads and follow them live through a subscription."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from eventstore import Cursor, NewEvent
+    from ops.cli.common import console
+
     with _store(ctx) as store:
         # Follow from the current horizon: only this demo's new events, not earlier runs'.
         head = store.horizon().xmin
@@ -436,6 +504,9 @@ def db_group() -> None:
 @click.pass_context
 def db_url(ctx: click.Context) -> None:
     """Print the database URL: LEDGERFLOW_DATABASE_URL, or the embedded server's (started if need be)."""
+    from eventstore import resolve_database_url
+    from ops.cli.common import err_console
+
     settings = settings_of(ctx)
     click.echo(resolve_database_url(settings))
     if not settings.database_url:
@@ -452,6 +523,8 @@ def db_url(ctx: click.Context) -> None:
 def psql(ctx: click.Context, psql_args: tuple[str, ...]) -> None:
     """Open psql on ledgerflow's database (the embedded one too); extra arguments go to psql,
     e.g. `ledgerflow psql -c 'select * from ledgerflow.stream_catalogue'`."""
+    from eventstore import resolve_database_url
+
     url = resolve_database_url(settings_of(ctx))
     binary = _psql_binary()
     # A child, not exec: this process keeps an embedded server running until psql ends.
@@ -459,6 +532,8 @@ def psql(ctx: click.Context, psql_args: tuple[str, ...]) -> None:
 
 
 def _psql_binary() -> str:
+    from eventstore import ConfigurationError
+
     found = shutil.which("psql")
     if found:
         return found
@@ -473,17 +548,6 @@ def _psql_binary() -> str:
     raise ConfigurationError("psql is not installed; install the postgresql-client package")
 
 
-cli_projections.register(cli)
-cli_workflows.register(cli)
-cli_run_search.register(cli_workflows.workflows_group)
-cli_bulk.register(cli_workflows.workflows_group)
-cli_retention.register(cli_workflows.workflows_group)
-cli_tokens.register(cli)
-cli_quotas.register(cli)
-cli_subjects.register(cli)
-cli_log.register(cli)
-cli_events.register(cli)
-
-
 def main() -> None:
+    structlog_without_rich.install()
     cli()

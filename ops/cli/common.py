@@ -1,44 +1,33 @@
-"""What the CLI's command modules share: the console, settings from the click context, JSON output."""
+"""What the CLI's command modules share: the consoles, settings from the click context, JSON output.
+
+Every command module imports this one, so it stays light: the consoles (rich) are made when a command
+first prints, and the settings are read, and logging set up, when a command first asks for them. That is
+how `ledgerflow --help` and `ledgerflow COMMAND --help` answer without loading the store, the driver,
+pydantic or rich.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console, ConsoleDimensions
 
-from ops.settings import Settings
+if TYPE_CHECKING:
+    from ops.cli.consoles import console as console
+    from ops.cli.consoles import err_console as err_console
+    from ops.settings import Settings
+else:
 
-#: The width of output that goes to a pipe or a file: wide enough that no table cuts a cell (`workflo…`)
-#: or folds a row; a program reading it gets whole values. COLUMNS, when set, still decides.
-PIPED_WIDTH = 100_000
+    def __getattr__(name: str) -> Any:
+        if name in ("console", "err_console"):
+            from ops.cli import consoles
 
-
-class _Console(Console):
-    """rich's console, but output that is not a terminal's is not cut to 80 columns."""
-
-    @property
-    def size(self) -> ConsoleDimensions:
-        size = super().size
-        # COLUMNS as it is now, not as it was when this console was made at import (rich reads it once).
-        columns = self._environ.get("COLUMNS", "")
-        if columns.isdigit():
-            return ConsoleDimensions(int(columns), size.height)
-        if self.is_terminal:
-            return size
-        return ConsoleDimensions(PIPED_WIDTH, size.height)
-
-    @size.setter
-    def size(self, new_size: tuple[int, int]) -> None:
-        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+            return getattr(consoles, name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-console = _Console()
-#: Errors, progress and logs go to stderr, so that stdout carries only data.
-err_console = Console(stderr=True)
-
-#: How node and run states are shown in terminal tables.
+#: How node and run states are shown in terminal tables (rich markup).
 ICONS = {
     "succeeded": "[green]✓[/]",
     "running": "[yellow]▶[/]",
@@ -55,8 +44,27 @@ ICONS = {
 
 
 def settings_of(ctx: click.Context) -> Settings:
-    settings = ctx.find_root().obj
+    """This call's settings, read from LEDGERFLOW_* at the first time a command asks for them; that first
+    time also configures logging and checks the database URL (a malformed one is two lines, not a
+    traceback later). The root command's context keeps them."""
+    root = ctx.find_root()
+    if root.obj is None:
+        root.obj = _start()
+    settings = root.obj
+    from ops.settings import Settings
+
     assert isinstance(settings, Settings)
+    return settings
+
+
+def _start() -> Settings:
+    from ops.settings import Settings
+    from ops.startup import check_database_url
+    from ops.telemetry import configure_logging
+
+    settings = Settings()
+    configure_logging(settings.log_level, settings.log_format)
+    check_database_url(settings.database_url)
     return settings
 
 

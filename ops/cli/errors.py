@@ -11,8 +11,11 @@ import re
 import psycopg
 import pydantic
 
-from eventstore import DatabaseUnavailableError, redact
+from eventstore import DatabaseUnavailableError, LedgerflowError, redact
 from ops.startup import MisconfiguredDatabaseError
+
+#: The errors the CLI reports in a line or two (and exit status 1) instead of a traceback.
+REPORTED = (LedgerflowError, psycopg.OperationalError, pydantic.ValidationError)
 
 #: (pattern in the driver's message, advice). The first match wins.
 _CONNECT_ADVICE: list[tuple[re.Pattern[str], str]] = [

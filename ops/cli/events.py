@@ -6,11 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from rich.table import Table
 
-from eventstore import DEFAULT_TYPES, open_store
-from ops.cli.common import console, emit_json, settings_of
-from projector import event_type_catalogue, type_counts
+from ops.cli.common import emit_json, settings_of
 
 
 @click.group("events")
@@ -25,6 +22,12 @@ def events_group() -> None:
 def types_command(ctx: click.Context, tenant: str | None, as_json: bool) -> None:
     """List event types: declared versions and upcasters (from LEDGERFLOW_EVENT_TYPES), and the events
     per type and stored version, from the event_type_catalogue projection (never a count of the log)."""
+    from rich.table import Table
+
+    from eventstore import DEFAULT_TYPES, open_store
+    from ops.cli.common import console
+    from projector import event_type_catalogue, type_counts
+
     with open_store(settings_of(ctx)) as store, store.pool.connection() as conn:
         counts = type_counts(conn, tenant)
     declared = {d.name: d for d in DEFAULT_TYPES.declarations()}
@@ -69,7 +72,3 @@ def types_command(ctx: click.Context, tenant: str | None, as_json: bool) -> None
     console.print(table)
     if note:
         console.print(note, highlight=False)
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(events_group)

@@ -8,17 +8,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
-import psycopg
-from rich.table import Table
 
-from eventstore import archive_partition, list_partitions, open_store, restore_partition
-from ops.cli.common import console, emit_json, settings_of
+from ops.cli.common import emit_json, settings_of
 
 
 @contextmanager
 def _url(ctx: click.Context) -> Iterator[str]:
     """The log's database URL, for as long as the command runs. Opening the store applies pending
     migrations, and keeps the embedded server running when no URL is set."""
+    from eventstore import open_store
+
     with open_store(settings_of(ctx)) as store:
         yield store.url
 
@@ -44,6 +43,12 @@ def log_group() -> None:
 @click.pass_context
 def log_partitions(ctx: click.Context, as_json: bool) -> None:
     """List the partitions with their position ranges, sizes, and whether attached or archived."""
+    import psycopg
+    from rich.table import Table
+
+    from eventstore import list_partitions
+    from ops.cli.common import console
+
     with _url(ctx) as url, psycopg.connect(url, autocommit=True) as conn:
         parts = list_partitions(conn)
     if as_json:
@@ -78,6 +83,9 @@ def log_archive(ctx: click.Context, partition: str, directory: Path) -> None:
 
     Refused while the partition still receives appends or while a projection has not read all of it.
     """
+    from eventstore import archive_partition
+    from ops.cli.common import console
+
     with _url(ctx) as url:
         manifest = archive_partition(url, partition, directory)
     console.print(
@@ -93,13 +101,12 @@ def log_archive(ctx: click.Context, partition: str, directory: Path) -> None:
 def log_restore(ctx: click.Context, manifest: Path) -> None:
     """Load an archived partition (DIR/PARTITION.manifest.json) back into the log, checked against its
     SHA-256 first; rebuild projections from the start afterwards if they need its events."""
+    from eventstore import restore_partition
+    from ops.cli.common import console
+
     with _url(ctx) as url:
         restored = restore_partition(url, manifest)
     console.print(
         f"restored {restored.name} (positions {restored.from_position:,} .. {restored.to_position - 1:,}, "
         f"{restored.events:,} events)"
     )
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(log_group)

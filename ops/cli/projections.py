@@ -4,45 +4,22 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.table import Table
 
-from eventstore import Cursor, EventStore, NotFoundError, open_store
-from ops.budget import budget, log_connection_budget
-from ops.cli.common import console, emit_json, err_console, settings_of
-from ops.services import StopSignal, all_projections, open_until_stopped
-from projector import (
-    PendingRun,
-    Projection,
-    ProjectorWorker,
-    RebuildResult,
-    Run,
-    VerifyResult,
-    WorkerSettings,
-    find,
-    get_run,
-    list_failures,
-    list_runs,
-    projection_health,
-    request_failure_retry,
-    request_failure_skip,
-    start_rebuild,
-    start_replay,
-    start_verify,
-)
+from ops.cli.common import emit_json, settings_of
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from eventstore import Cursor, EventStore
+    from projector import PendingRun, Projection, Run, WorkerSettings
 
 
 def _projections(ctx: click.Context) -> list[Projection]:
+    from ops.services import all_projections
+
     return all_projections(settings_of(ctx))
 
 
@@ -54,6 +31,8 @@ _TENANT = click.option(
 
 
 def _worker_settings(ctx: click.Context) -> WorkerSettings:
+    from projector import WorkerSettings
+
     s = settings_of(ctx)
     return WorkerSettings(
         lease_ttl=s.projector_lease_ttl,
@@ -68,6 +47,10 @@ def _worker_settings(ctx: click.Context) -> WorkerSettings:
 @click.pass_context
 def projector_command(ctx: click.Context) -> None:
     """Run a projector worker until SIGTERM or Ctrl-C; start as many as you like."""
+    from ops.budget import budget, log_connection_budget
+    from ops.services import StopSignal, open_until_stopped
+    from projector import ProjectorWorker
+
     projections = _projections(ctx)
     settings = settings_of(ctx)
     timeout = min(settings.idle_in_transaction_timeout, settings.projector_lease_ttl)
@@ -94,6 +77,12 @@ def projections_group() -> None:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """Cursor, lag, state, owner and open failures of every projection, and the safe horizon."""
+    from rich.table import Table
+
+    from eventstore import open_store
+    from ops.cli.common import console
+    from projector import projection_health
+
     with open_store(settings_of(ctx)) as store:
         health = projection_health(store, _projections(ctx), abandoned_after=settings_of(ctx).abandoned_after)
         horizon = store.horizon()
@@ -148,6 +137,18 @@ def status(ctx: click.Context, as_json: bool) -> None:
 def _with_progress(store: EventStore, run: PendingRun, description: str) -> tuple[Progress, Any]:
     """A progress display on stderr for `run`: events done of the total counted at its start, the rate and
     the time left."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from ops.cli.common import err_console
+    from projector import get_run
+
     with store.pool.connection() as conn:
         recorded = get_run(conn, run.run_id)
     total = recorded.events_total if recorded else None
@@ -178,6 +179,10 @@ def _with_progress(store: EventStore, run: PendingRun, description: str) -> tupl
 @click.pass_context
 def rebuild_command(ctx: click.Context, name: str, tenant: str | None) -> None:
     """Rebuild NAME from the whole log in the shadow, then swap it in atomically."""
+    from eventstore import open_store
+    from ops.cli.common import console
+    from projector import RebuildResult, find, start_rebuild
+
     with open_store(settings_of(ctx)) as store:
         projection = find(_projections(ctx), name)
         run = start_rebuild(
@@ -205,6 +210,10 @@ def rebuild_command(ctx: click.Context, name: str, tenant: str | None) -> None:
 @click.pass_context
 def verify_command(ctx: click.Context, name: str, tenant: str | None) -> None:
     """Rebuild NAME in a scratch schema and compare digests with the live tables at the same cursor."""
+    from eventstore import open_store
+    from ops.cli.common import console
+    from projector import VerifyResult, find, start_verify
+
     with open_store(settings_of(ctx)) as store:
         projection = find(_projections(ctx), name)
         run = start_verify(store, projection, tenant=tenant, batch_size=settings_of(ctx).projector_batch_size)
@@ -241,6 +250,10 @@ def replay_command(
     A projection that declares it safe is replayed in place: its cursor moves back and the running
     projector re-applies from there. Any other (and any one tenant's rows) is rebuilt instead, which
     gives the state a replay would."""
+    from eventstore import Cursor, open_store
+    from ops.cli.common import console
+    from projector import find, start_replay
+
     with open_store(settings_of(ctx)) as store:
         run = start_replay(
             store,
@@ -271,6 +284,12 @@ def replay_command(
 @click.pass_context
 def runs_command(ctx: click.Context, name: str | None, limit: int, as_json: bool) -> None:
     """Recent catch-up, replay, rebuild and verify runs."""
+    from rich.table import Table
+
+    from eventstore import open_store
+    from ops.cli.common import console
+    from projector import list_runs
+
     with open_store(settings_of(ctx)) as store, store.pool.connection() as conn:
         runs = list_runs(conn, name, limit)
     if as_json:
@@ -307,6 +326,12 @@ def failures_group() -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def failures_list(ctx: click.Context, projection: str | None, include_closed: bool, as_json: bool) -> None:
+    from rich.table import Table
+
+    from eventstore import open_store
+    from ops.cli.common import console
+    from projector import list_failures
+
     with open_store(settings_of(ctx)) as store, store.pool.connection() as conn:
         found = list_failures(conn, projection, include_closed=include_closed)
     if as_json:
@@ -338,7 +363,9 @@ def failures_list(ctx: click.Context, projection: str | None, include_closed: bo
 
 
 def _act(ctx: click.Context, failure_id: int, action: str) -> None:
-    from projector import default_actor
+    from eventstore import NotFoundError, open_store
+    from ops.cli.common import console
+    from projector import default_actor, request_failure_retry, request_failure_skip
 
     with open_store(settings_of(ctx)) as store, store.pool.connection() as conn:
         request = request_failure_retry if action == "retry" else request_failure_skip
@@ -363,9 +390,3 @@ def failures_retry(ctx: click.Context, failure_id: int) -> None:
 def failures_skip(ctx: click.Context, failure_id: int) -> None:
     """Skip the failed event for good; the skip is recorded with who asked for it."""
     _act(ctx, failure_id, "skip")
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(projector_command)
-    cli.add_command(projections_group)
-    cli.add_command(failures_group)

@@ -6,11 +6,8 @@ Every process reads them within `LEDGERFLOW_TENANT_QUOTAS_REFRESH` seconds; see 
 from __future__ import annotations
 
 import click
-from rich.table import Table
 
-from eventstore import open_store
-from ops.cli.common import console, emit_json, settings_of
-from workflows import Quota, clear_tenant_quota, set_tenant_quota, tenant_quota_rows
+from ops.cli.common import emit_json, settings_of
 
 
 @click.group("quotas")
@@ -32,6 +29,10 @@ def set_command(
     appends_per_second: float | None,
 ) -> None:
     """Give TENANT quotas of its own; an option left out keeps the setting's default for that quota."""
+    from eventstore import open_store
+    from ops.cli.common import console
+    from workflows import Quota, set_tenant_quota
+
     with open_store(settings_of(ctx)) as store:
         set_tenant_quota(store, tenant, Quota(runs_in_flight, starts_per_second, appends_per_second))
     console.print(f"quotas of tenant {tenant} set", highlight=False)
@@ -42,6 +43,10 @@ def set_command(
 @click.pass_context
 def clear_command(ctx: click.Context, tenant: str) -> None:
     """TENANT goes back to the settings' quotas."""
+    from eventstore import open_store
+    from ops.cli.common import console
+    from workflows import clear_tenant_quota
+
     with open_store(settings_of(ctx)) as store:
         clear_tenant_quota(store, tenant)
     console.print(f"quotas of tenant {tenant} cleared", highlight=False)
@@ -52,6 +57,12 @@ def clear_command(ctx: click.Context, tenant: str) -> None:
 @click.pass_context
 def list_command(ctx: click.Context, as_json: bool) -> None:
     """The tenants with quotas of their own (empty: the setting applies)."""
+    from rich.table import Table
+
+    from eventstore import open_store
+    from ops.cli.common import console
+    from workflows import tenant_quota_rows
+
     with open_store(settings_of(ctx)) as store:
         rows = tenant_quota_rows(store)
     if as_json:
@@ -67,7 +78,3 @@ def list_command(ctx: click.Context, as_json: bool) -> None:
             ),
         )
     console.print(table)
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(quotas_group)

@@ -9,12 +9,8 @@ import uuid
 
 import click
 
-from eventstore import InvalidInputError, open_store
-from ops.cli.bulk import _progress as progress_line
-from ops.cli.bulk import _report as report_action
-from ops.cli.common import console, emit_json, settings_of
+from ops.cli.common import emit_json, settings_of
 from ops.cli.workflows import registry_of
-from workflows import Engine, RetentionSettings, plan_retention, restore_run, retention_pass
 
 
 @click.command("retention")
@@ -27,6 +23,12 @@ def retention(ctx: click.Context, tenant: str, dry_run: bool, as_json: bool) -> 
     LEDGERFLOW_RUN_RETENTION; unset: runs are kept for ever) from the run tables, as recorded bulk actions
     (see `workflows bulk show`), at most LEDGERFLOW_RETENTION_BATCH runs per workflow a pass. A pass first
     finishes what a killed pass left. Released runs are still found by id and can be restored."""
+    from eventstore import open_store
+    from ops.cli.bulk import _progress as progress_line
+    from ops.cli.bulk import _report as report_action
+    from ops.cli.common import console
+    from workflows import Engine, RetentionSettings, plan_retention, retention_pass
+
     settings = settings_of(ctx)
     kept = RetentionSettings()
     with open_store(settings) as store:
@@ -62,6 +64,10 @@ def retention(ctx: click.Context, tenant: str, dry_run: bool, as_json: bool) -> 
 def restore(ctx: click.Context, run_id: str, tenant: str) -> None:
     """Bring a run that retention released back into the run tables, equal to what it was (folded again
     from its stream by the projector). It stays for another retention from now."""
+    from eventstore import InvalidInputError, open_store
+    from ops.cli.common import console
+    from workflows import Engine, restore_run
+
     settings = settings_of(ctx)
     try:
         wanted = uuid.UUID(run_id)
@@ -72,8 +78,3 @@ def restore(ctx: click.Context, run_id: str, tenant: str) -> None:
     console.print(
         f"run {wanted} restored: its rows are back once the projector has applied it", highlight=False
     )
-
-
-def register(group: click.Group) -> None:
-    group.add_command(retention)
-    group.add_command(restore)

@@ -8,14 +8,14 @@ import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.table import Table
 
-from eventstore import InvalidInputError, open_store
-from ops.cli.common import console, emit_json, settings_of
-from workflows import HistoryEntry, RunFilter, run_history, search_runs, tag_filter
+from ops.cli.common import emit_json, settings_of
+
+if TYPE_CHECKING:
+    from workflows import HistoryEntry, RunFilter
 
 _AGO = re.compile(r"(\d+)([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -41,6 +41,8 @@ def when(text: str | None, option: str) -> datetime | None:
 
 
 def _run_id(text: str | None) -> uuid.UUID | None:
+    from eventstore import InvalidInputError
+
     if text is None:
         return None
     try:
@@ -94,6 +96,8 @@ def run_filter(
     triggered_by: str | None,
 ) -> RunFilter:
     """The RunFilter of `filter_options`' values."""
+    from workflows import RunFilter, tag_filter
+
     return RunFilter(
         workflow=workflow,
         version=version,
@@ -133,6 +137,12 @@ def list_runs(
 ) -> None:
     """Runs, newest first, that every given filter keeps, from the workflow_runs projection (kept by
     `ledgerflow projector` or `serve`, so a moment behind); a page at a time (--after the printed cursor)."""
+    from rich.table import Table
+
+    from eventstore import open_store
+    from ops.cli.common import console
+    from workflows import search_runs
+
     wanted = run_filter(
         status, workflow, version, tag, since, until, ended_since, ended_until, parent, triggered_by
     )
@@ -169,6 +179,12 @@ def list_runs(
 def history(ctx: click.Context, run_id: str, tenant: str, after: int, as_json: bool) -> None:
     """Every event of a run, oldest first, from its own stream: time, node, attempt, worker and a summary
     of its payload."""
+    from rich.table import Table
+
+    from eventstore import open_store
+    from ops.cli.common import console
+    from workflows import run_history
+
     wanted = uuid.UUID(int=0)
     found = _run_id(run_id)
     if found is not None:
@@ -208,8 +224,3 @@ def _cells(e: HistoryEntry) -> tuple[str, ...]:
 def _json_line(e: HistoryEntry) -> str:
     value: dict[str, Any] = {**e.__dict__, "at": e.at.isoformat()}
     return json.dumps(value, default=str)
-
-
-def register(group: click.Group) -> None:
-    for command in (list_runs, history):
-        group.add_command(command)

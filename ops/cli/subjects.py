@@ -4,11 +4,14 @@ operator commands (see eventstore.personal)."""
 from __future__ import annotations
 
 import getpass
+from typing import TYPE_CHECKING
 
 import click
 
-from eventstore import RotationProgress, forget_subject, generate_master_key, open_store, rotate_master_key
-from ops.cli.common import console, emit_json, err_console, settings_of
+from ops.cli.common import emit_json, settings_of
+
+if TYPE_CHECKING:
+    from eventstore import RotationProgress
 
 
 @click.group("subjects")
@@ -29,6 +32,9 @@ def forget_command(
     """Delete SUBJECT's data key: its personal fields read as [forgotten] from now on, in every read
     and every projection rebuilt from the log. It cannot be undone. Recorded in the tenant's log (stream
     subjects-forgotten)."""
+    from eventstore import forget_subject, open_store
+    from ops.cli.common import console
+
     if not yes:
         click.confirm(
             f"Forget subject {subject!r} of tenant {tenant!r}? Its personal data cannot be read again",
@@ -60,6 +66,8 @@ def keys_group() -> None:
 @keys_group.command("generate")
 def generate_command() -> None:
     """Print a new master key (for LEDGERFLOW_MASTER_KEY or the file of LEDGERFLOW_MASTER_KEY_FILE)."""
+    from eventstore import generate_master_key
+
     click.echo(generate_master_key())
 
 
@@ -69,6 +77,8 @@ def generate_command() -> None:
 def rotate_command(ctx: click.Context, batch: int) -> None:
     """Re-wrap every data key under LEDGERFLOW_MASTER_KEY; the old keys go in
     LEDGERFLOW_PREVIOUS_MASTER_KEYS meanwhile. The log is not rewritten. Safe to stop and run again."""
+    from eventstore import open_store, rotate_master_key
+    from ops.cli.common import console, err_console
 
     def progress(step: RotationProgress) -> None:
         if step.rewrapped:
@@ -84,6 +94,9 @@ def rotate_command(ctx: click.Context, batch: int) -> None:
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool) -> None:
     """Data keys per master key ('forgotten': subjects whose key was deleted)."""
+    from eventstore import open_store
+    from ops.cli.common import console
+
     with open_store(settings_of(ctx)) as store:
         counts = store.personal.keys.key_counts()
         current = store.personal.keys.masters.current
@@ -94,8 +107,3 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     console.print(f"current master key: {current.key_id if current else 'none configured'}", highlight=False)
     for master, n in shown.items():
         console.print(f"  {master}: {n}", highlight=False)
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(subjects_group)
-    cli.add_command(keys_group)

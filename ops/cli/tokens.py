@@ -9,11 +9,8 @@ import re
 from datetime import datetime, timedelta
 
 import click
-from rich.table import Table
-from rich.text import Text
 
-from eventstore import InvalidInputError, open_store
-from ops.cli.common import console, emit_json, settings_of
+from ops.cli.common import emit_json, settings_of
 
 _DURATION = re.compile(r"([1-9][0-9]{0,6})([smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -71,7 +68,9 @@ def tokens_create(
     print_secret: bool,
 ) -> None:
     """Create a token; its secret is shown once (only its hash is stored)."""
+    from eventstore import open_store
     from ops.auth import create_token
+    from ops.cli.common import console
 
     chosen = list(scopes) or (["admin"] if server_admin else ["read"])
     with open_store(settings_of(ctx)) as store:
@@ -93,7 +92,9 @@ def tokens_create(
 @click.argument("token_id")
 @click.pass_context
 def tokens_revoke(ctx: click.Context, token_id: str) -> None:
+    from eventstore import InvalidInputError, open_store
     from ops.auth import revoke_token
+    from ops.cli.common import console
 
     with open_store(settings_of(ctx)) as store:
         if not revoke_token(store, token_id):
@@ -116,7 +117,12 @@ def _lifetime(duration: timedelta) -> str:
 @click.pass_context
 def tokens_list(ctx: click.Context, as_json: bool) -> None:
     """Every token (never a secret): id, name, tenant, role, scopes, status and when it was last used."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from eventstore import open_store
     from ops.auth import list_tokens
+    from ops.cli.common import console
 
     with open_store(settings_of(ctx)) as store:
         tokens = list_tokens(store)
@@ -159,7 +165,3 @@ def tokens_list(ctx: click.Context, as_json: bool) -> None:
             _when(t.last_used_at),
         )
     console.print(table)
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(tokens_group)

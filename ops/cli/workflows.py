@@ -7,45 +7,65 @@ import json
 import time
 import uuid
 from datetime import UTC
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.table import Table
 
-from eventstore import InvalidInputError, open_store
-from eventstore.spi import json_loads
-from ops.budget import budget, log_connection_budget
-from ops.cli.common import ICONS, console, emit_json, err_console, settings_of
-from ops.cli.outputs import node_outputs, print_outputs
-from ops.process_exit import exit_past_stuck_threads
-from ops.services import StopSignal, open_until_stopped, tenant_quotas
-from ops.settings import Settings
-from workflows import (
-    PRIORITY_MAX,
-    PRIORITY_MIN,
-    Debounce,
-    Engine,
-    NodeState,
-    RunState,
-    WorkerSettings,
-    WorkflowRegistry,
-    WorkflowWorker,
-    list_schedules,
-    load_workflows,
-    next_tick,
-    queue_summary,
-    recent_recoveries,
-    release_of,
-    sweep,
-    tag_filter,
-)
+from ops.cli.common import ICONS, emit_json, settings_of
+from ops.cli.lazy import LazyCommand, LazyGroup
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from ops.settings import Settings
+    from workflows import Engine, NodeState, RunState, WorkerSettings, WorkflowRegistry
+
+#: `workflows.PRIORITY_MIN` and `PRIORITY_MAX` (a PostgreSQL integer), here so that `--help` shows the range
+#: without importing the engine; tests/unit/test_cli_lazy.py checks that they agree.
+PRIORITIES = click.IntRange(-(2**31), 2**31 - 1)
+
+#: The `workflows` commands other modules define: where each is, and the first paragraph of its help.
+WORKFLOWS_COMMANDS = {
+    "bulk": LazyCommand(
+        "ops.cli.bulk:bulk_group",
+        "Act on every run a filter keeps (the filters of `workflows list`), as one recorded action.",
+    ),
+    "history": LazyCommand(
+        "ops.cli.run_search:history",
+        "Every event of a run, oldest first, from its own stream: time, node, attempt, worker and a summary "
+        "of its payload.",
+    ),
+    "list": LazyCommand(
+        "ops.cli.run_search:list_runs",
+        "Runs, newest first, that every given filter keeps, from the workflow_runs projection (kept by "
+        "`ledgerflow projector` or `serve`, so a moment behind); a page at a time (--after the printed "
+        "cursor).",
+    ),
+    "restore": LazyCommand(
+        "ops.cli.retention:restore",
+        "Bring a run that retention released back into the run tables, equal to what it was (folded again "
+        "from its stream by the projector). It stays for another retention from now.",
+    ),
+    "retention": LazyCommand(
+        "ops.cli.retention:retention",
+        "Release the tenant's ended runs older than their workflow's retention (`Workflow(retention=)`, else "
+        "LEDGERFLOW_RUN_RETENTION; unset: runs are kept for ever) from the run tables, as recorded bulk "
+        "actions (see `workflows bulk show`), at most LEDGERFLOW_RETENTION_BATCH runs per workflow a pass. "
+        "A pass first finishes what a killed pass left. Released runs are still found by id and can be "
+        "restored.",
+    ),
+}
 
 
 def registry_of(settings: Settings) -> WorkflowRegistry:
+    from workflows import load_workflows
+
     return load_workflows(settings.workflow_paths)
 
 
 def worker_settings(settings: Settings) -> WorkerSettings:
+    from workflows import WorkerSettings
+
     return WorkerSettings(
         concurrency=settings.worker_concurrency,
         async_concurrency=settings.worker_async_concurrency,
@@ -66,6 +86,11 @@ def worker_settings(settings: Settings) -> WorkerSettings:
 @click.pass_context
 def worker_command(ctx: click.Context, name: str | None) -> None:
     """Run a workflow worker until SIGTERM or Ctrl-C; start as many as you like."""
+    from ops.budget import budget, log_connection_budget
+    from ops.process_exit import exit_past_stuck_threads
+    from ops.services import StopSignal, open_until_stopped, tenant_quotas
+    from workflows import Engine, WorkflowWorker
+
     settings = settings_of(ctx)
     registry = registry_of(settings)
     if not registry.names():
@@ -93,7 +118,7 @@ def worker_command(ctx: click.Context, name: str | None) -> None:
     exit_past_stuck_threads()  # a node body stuck past the grace period was handed back: do not wait on it
 
 
-@click.group("workflows")
+@click.group("workflows", cls=LazyGroup, lazy=WORKFLOWS_COMMANDS)
 def workflows_group() -> None:
     """Start, list, show, signal, pause, resume, cancel, retry and refresh workflow runs.
 
@@ -101,6 +126,8 @@ def workflows_group() -> None:
 
 
 def _run_id(text: str) -> uuid.UUID:
+    from eventstore import InvalidInputError
+
     try:
         return uuid.UUID(text)
     except ValueError:
@@ -139,7 +166,7 @@ def _json_arg(text: str | None) -> Any:
 )
 @click.option(
     "--priority",
-    type=click.IntRange(PRIORITY_MIN, PRIORITY_MAX),
+    type=PRIORITIES,
     default=None,
     help="Higher is claimed first among the tenant's ready nodes (default: the workflow's).",
 )
@@ -164,6 +191,10 @@ def start(
 ) -> None:
     """Start a run of WORKFLOW (workers pick it up); with --key, at most one active run per key; with
     --debounce-key and --debounce-window, one run per burst of starts, after the burst."""
+    from eventstore import open_store
+    from ops.cli.common import console
+    from workflows import Debounce, Engine, tag_filter
+
     settings = settings_of(ctx)
     debounce = None
     if (debounce_key is None) != (debounce_window is None) or (debounce_max_wait and not debounce_key):
@@ -206,6 +237,11 @@ def start(
 @click.pass_context
 def show(ctx: click.Context, run_id: str, tenant: str, as_json: bool, outputs: bool) -> None:
     """A run and every node's status and progress, straight from its events."""
+    from eventstore import open_store
+    from ops.cli.common import console
+    from ops.cli.outputs import node_outputs, print_outputs
+    from workflows import Engine, release_of
+
     settings = settings_of(ctx)
     with open_store(settings) as store:
         run = Engine(store, registry_of(settings)).load(_run_id(run_id), tenant=tenant)
@@ -268,6 +304,10 @@ def wait(ctx: click.Context, run_id: str, timeout: float, follow: bool, tenant: 
     3 if it continued as a new run (its successor is printed; `--follow` waits for the chain's last run).
 
     Handy in scripts: start a run, wait for it, then refresh or read its outputs."""
+    from eventstore import open_store
+    from ops.cli.common import console, err_console
+    from workflows import Engine
+
     settings = settings_of(ctx)
     wanted = _run_id(run_id)
     with open_store(settings) as store:
@@ -324,6 +364,8 @@ def waiting_note(n: NodeState) -> str:
 
 
 def node_table(run: RunState) -> Table:
+    from rich.table import Table
+
     table = Table("", "node", "status", "attempt", "progress", "message / error")
     for name, n in run.nodes.items():
         progress = f"{n.progress[0]}/{n.progress[1]}" if n.progress and n.progress[1] else ""
@@ -371,6 +413,12 @@ def list_schedule_rows(ctx: click.Context, as_json: bool) -> None:
     """Every schedule a worker has seen: its workflow, cron, catch-up policy, last tick (the latest one
     dealt with: started, or passed over) and next tick (the first after it; one long past means no worker
     keeps the schedule)."""
+    from rich.table import Table
+
+    from eventstore import open_store
+    from ops.cli.common import console
+    from workflows import list_schedules, next_tick
+
     with open_store(settings_of(ctx)) as store:
         rows = list_schedules(store)
     if as_json:
@@ -408,6 +456,9 @@ def list_schedule_rows(ctx: click.Context, as_json: bool) -> None:
 
 
 def _action(ctx: click.Context, run_id: str, tenant: str, action: str, **kwargs: Any) -> Any:
+    from eventstore import open_store
+    from workflows import Engine
+
     settings = settings_of(ctx)
     with open_store(settings) as store:
         engine = Engine(store, registry_of(settings))
@@ -433,6 +484,9 @@ def signal_run(
 ) -> None:
     """Send signal NAME to a run: the node waiting for it (`ctx.wait_for_signal`) gets --data; sent
     before a node waits, it is kept for the first that does."""
+    from eventstore.spi import json_loads
+    from ops.cli.common import console
+
     try:
         # Numbers keep their exact decimal value, as in an append.
         payload = None if data is None else json_loads(data)
@@ -461,6 +515,8 @@ def signal_run(
 @click.option("--tenant", default="default", show_default=True)
 @click.pass_context
 def cancel(ctx: click.Context, run_id: str, tenant: str) -> None:
+    from ops.cli.common import console
+
     run = _action(ctx, run_id, tenant, "cancel")
     state = "cancelled" if not run.active else "cancel requested; running nodes stop at their next call"
     console.print(f"run {run_id}: {state}")
@@ -477,6 +533,8 @@ def cancel(ctx: click.Context, run_id: str, tenant: str) -> None:
 @click.pass_context
 def pause(ctx: click.Context, run_id: str, interrupt_running: bool, tenant: str) -> None:
     """Pause a run: it starts no new node until `workflows resume`; its running nodes finish."""
+    from ops.cli.common import console
+
     run = _action(ctx, run_id, tenant, "pause", interrupt_running=interrupt_running, actor="cli")
     running = [n.name for n in run.nodes.values() if n.status == "running"]
     then = (
@@ -493,6 +551,8 @@ def pause(ctx: click.Context, run_id: str, interrupt_running: bool, tenant: str)
 @click.pass_context
 def resume(ctx: click.Context, run_id: str, tenant: str) -> None:
     """Resume a paused run where it was; completed nodes and memoized steps are not run again."""
+    from ops.cli.common import console
+
     run = _action(ctx, run_id, tenant, "resume", actor="cli")
     console.print(f"run {run_id}: {run.status}", highlight=False)
 
@@ -503,6 +563,8 @@ def resume(ctx: click.Context, run_id: str, tenant: str) -> None:
 @click.pass_context
 def retry(ctx: click.Context, run_id: str, tenant: str) -> None:
     """Resume a failed run from its failed nodes; completed nodes are kept."""
+    from ops.cli.common import console
+
     _action(ctx, run_id, tenant, "retry")
     console.print(f"run {run_id} resumes from its failed nodes")
 
@@ -514,6 +576,8 @@ def retry(ctx: click.Context, run_id: str, tenant: str) -> None:
 @click.pass_context
 def refresh(ctx: click.Context, run_id: str, input_json: str | None, tenant: str) -> None:
     """Re-run a completed run with new input: only what changed, and what depends on it."""
+    from ops.cli.common import console
+
     rerun = _action(ctx, run_id, tenant, "refresh", input=_json_arg(input_json))
     console.print(f"re-running {', '.join(sorted(rerun))}" if rerun else "nothing changed; nothing to re-run")
 
@@ -523,6 +587,12 @@ def refresh(ctx: click.Context, run_id: str, input_json: str | None, tenant: str
 @click.pass_context
 def recover(ctx: click.Context, as_json: bool) -> None:
     """Reclaim orphaned nodes now (workers also do this continuously) and show recent recoveries."""
+    from rich.table import Table
+
+    from eventstore import open_store
+    from ops.cli.common import console
+    from workflows import Engine, queue_summary, recent_recoveries, sweep
+
     settings = settings_of(ctx)
     registry = registry_of(settings)
     with open_store(settings) as store:
@@ -590,8 +660,3 @@ def demo(ctx: click.Context, tables: int, llm_delay: float, crash_at: int, appro
     run_demo(
         settings_of(ctx), tables=tables, llm_delay=llm_delay, crash_at=crash_at, approve_after=approve_after
     )
-
-
-def register(cli: click.Group) -> None:
-    for command in (worker_command, workflows_group, recover, demo):
-        cli.add_command(command)
