@@ -22,61 +22,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ops.cli import structlog_without_rich
+from ops.cli.command_table import COMMANDS
 from ops.cli.common import emit_json, settings_of
-from ops.cli.lazy import LazyCommand, LazyGroup
+from ops.cli.lazy import LazyGroup
 
 if TYPE_CHECKING:
     from eventstore import EventStore, ExpectedVersion
     from ops.settings import Settings
-
-#: The commands defined in other modules, by name: where each is, and the first paragraph of its help.
-COMMANDS = {
-    "demo": LazyCommand(
-        "ops.cli.workflows:demo",
-        "Run the six-node extraction pipeline with live progress; kill its worker mid-node and watch the "
-        "run resume at the right item. Then an event starts a review run, which waits for an approval.",
-    ),
-    "events": LazyCommand("ops.cli.events:events_group", "Event types: versions, upcasters and counts."),
-    "failures": LazyCommand(
-        "ops.cli.projections:failures_group", "Events projections could not apply: list, retry, skip."
-    ),
-    "keys": LazyCommand("ops.cli.subjects:keys_group", "The master key that wraps the subjects' data keys."),
-    "log": LazyCommand(
-        "ops.cli.log:log_group",
-        "The event log's partitions: list them, archive old ones to files, restore them for a rebuild.",
-    ),
-    "projections": LazyCommand(
-        "ops.cli.projections:projections_group",
-        "Inspect and operate projections: status, runs, replay, rebuild, verify, failures.",
-    ),
-    "projector": LazyCommand(
-        "ops.cli.projections:projector_command",
-        "Run a projector worker until SIGTERM or Ctrl-C; start as many as you like.",
-    ),
-    "quotas": LazyCommand(
-        "ops.cli.quotas:quotas_group", "Per-tenant quotas: runs in flight, starts and appends per second."
-    ),
-    "recover": LazyCommand(
-        "ops.cli.workflows:recover",
-        "Reclaim orphaned nodes now (workers also do this continuously) and show recent recoveries.",
-    ),
-    "subjects": LazyCommand(
-        "ops.cli.subjects:subjects_group",
-        "Subjects of personal data: forget one (its personal fields then read as [forgotten]).",
-    ),
-    "tokens": LazyCommand(
-        "ops.cli.tokens:tokens_group",
-        "API tokens: each bound to one tenant and to scopes (append, read, operate, admin).",
-    ),
-    "worker": LazyCommand(
-        "ops.cli.workflows:worker_command",
-        "Run a workflow worker until SIGTERM or Ctrl-C; start as many as you like.",
-    ),
-    "workflows": LazyCommand(
-        "ops.cli.workflows:workflows_group",
-        "Start, list, show, signal, pause, resume, cancel, retry and refresh workflow runs.",
-    ),
-}
 
 
 @contextmanager

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ops.cli.command_table import WORKFLOWS_COMMANDS
 from ops.cli.common import ICONS, emit_json, settings_of
-from ops.cli.lazy import LazyCommand, LazyGroup
+from ops.cli.lazy import LazyGroup
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -23,38 +24,6 @@ if TYPE_CHECKING:
 #: `workflows.PRIORITY_MIN` and `PRIORITY_MAX` (a PostgreSQL integer), here so that `--help` shows the range
 #: without importing the engine; tests/unit/test_cli_lazy.py checks that they agree.
 PRIORITIES = click.IntRange(-(2**31), 2**31 - 1)
-
-#: The `workflows` commands other modules define: where each is, and the first paragraph of its help.
-WORKFLOWS_COMMANDS = {
-    "bulk": LazyCommand(
-        "ops.cli.bulk:bulk_group",
-        "Act on every run a filter keeps (the filters of `workflows list`), as one recorded action.",
-    ),
-    "history": LazyCommand(
-        "ops.cli.run_search:history",
-        "Every event of a run, oldest first, from its own stream: time, node, attempt, worker and a summary "
-        "of its payload.",
-    ),
-    "list": LazyCommand(
-        "ops.cli.run_search:list_runs",
-        "Runs, newest first, that every given filter keeps, from the workflow_runs projection (kept by "
-        "`ledgerflow projector` or `serve`, so a moment behind); a page at a time (--after the printed "
-        "cursor).",
-    ),
-    "restore": LazyCommand(
-        "ops.cli.retention:restore",
-        "Bring a run that retention released back into the run tables, equal to what it was (folded again "
-        "from its stream by the projector). It stays for another retention from now.",
-    ),
-    "retention": LazyCommand(
-        "ops.cli.retention:retention",
-        "Release the tenant's ended runs older than their workflow's retention (`Workflow(retention=)`, else "
-        "LEDGERFLOW_RUN_RETENTION; unset: runs are kept for ever) from the run tables, as recorded bulk "
-        "actions (see `workflows bulk show`), at most LEDGERFLOW_RETENTION_BATCH runs per workflow a pass. "
-        "A pass first finishes what a killed pass left. Released runs are still found by id and can be "
-        "restored.",
-    ),
-}
 
 
 def registry_of(settings: Settings) -> WorkflowRegistry:

@@ -1,4 +1,4 @@
-"""The `ledgerflow` groups list the commands of other modules from a table (ops.cli.lazy), so that
+"""The `ledgerflow` groups list the commands of other modules from a table (ops.cli.command_table), so that
 `--help` imports none of them: the table must say what the commands themselves would."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import click
 import pytest
 
-from ops.cli.commands import COMMANDS, cli
+from ops.cli.command_table import COMMANDS, WORKFLOWS_COMMANDS
+from ops.cli.commands import cli
 from ops.cli.lazy import LazyCommand, LazyGroup
-from ops.cli.workflows import PRIORITIES, WORKFLOWS_COMMANDS, workflows_group
+from ops.cli.workflows import PRIORITIES, workflows_group
 
 GROUPS = {"ledgerflow": (cli, COMMANDS), "workflows": (workflows_group, WORKFLOWS_COMMANDS)}
 

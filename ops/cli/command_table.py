@@ -1,0 +1,89 @@
+"""What `ledgerflow --help` and `ledgerflow workflows --help` list of the commands other modules define:
+where each command is, and the first paragraph of its help. The groups import a command's module only
+when the command runs or shows its own help (`ops.cli.lazy`); tests/unit/test_cli_lazy.py checks each
+summary against its command. A new command of another module is added here."""
+
+from __future__ import annotations
+
+from ops.cli.lazy import LazyCommand
+
+#: `ledgerflow`'s commands defined outside ops.cli.commands.
+COMMANDS = {
+    "demo": LazyCommand(
+        "ops.cli.workflows:demo",
+        "Run the six-node extraction pipeline with live progress; kill its worker mid-node and watch the "
+        "run resume at the right item. Then an event starts a review run, which waits for an approval.",
+    ),
+    "events": LazyCommand("ops.cli.events:events_group", "Event types: versions, upcasters and counts."),
+    "failures": LazyCommand(
+        "ops.cli.projections:failures_group", "Events projections could not apply: list, retry, skip."
+    ),
+    "keys": LazyCommand("ops.cli.subjects:keys_group", "The master key that wraps the subjects' data keys."),
+    "log": LazyCommand(
+        "ops.cli.log:log_group",
+        "The event log's partitions: list them, archive old ones to files, restore them for a rebuild.",
+    ),
+    "projections": LazyCommand(
+        "ops.cli.projections:projections_group",
+        "Inspect and operate projections: status, runs, replay, rebuild, verify, failures.",
+    ),
+    "projector": LazyCommand(
+        "ops.cli.projections:projector_command",
+        "Run a projector worker until SIGTERM or Ctrl-C; start as many as you like.",
+    ),
+    "quotas": LazyCommand(
+        "ops.cli.quotas:quotas_group", "Per-tenant quotas: runs in flight, starts and appends per second."
+    ),
+    "recover": LazyCommand(
+        "ops.cli.workflows:recover",
+        "Reclaim orphaned nodes now (workers also do this continuously) and show recent recoveries.",
+    ),
+    "subjects": LazyCommand(
+        "ops.cli.subjects:subjects_group",
+        "Subjects of personal data: forget one (its personal fields then read as [forgotten]).",
+    ),
+    "tokens": LazyCommand(
+        "ops.cli.tokens:tokens_group",
+        "API tokens: each bound to one tenant and to scopes (append, read, operate, admin).",
+    ),
+    "worker": LazyCommand(
+        "ops.cli.workflows:worker_command",
+        "Run a workflow worker until SIGTERM or Ctrl-C; start as many as you like.",
+    ),
+    "workflows": LazyCommand(
+        "ops.cli.workflows:workflows_group",
+        "Start, list, show, signal, pause, resume, cancel, retry and refresh workflow runs.",
+    ),
+}
+
+#: The `workflows` commands other modules define: where each is, and the first paragraph of its help.
+WORKFLOWS_COMMANDS = {
+    "bulk": LazyCommand(
+        "ops.cli.bulk:bulk_group",
+        "Act on every run a filter keeps (the filters of `workflows list`), as one recorded action.",
+    ),
+    "history": LazyCommand(
+        "ops.cli.run_search:history",
+        "Every event of a run, oldest first, from its own stream: time, node, attempt, worker and a summary "
+        "of its payload.",
+    ),
+    "list": LazyCommand(
+        "ops.cli.run_search:list_runs",
+        "Runs, newest first, that every given filter keeps, from the workflow_runs projection (kept by "
+        "`ledgerflow projector` or `serve`, so a moment behind); a page at a time (--after the printed "
+        "cursor).",
+    ),
+    "restore": LazyCommand(
+        "ops.cli.retention:restore",
+        "Bring a run that retention released back into the run tables, equal to what it was (folded again "
+        "from its stream by the projector). It stays for another retention from now.",
+    ),
+    "retention": LazyCommand(
+        "ops.cli.retention:retention",
+        "Release the tenant's ended runs older than their workflow's retention (`Workflow(retention=)`, else "
+        "LEDGERFLOW_RUN_RETENTION; unset: runs are kept for ever) from the run tables, as recorded bulk "
+        "actions (see `workflows bulk show`), at most LEDGERFLOW_RETENTION_BATCH runs per workflow a pass. "
+        "A pass first finishes what a killed pass left. Released runs are still found by id and can be "
+        "restored.",
+    ),
+}
