@@ -39,6 +39,7 @@ this machine. JSON under bench/results/.
 from __future__ import annotations
 
 import argparse
+import compileall
 import functools
 import json
 import os
@@ -341,6 +342,10 @@ def main() -> None:
     parser.add_argument("--url", default=default_admin_url())
     args = parser.parse_args()
     quiet_logs()
+    # The workers' bytecode, as a wheel's install writes it: under PYTHONDONTWRITEBYTECODE (this machine
+    # sets it) an editable checkout compiles every module at every worker start (bench/recovery_phases.py).
+    for package in ("eventstore", "projector", "workflows", "ops", "bench"):
+        compileall.compile_dir(ROOT / package, quiet=1)
     result: dict[str, Any] = {"args": vars(args), "load": {"start": loads()}, "machine_cpus": os.cpu_count()}
     with fresh_database(args.url, "bench_scale") as url, open_store(url=url) as store:
         engine = Engine(store, registry)
