@@ -8,6 +8,7 @@ connection slots for a moment) is waited for, never swapped for the embedded one
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import os
 import socket
 import tempfile
@@ -103,6 +104,60 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             raise pytest.UsageError(f"{item.nodeid} is marked serial but not drill")
         if drill and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DRILL_TIMEOUT))
+
+
+#: What a test costs, roughly, by kind (mean seconds per test in a CI run's parallel half, loaded machine):
+#: a drill 77, a CLI acceptance test 33, a browser test 21, the rest a few. Used only to order the run.
+_COST_BY_KIND = {"drill": 40, "acceptance": 20, "browser": 20, "migration": 5}
+
+
+def _cost(item: pytest.Item) -> int:
+    if any(item.get_closest_marker(name) for name in DRILL_MARKERS):
+        return _COST_BY_KIND["drill"]
+    kind = item.nodeid.split("/")[1] if item.nodeid.startswith("tests/") else ""
+    return _COST_BY_KIND.get(kind, 1)
+
+
+def _xdist_slices(count: int, workers: int) -> list[int]:
+    """The sizes of the slices xdist's `load` and `worksteal` schedulers hand the workers at the start,
+    contiguous and in collection order (`len(pending) // nodes_remaining` each)."""
+    sizes = []
+    for k in range(workers):
+        sizes.append(count // (workers - k))
+        count -= sizes[-1]
+    return sizes
+
+
+class _SpreadTheSlowTests:
+    """Under xdist each worker is handed a contiguous slice of the collection at the start, and takes more
+    only once it runs dry. In collection order the drills and CLI tests (tests/acceptance) all fall in the
+    first slice: one process ran them one after another while the others went through the quick tests,
+    and the slow ones stolen last made the run's tail. So the run is reordered: the slow tests are dealt
+    out over the slices (the slowest kinds first, each to the slice with the least cost so far), and each
+    slice starts with its slow tests; the quick ones, in collection order, fill the slices and end them.
+    Which tests run, and how, is unchanged; only the order is."""
+
+    @pytest.hookimpl(trylast=True)  # after `-m` has deselected what this run leaves out
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+        if workers < 2 or len(items) < workers:
+            return
+        sizes = _xdist_slices(len(items), workers)
+        slices: list[list[pytest.Item]] = [[] for _ in range(workers)]
+        loads = [0] * workers
+        # Stable sorts: within a kind, collection order.
+        for item in sorted((i for i in items if _cost(i) > 1), key=_cost, reverse=True):
+            k = min((k for k in range(workers) if len(slices[k]) < sizes[k]), key=lambda k: (loads[k], k))
+            slices[k].append(item)
+            loads[k] += _cost(item)
+        quick = iter(i for i in items if _cost(i) == 1)  # in collection order: a module's tests together
+        for k in range(workers):
+            slices[k].extend(itertools.islice(quick, sizes[k] - len(slices[k])))
+        items[:] = [item for s in slices for item in s]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_SpreadTheSlowTests(), "ledgerflow-spread-the-slow-tests")
 
 
 @pytest.hookimpl(wrapper=True)
