@@ -193,6 +193,7 @@ class EventStore:
         if isinstance(pool, Pool):
             pool.before_checkout = self._pins.give_back_idle  # no hold-and-wait (see eventstore.pooling)
             pool.reclaim_idle = self._pins.give_back_all_idle
+            pool.give_back_unused = self._pins.give_back_unused  # idle slots go back to the server
         #: Where the log's last partition ends and how wide partitions are, as last seen (0: not yet).
         self._log_end = 0
         self._partition_size = 0
