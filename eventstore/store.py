@@ -207,6 +207,12 @@ class EventStore:
         self._pins.close()
         self.pool.close()
 
+    def shed_idle_connections(self) -> int:
+        """Close the pool's connections no thread uses right now, down to its minimum; how many. For a
+        connection of the process's own (a listener) that a full server refused (see
+        `eventstore.pooling.Pool.shed_idle`)."""
+        return self.pool.shed_idle() if isinstance(self.pool, Pool) else 0
+
     def __enter__(self) -> EventStore:
         return self
 
