@@ -180,6 +180,7 @@ def open_pool(
         with_network_timeouts(url),
         min_size=settings.pool_min_size,
         max_size=settings.pool_max_size,
+        max_idle=settings.pool_max_idle,
         kwargs={
             "autocommit": True,
             "application_name": name,

@@ -21,7 +21,7 @@ import structlog
 import tenacity
 
 from eventstore.db import connect
-from eventstore.outage import Outage, backoff, is_unavailable, sleeper
+from eventstore.outage import Outage, backoff, is_unavailable, sleeper, slots_full
 from eventstore.sqlfile import load_queries
 
 log = structlog.get_logger(__name__)
@@ -47,11 +47,13 @@ class Waker:
         outage: Outage,
         *,
         application_name: str = "ledgerflow-listener",
+        make_room: Callable[[], int] | None = None,
     ) -> None:
         self._url = url
         self._wake = wake
         self._outage = outage
         self._application_name = application_name
+        self._make_room = make_room
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -81,15 +83,29 @@ class Waker:
             except _ListenerLost:
                 continue  # stopping
 
+    def _connect(self) -> psycopg.Connection[Any]:
+        """The listening connection. A server without a free slot is asked once more right away if the
+        process's own pool closed idle connections to make room (`make_room`): a listener is what wakes
+        the process, and in the budget its slot comes before an idle pooled one; without it the process
+        would wait for its back-off while its idle pool kept the slots it needs."""
+        for again in (True, False):
+            try:
+                # With the network timeouts: a partition ends the LISTEN too, not only queries.
+                return connect(
+                    self._url,
+                    autocommit=True,
+                    application_name=self._application_name,
+                    connect_timeout=_CONNECT_TIMEOUT,
+                )
+            except psycopg.OperationalError as exc:
+                if not (again and slots_full(exc) and self._make_room is not None and self._make_room() > 0):
+                    raise
+        raise AssertionError("unreachable")
+
     def _listen(self) -> None:
         """Listen until stopped; raise _ListenerLost when the connection fails."""
         try:
-            with connect(
-                self._url,  # with the network timeouts: a partition ends the LISTEN too, not only queries
-                autocommit=True,
-                application_name=self._application_name,
-                connect_timeout=_CONNECT_TIMEOUT,
-            ) as conn:
+            with self._connect() as conn:
                 conn.execute(_LISTEN)
                 self._outage.succeeded("listener")
                 self._wake.set()  # anything appended while this waker was away is read now
@@ -125,8 +141,9 @@ class Keepalive:
         beats: Sequence[Beat] = (),
         *,
         application_name: str = "ledgerflow-listener",
+        make_room: Callable[[], int] | None = None,
     ) -> None:
-        self.waker = Waker(url, wake, outage, application_name=application_name)
+        self.waker = Waker(url, wake, outage, application_name=application_name, make_room=make_room)
         self._beats = list(beats)
         self._outage = outage
         self._stopping = threading.Event()

@@ -6,8 +6,10 @@ caches cold. So a thread that appends keeps the connection it took, on these ter
 
 - At most `limit` connections are pinned (by default half the pool), so other work always finds
   connections in the pool. A thread beyond the limit checks out per call, as before.
-- A pin goes back to the pool when its thread ends, when the store closes, and, once the limit is
-  reached, when it has been idle for `idle_seconds` and another thread needs one.
+- A pin goes back to the pool when its thread ends, when the store closes, once the limit is reached
+  when it has been idle for `idle_seconds` and another thread needs one, and when its thread has not
+  used it for half the pool's `max_idle` (the pool then closes it unless it is needed: see
+  `eventstore.pooling`), so that a thread that appended once does not keep a server slot for ever.
 - Before each use the connection is probed without blocking; a connection the server closed while it
   sat idle (a terminated backend, a restart) is replaced before anything is sent, so that case never
   makes an append fail. A connection that breaks during an append is given back (the pool discards it)
@@ -165,6 +167,24 @@ class PinnedConnections:
                 continue  # in use: its append ends soon, and gives it back to its thread, not the pool
             try:
                 if pin.conn is not None:
+                    self._unpin(pin)
+                    given += 1
+            finally:
+                pin.lock.release()
+        return given
+
+    def give_back_unused(self, seconds: float) -> int:
+        """Give back every pinned connection not used for `seconds` (the pool's look for idle
+        connections); returns how many."""
+        now = time.monotonic()
+        with self._lock:
+            pins = [pin for pin in self._held if now - pin.last_used >= seconds]
+        given = 0
+        for pin in pins:
+            if not pin.lock.acquire(blocking=False):
+                continue  # in use right now
+            try:
+                if pin.conn is not None and time.monotonic() - pin.last_used >= seconds:
                     self._unpin(pin)
                     given += 1
             finally:

@@ -22,6 +22,13 @@ Two behaviours on top of psycopg_pool's `ConnectionPool`:
   database has not answered in time instead of waiting the pool's timeout for each; the leases they
   would have released then lapse by themselves. `bounded_once_stopping` sets such a deadline when a
   worker is asked to stop.
+- **Idle connections go back to the server.** psycopg_pool closes at most one unused connection per
+  `max_idle` (600 s by default): after a burst, a pool of ten held its server slots for an hour and a
+  half, and on a server with few slots other processes (a listener reconnecting after an outage, a worker
+  starting) found none. This pool looks every `max_idle / 2`: a pin its thread has not used since the
+  last look goes back to the pool, and every connection the pool did not need during the last look's
+  period is closed, down to `min_size`. So a connection idle for `max_idle` is closed (a pinned one within
+  1.5 x `max_idle`), and a process back at rest holds `min_size` pooled connections again.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ _RECLAIM_EVERY = 0.1
 #: Past a `bounded_waits` deadline, a checkout still waits this long: a free connection is taken, and
 #: an unavailable database answers PoolTimeout at once.
 _PAST_DEADLINE = 0.05
+#: How many looks for idle connections per `max_idle` (see the module).
+_IDLE_LOOKS = 2
 
 
 class _NewDeadline(Exception):
@@ -55,7 +64,13 @@ class _NewDeadline(Exception):
 class Pool(psycopg_pool.ConnectionPool[psycopg.Connection[Any]]):
     """A `ConnectionPool` with the store's two additions (see the module's documentation)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, max_idle: float = 10.0, **kwargs: Any) -> None:
+        #: Seconds after which an idle connection is closed (psycopg_pool's `max_idle` is the period of
+        #: the looks for them, a fraction of it: see the module).
+        self.idle_limit = max_idle
+        #: Called at each look for idle connections with the look's period: gives back the pins their
+        #: threads have not used for that long.
+        self.give_back_unused: Callable[[float], object] | None = None
         #: Called before every checkout, in the thread that checks out (the store sets it to give back
         #: that thread's idle pinned connection).
         self.before_checkout: Callable[[], None] | None = None
@@ -63,7 +78,7 @@ class Pool(psycopg_pool.ConnectionPool[psycopg.Connection[Any]]):
         self.reclaim_idle: Callable[[], object] | None = None
         self._deadlines: list[float] = []
         self._deadlines_lock = threading.Lock()
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, max_idle=max_idle / _IDLE_LOOKS, **kwargs)
 
     def getconn(self, timeout: float | None = None) -> psycopg.Connection[Any]:
         hook, reclaim = self.before_checkout, self.reclaim_idle
@@ -103,6 +118,44 @@ class Pool(psycopg_pool.ConnectionPool[psycopg.Connection[Any]]):
                 return super().getconn(timeout)
             except _NewDeadline:
                 timeout = self._bounded(timeout - (time.monotonic() - began))
+
+    def shed_idle(self) -> int:
+        """Close every connection no thread uses right now, down to `min_size` (idle pins first go back);
+        returns how many were closed. For a connection of the process's own that a full server refused (its
+        listener): the slot an idle pooled connection holds serves the process better there."""
+        reclaim = self.reclaim_idle
+        if reclaim is not None:
+            reclaim()
+        unused: list[psycopg.Connection[Any]] = []
+        with self._lock:
+            while self._nconns > self._min_size and self._pool:
+                unused.append(self._pool.popleft())
+                self._nconns -= 1
+            self._nconns_min = min(self._nconns_min, len(self._pool))
+        for conn in unused:
+            self._close_connection(conn)
+        return len(unused)
+
+    def _shrink_pool(self) -> None:
+        """psycopg_pool's periodic look for idle connections (every `self.max_idle`), which closes one at
+        most: here every connection the pool did not need since the last look is closed, down to
+        `min_size`, after the pins unused as long went back (see the module)."""
+        give_back = self.give_back_unused
+        if give_back is not None:
+            give_back(self.max_idle)  # closed at the next look unless a thread takes them meanwhile
+        unused: list[psycopg.Connection[Any]] = []
+        with self._lock:
+            # The fewest connections that sat in the pool at once since the last look: that many were
+            # never needed meanwhile.
+            spare, self._nconns_min = self._nconns_min, len(self._pool)
+            while spare > 0 and self._nconns > self._min_size and self._pool:
+                # The pool hands out from the left and takes back on the right: the left's idled longest.
+                unused.append(self._pool.popleft())
+                self._nconns -= 1
+                self._nconns_min -= 1
+                spare -= 1
+        for conn in unused:
+            self._close_connection(conn)
 
     @contextmanager
     def bounded_waits(self, seconds: float) -> Iterator[None]:

@@ -19,6 +19,10 @@ class DatabaseSettings(BaseSettings):
     embedded_data_dir: Path | None = None
     pool_min_size: int = Field(default=1, ge=0)
     pool_max_size: PositiveInt = 10
+    #: Seconds after which a pooled connection no thread has used is closed, down to `pool_min_size` (a
+    #: connection an appending thread keeps, within 1.5 times this): after a burst, a process gives its
+    #: server slots back rather than keep them from other processes (see `eventstore.pooling`).
+    pool_max_idle: float = Field(default=10.0, gt=0)
     #: How many of the pool's connections appending threads may keep between appends (see
     #: `eventstore.pinning`); by default half the pool, so other work always finds connections. A process
     #: that does little but append may let every connection be pinned; 0 checks out per append.

@@ -92,6 +92,7 @@ class EventStore(AppendStatements, AppendPath, LogReading):
         if isinstance(pool, Pool):
             pool.before_checkout = self._pins.give_back_idle  # no hold-and-wait (see eventstore.pooling)
             pool.reclaim_idle = self._pins.give_back_all_idle
+            pool.give_back_unused = self._pins.give_back_unused  # idle slots go back to the server
         #: Where the log's last partition ends and how wide partitions are, as last seen (0: not yet).
         self._log_end = 0
         self._partition_size = 0
@@ -104,6 +105,12 @@ class EventStore(AppendStatements, AppendPath, LogReading):
             self._notifier.close()
         self._pins.close()
         self.pool.close()
+
+    def shed_idle_connections(self) -> int:
+        """Close the pool's connections no thread uses right now, down to its minimum; how many. For a
+        connection of the process's own (a listener) that a full server refused (see
+        `eventstore.pooling.Pool.shed_idle`)."""
+        return self.pool.shed_idle() if isinstance(self.pool, Pool) else 0
 
     def __enter__(self) -> EventStore:
         return self

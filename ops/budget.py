@@ -1,11 +1,13 @@
 """The connections a long-running process may hold, stated at its start (`connection_budget`).
 
-Every role works within its pool (`LEDGERFLOW_POOL_MIN_SIZE` kept open, up to `LEDGERFLOW_POOL_MAX_SIZE`)
-plus a few connections of its own: a workflow worker's listener, presence and notifier (and a listener for
+Every role works within its pool (`LEDGERFLOW_POOL_MIN_SIZE` kept open, up to `LEDGERFLOW_POOL_MAX_SIZE`,
+the connections past the minimum closed once idle for `LEDGERFLOW_POOL_MAX_IDLE` seconds) plus a few
+connections of its own: a workflow worker's listener, presence and notifier (and a listener for
 its trigger projections when a workflow has triggers), a projector's listener. No thread holds a pooled
 connection while it waits for another (see `eventstore.pooling`), so a process that holds even one pooled
 connection makes progress; one that has none waits, backing off with jitter, until the server has a slot.
-Size `max_connections` from these figures: the sum of `most` over every process, plus the operators'.
+Size `max_connections` from these figures: the sum of `most` over every process, plus the operators'; a
+fleet at rest holds the sum of `at_rest`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class ConnectionBudget:
     role: str
     pool_min: int
     pool_max: int
+    #: Seconds after which a pooled connection past `pool_min` is closed once idle.
+    pool_max_idle: float
     #: Of the pool's connections, how many appending threads may keep between appends.
     pinned_max: int
     #: Connections outside the pool, by purpose.
@@ -33,6 +37,11 @@ class ConnectionBudget:
     def most(self) -> int:
         """The most connections the process holds at once."""
         return self.pool_max + sum(self.dedicated.values())
+
+    @property
+    def at_rest(self) -> int:
+        """The connections it holds once it has been idle for `pool_max_idle` (1.5 times it at most)."""
+        return self.pool_min + sum(self.dedicated.values())
 
     @property
     def least(self) -> int:
@@ -52,6 +61,7 @@ def budget(role: str, settings: Settings, *dedicated: dict[str, int]) -> Connect
         role=role,
         pool_min=settings.pool_min_size,
         pool_max=settings.pool_max_size,
+        pool_max_idle=settings.pool_max_idle,
         pinned_max=min(pinned, settings.pool_max_size),
         dedicated=merged,
     )
@@ -63,8 +73,10 @@ def log_connection_budget(b: ConnectionBudget) -> None:
         role=b.role,
         most=b.most,
         least=b.least,
+        at_rest=b.at_rest,
         pool_min=b.pool_min,
         pool_max=b.pool_max,
+        pool_max_idle=b.pool_max_idle,
         pinned_max=b.pinned_max,
         **{f"own_{purpose}": count for purpose, count in sorted(b.dedicated.items())},
     )

@@ -62,6 +62,11 @@ def serve(settings: Settings, *, api: bool, projector: bool, worker: bool, host:
         services.close()
         return
     own = []
+    if api:
+        # The API's own: its shared listener for waiting reads, its health check and its token lookups;
+        # and the store's notifier, as the API appends (a worker counts it when there is one).
+        api_own = {"api_listener": 1, "health_check": 1, "token_lookups": 1}
+        own.append(api_own if worker else api_own | {"notifier": 1})
     if projector:
         own.append(ProjectorWorker.dedicated_connections())
     if worker:

@@ -48,6 +48,8 @@ Q = load_queries("projector", "waiting.sql")
 #: How often a waiter looks again without a notification (for a horizon held back by an older transaction).
 _RECHECK = 0.25
 _CONNECT_TIMEOUT = 5
+#: How long a waiter's listening connection is kept for the next wait (see `_Listeners`).
+_KEEP_IDLE = 10.0
 
 
 class ProjectionBehindError(LedgerflowError, TimeoutError):
@@ -194,19 +196,23 @@ def wait_for(
 
 class _Listeners:
     """A store's connections for waiters, kept between waits (a connection costs more than a short wait
-    itself) and closed when the store goes. An idle one listens to nothing (UNLISTEN when it comes back),
-    so no notification piles up for it."""
+    itself) for up to `keep_for` seconds, then closed: a caller that waited once does not keep server
+    slots for ever (`eventstore.pooling` does the same for the pool). All are closed when the store goes.
+    An idle one listens to nothing (UNLISTEN when it comes back), so no notification piles up for it."""
 
-    def __init__(self, url: str, keep: int = 8) -> None:
+    def __init__(self, url: str, keep: int = 8, keep_for: float = _KEEP_IDLE) -> None:
         self._url = url
         self._keep = keep
-        self._idle: list[psycopg.Connection[Any]] = []
+        self._keep_for = keep_for
+        #: Idle connections and when each went idle, the latest last (taken first).
+        self._idle: list[tuple[psycopg.Connection[Any], float]] = []
         self._lock = threading.Lock()
+        self._sweep_due = False
 
     @contextmanager
     def listening(self) -> Iterator[psycopg.Connection[Any]]:
         with self._lock:
-            conn = self._idle.pop() if self._idle else None
+            conn = self._idle.pop()[0] if self._idle else None
         if conn is None or conn.closed:
             conn = connect(
                 self._url,
@@ -225,13 +231,34 @@ class _Listeners:
             raise
         with self._lock:
             if len(self._idle) < self._keep:
-                self._idle.append(conn)
+                self._idle.append((conn, time.monotonic()))
+                self._sweep_later()
                 return
         conn.close()
 
+    def _sweep_later(self) -> None:
+        """Close the idle connections once they have been idle `keep_for` (called with `_lock` held)."""
+        if self._sweep_due or not self._idle:
+            return
+        self._sweep_due = True
+        delay = max(0.0, self._idle[0][1] + self._keep_for - time.monotonic())
+        timer = threading.Timer(delay, self._sweep)
+        timer.daemon = True
+        timer.start()
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._sweep_due = False
+            expired = [conn for conn, since in self._idle if now - since >= self._keep_for]
+            self._idle[:] = [(conn, since) for conn, since in self._idle if now - since < self._keep_for]
+            self._sweep_later()
+        for conn in expired:
+            conn.close()
+
     @staticmethod
-    def close(idle: list[psycopg.Connection[Any]]) -> None:
-        for conn in idle:
+    def close(idle: list[tuple[psycopg.Connection[Any], float]]) -> None:
+        for conn, _ in idle:
             conn.close()
 
 

@@ -128,6 +128,7 @@ class ProjectorWorker:
             self.outage,
             [Beat("projector_heartbeat", self.settings.heartbeat_interval, self.heartbeat)],
             application_name=self._listener_name,
+            make_room=self.store.shed_idle_connections,
         )
         keepalive.start()
         log.info("projector_worker_started", worker=self.id, projections=sorted(self.projections))

@@ -214,6 +214,7 @@ class WorkflowWorker:
             self.outage,
             beats,
             application_name="ledgerflow-workflow-listener",
+            make_room=self.engine.store.shed_idle_connections,
         )
         keepalive.start()
         # Runs started by events of the log, by schedules and by debounced bursts: each in its own thread,
