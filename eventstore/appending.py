@@ -19,7 +19,7 @@ import structlog
 
 from eventstore import direct, telemetry
 from eventstore.append_statements import AppendStatement
-from eventstore.db import synced, wrap_exceptions
+from eventstore.db import synced, translate
 from eventstore.errors import ConflictError, LedgerflowError, WrongExpectedVersionError
 from eventstore.events import AppendedEvent, AppendResult, ExpectedState, ExpectedVersion
 from eventstore.notify import Notifier
@@ -39,8 +39,9 @@ Executor = psycopg.Connection[Any] | psycopg.Cursor[Any]
 
 
 class AppendConnection:
-    """The connection one append runs on, chosen when entered (see the module's documentation). Entered
-    inside `wrap_exceptions()`, so that a failure to get one is translated like the append's own."""
+    """The connection one append runs on, chosen when entered (see the module's documentation), and the
+    append's database boundary: a driver error raised while it is chosen, held or given back comes out
+    as a LedgerflowError (`eventstore.db.translate`, the driver's error as its `__cause__`)."""
 
     __slots__ = ("_checkout", "_pins", "_pool", "executor", "pin")
 
@@ -60,46 +61,27 @@ class AppendConnection:
     def __enter__(self) -> AppendConnection:
         if self.executor is not None:
             return self  # the caller's
-        pin = self._pins.acquire()
-        if pin is not None:
-            self.pin, self.executor = pin, pin.cursor  # the cursor is made with the connection (Pin.hold)
-            return self
-        self._checkout = self._pool.connection()
-        self.executor = self._checkout.__enter__()
+        try:
+            pin = self._pins.acquire()
+            if pin is not None:
+                self.pin, self.executor = pin, pin.cursor  # the cursor is made with the connection
+                return self
+            self._checkout = self._pool.connection()
+            self.executor = self._checkout.__enter__()
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
         return self
 
-    def __exit__(self, *exc: Any) -> bool | None:
-        if self.pin is not None:
-            self._pins.release()
-            return None
-        if self._checkout is not None:
-            return self._checkout.__exit__(*exc)
-        return None
-
-    def rows(self, statement: AppendStatement) -> list[Any]:
-        """Send `statement`; its rows (stream, version, position, transaction id[, duplicate])."""
-        pin = self.pin
-        if pin is not None and pin.direct and statement.direct_form is not None:
-            assert pin.conn is not None
-            return [
-                (r[0].decode(), int(r[1]), int(r[2]), int(r[3]))  # type: ignore[union-attr,arg-type]
-                for r in direct.execute(pin.conn, pin.prepared, statement.direct_form, statement.params)
-            ]
-        assert self.executor is not None
-        return synced(self.executor.execute(statement.query, statement.params)).fetchall()
-
-    def check_version(self, statement: AppendStatement, rows: list[Any]) -> None:
-        """A single-stream statement that inserted nothing found the expected version not holding: raise
-        WrongExpectedVersionError with the stream's actual version."""
-        if rows or statement.missing is None:
-            return
-        assert self.executor is not None
-        stream_id, expected = statement.missing
-        params = {"tenant": statement.tenant, "stream_id": stream_id}
-        row = synced(self.executor.execute(Q["stream_version"], params)).fetchone()
-        raise WrongExpectedVersionError(
-            statement.tenant, stream_id, _describe(expected), None if row is None else int(row[0])
-        )
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        try:
+            if self.pin is not None:
+                self._pins.release()
+            elif self._checkout is not None:
+                self._checkout.__exit__(kind, exc, tb)
+        except psycopg.Error as failed:
+            raise translate(failed) from failed
+        if isinstance(exc, psycopg.Error):
+            raise translate(exc) from exc
 
 
 class AppendPath:
@@ -141,9 +123,21 @@ class AppendPath:
         """The one append path: the connection chosen once, the statement sent, the version checked."""
         began = time.perf_counter()
         try:
-            with wrap_exceptions(), AppendConnection(conn, self._pins, self.pool) as chosen:
-                rows = chosen.rows(statement)
-                chosen.check_version(statement, rows)
+            with AppendConnection(conn, self._pins, self.pool) as chosen:
+                pin, executor = chosen.pin, chosen.executor
+                assert executor is not None
+                if pin is not None and pin.direct and statement.direct_form is not None:
+                    assert pin.conn is not None
+                    rows: list[Any] = [
+                        (r[0].decode(), int(r[1]), int(r[2]), int(r[3]))  # type: ignore[union-attr,arg-type]
+                        for r in direct.execute(
+                            pin.conn, pin.prepared, statement.direct_form, statement.params
+                        )
+                    ]
+                else:
+                    rows = synced(executor.execute(statement.query, statement.params)).fetchall()
+                if not rows and statement.missing is not None:
+                    _wrong_version(executor, statement.tenant, *statement.missing)
             if conn is None:
                 self.notify_appended()
         except ConflictError as exc:
@@ -214,6 +208,14 @@ def _no_partition(exc: LedgerflowError) -> bool:
     """Whether an append failed for want of a partition for its positions."""
     cause = exc.__cause__
     return isinstance(cause, psycopg.errors.CheckViolation) and "no partition" in str(cause)
+
+
+def _wrong_version(executor: Executor, tenant: str, stream_id: str, expected: ExpectedVersion) -> None:
+    """A single-stream statement inserted nothing: the expected version does not hold; say which it is."""
+    row = synced(executor.execute(Q["stream_version"], {"tenant": tenant, "stream_id": stream_id})).fetchone()
+    raise WrongExpectedVersionError(
+        tenant, stream_id, _describe(expected), None if row is None else int(row[0])
+    )
 
 
 def _describe(expected: ExpectedVersion) -> str:

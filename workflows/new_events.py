@@ -120,8 +120,9 @@ def run_continued_as_new(*, run_id: uuid.UUID, successor_run_id: uuid.UUID, node
 def run_tagged(
     *, run_id: uuid.UUID, tags: dict[str, str | None], node: str | None, actor: str | None = None
 ) -> NewEvent:
-    # A node's tags carry no actor (the node is named); an operator's carry theirs.
-    return ev.event(ev.RUN_TAGGED, run_id, tags=tags, node=node, **({"actor": actor} if actor else {}))
+    return ev.event(
+        ev.RUN_TAGGED, run_id, tags=tags, node=node, **({} if actor is None else {"actor": actor})
+    )
 
 
 def run_paused(

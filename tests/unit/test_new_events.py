@@ -86,6 +86,12 @@ CASES: list[tuple[Any, dict[str, Any], str, dict[str, Any]]] = [
         {"tags": {"a": "1", "b": None}, "node": "n"},
     ),
     (
+        new.run_tagged,
+        {"tags": {"a": "1"}, "node": None, "actor": "op"},
+        ev.RUN_TAGGED,
+        {"tags": {"a": "1"}, "node": None, "actor": "op"},
+    ),
+    (
         new.run_paused,
         {"actor": "op", "interrupt_running": False},
         ev.RUN_PAUSED,
