@@ -9,6 +9,14 @@ LEDGERFLOW_MAX_QUEUED_REQUESTS_PER_TENANT, or that has waited LEDGERFLOW_REQUEST
 answered 429 `too_many_requests` with Retry-After (its body unread). So a busy tenant slows itself, never
 the others, and a burst of one tenant is served rather than refused.
 
+The cap is shared out while several tenants have requests in flight (or waiting): each may then hold
+`max(1, cap // tenants)`. The server's threads, its pool and the database's cores are shared, and a
+tenant's request competes with every other request running: with one tenant holding its whole cap of
+eight, another tenant's single request ran beside eight of the first's and took several times its quiet
+latency (the noisy-neighbour drill). A tenant alone on the server still has the whole cap. A tenant past
+its share (the share shrank as another tenant came) hands no slot on to its line until it is back
+within its share; when the share grows again, waiting requests go on at once.
+
 A read waiting for `min_cursor` holds no thread and no connection while it waits (`read_your_writes`): it
 does not count then (waiting reads have caps of their own); it counts again once it reads.
 """
@@ -38,6 +46,7 @@ class RequestsInFlight:
     lock: only the event loop touches it)."""
 
     def __init__(self, limit: int, *, max_queued: int = 256, max_wait: float = 30.0) -> None:
+        #: The cap of a tenant alone on the server; shared out while several are active (`_share`).
         self.limit = limit
         self.max_queued = max_queued
         self.max_wait = max_wait
@@ -53,6 +62,7 @@ class RequestsInFlight:
     async def enter(self, tenant: str) -> bool:
         """Counts one more request of `tenant`, once it has fewer than `limit` in flight (waiting in its
         line until then); False, counting nothing, when its line is full or the wait ran out."""
+        self._share(arriving=tenant)
         if self._lines.take(tenant):
             return True
         if self._lines.full(tenant):
@@ -74,8 +84,24 @@ class RequestsInFlight:
             self._lines.leave_line(tenant, slot)
 
     def leave(self, tenant: str) -> None:
-        """One request of `tenant` ended: its slot goes to the first of the tenant's line, if any."""
+        """One request of `tenant` ended: its slot goes to the first of the tenant's line, if any (and the
+        tenant is within its share); and, when the share grew, waiting requests of any tenant go on."""
         self._lines.release(tenant, hand_to=_hand_over)
+        self._share()
+        for waiting in self._lines.waiting_keys():
+            while (slot := self._lines.take_next(waiting)) is not None:
+                if not _hand_over(slot):
+                    self._lines.release(waiting)  # it had given up waiting: the slot is not taken
+
+    def share(self) -> int:
+        """What each tenant may hold now (see the module)."""
+        return self._lines.limit
+
+    def _share(self, arriving: str | None = None) -> None:
+        active = self._lines.active()
+        if arriving is not None:
+            active.add(arriving)
+        self._lines.limit = max(1, self.limit // max(1, len(active)))
 
     @contextmanager
     def set_aside(self, tenant: str) -> Iterator[None]:

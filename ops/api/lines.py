@@ -38,6 +38,14 @@ class TenantLines(Generic[K, T]):
     def anyone_waiting(self) -> bool:
         return bool(self._lines)
 
+    def active(self) -> set[K]:
+        """The keys that hold a slot or wait for one."""
+        return set(self._held) | set(self._lines)
+
+    def waiting_keys(self) -> list[K]:
+        """The keys with a line, in the order their lines began."""
+        return list(self._lines)
+
     def full(self, key: K) -> bool:
         """Whether `key`'s line has no room for one more."""
         return self.waiting(key) >= self.max_queued
@@ -76,9 +84,10 @@ class TenantLines(Generic[K, T]):
     def release(self, key: K, *, hand_to: Callable[[T], bool] | None = None) -> T | None:
         """One of `key`'s slots is given back. With `hand_to`, it goes instead to the first of `key`'s
         line that `hand_to` accepts (the count stays: the slot changes hands), and that item is returned;
-        items it refuses (given up already) leave the line."""
+        items it refuses (given up already) leave the line. A key that holds more than `limit` (the limit
+        was lowered meanwhile) hands nothing over."""
         line = self._lines.get(key)
-        while hand_to is not None and line:
+        while hand_to is not None and line and self._held[key] <= self.limit:
             item = line.popleft()
             if not line:
                 del self._lines[key]

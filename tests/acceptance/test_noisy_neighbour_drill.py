@@ -91,6 +91,11 @@ class Watch:
     def rss(self) -> int:
         return int(self.process.memory_info().rss)
 
+    def cpu(self) -> float:
+        """The server's CPU seconds so far (user and system, its threads together)."""
+        times = self.process.cpu_times()
+        return float(times.user + times.system)
+
     def _run(self) -> None:
         with psycopg.connect(self.url, autocommit=True) as conn:
             while not self._stop.is_set():
@@ -321,8 +326,12 @@ def test_one_tenant_cannot_stall_or_exhaust_the_api_for_another(store: EventStor
                 running, measured just before: the machine is shared, and its load from outside the drill
                 changes over minutes (a baseline from the drill's start would judge that, not A)."""
                 alone = TenantB(b, probe)
+                cpu, began = watch.cpu(), time.monotonic()
                 alone.run_while(lambda: False, at_least=40)
-                figures[f"B quiet before {name}"] = alone.figures()
+                took = time.monotonic() - began
+                figures[f"B quiet before {name}"] = (
+                    f"{alone.figures()}, server CPU {(watch.cpu() - cpu) / took:.2f} s/s"
+                )
                 return p99(alone.appends), p99(alone.lists)
 
             def judge(name: str, loud: TenantB, quiet_p99: tuple[float, float]) -> None:
@@ -348,7 +357,12 @@ def test_one_tenant_cannot_stall_or_exhaust_the_api_for_another(store: EventStor
                     bounds = quiet(name)
                     attacker = attack(name, **arguments)
                     loud = TenantB(b, probe)
+                    cpu, began = watch.cpu(), time.monotonic()
                     loud.run_while(lambda attacker=attacker: attacker.poll() is None, at_least=20)
+                    took = time.monotonic() - began
+                    figures[f"server CPU under {name}"] = (
+                        f"{(watch.cpu() - cpu) / took:.2f} s/s for {took:.1f} s"
+                    )
                     printed, _ = attacker.communicate(timeout=600)
                     answers[name] = json.loads(printed) if attacker.returncode == 0 and printed else {}
                     if not answers[name]:

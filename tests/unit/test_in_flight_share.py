@@ -1,0 +1,43 @@
+"""`ops.api.in_flight.RequestsInFlight` shares its cap out while several tenants are active: a tenant
+alone holds the whole cap, two hold half each, and requests waiting for their tenant's share go on once it
+grows again."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ops.api.in_flight import RequestsInFlight
+
+
+def test_the_cap_is_shared_while_two_tenants_are_active() -> None:
+    async def scenario() -> None:
+        requests = RequestsInFlight(8, max_queued=16, max_wait=5)
+        for _ in range(8):
+            assert await requests.enter("a")
+        assert requests.share() == 8  # alone: the whole cap
+        assert await requests.enter("b")  # another tenant gets in at once...
+        assert requests.share() == 4  # ...and from now on each may hold half
+        more_of_a = asyncio.ensure_future(requests.enter("a"))
+        await asyncio.sleep(0)
+        assert not more_of_a.done()
+        assert requests.queued("a") == 1
+        for _ in range(4):  # back to its share: no slot was handed on meanwhile
+            requests.leave("a")
+        await asyncio.sleep(0)
+        assert requests.of("a") == 4
+        assert not more_of_a.done()
+        requests.leave("b")  # alone again: the waiting request goes on
+        assert await asyncio.wait_for(more_of_a, 1)
+        assert (requests.of("a"), requests.share()) == (5, 8)
+
+    asyncio.run(scenario())
+
+
+def test_a_share_is_never_below_one() -> None:
+    async def scenario() -> None:
+        requests = RequestsInFlight(2, max_queued=4, max_wait=5)
+        for tenant in ("a", "b", "c"):
+            assert await requests.enter(tenant)  # each active tenant holds one at least
+        assert requests.share() == 1
+
+    asyncio.run(scenario())
