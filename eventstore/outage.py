@@ -168,6 +168,11 @@ def slots_full(exc: BaseException | None) -> bool:
     return False
 
 
+#: The jitter's own generator: background threads that draw from the global `random` change its state
+#: under code that seeds or watches it (hypothesis refuses to generate data when another thread does).
+_JITTER = random.Random()
+
+
 def retry_delay(attempt: int, exc: BaseException | None) -> float:
     """How long to wait before the `attempt`th (1, 2, ...) try to reach the database again after `exc`.
 
@@ -178,8 +183,8 @@ def retry_delay(attempt: int, exc: BaseException | None) -> float:
     jitter, so that the processes that wait spread out instead of retrying together."""
     step: float = 0.05 * 2.0 ** min(attempt - 1, 16)
     if slots_full(exc):
-        return random.uniform(0.0, min(step * 10, SLOTS_BACKOFF_MAX))
-    return min(step, MAX_BACKOFF) + random.uniform(0.0, 0.05)
+        return _JITTER.uniform(0.0, min(step * 10, SLOTS_BACKOFF_MAX))
+    return min(step, MAX_BACKOFF) + _JITTER.uniform(0.0, 0.05)
 
 
 class _Backoff(tenacity.wait.wait_base):
