@@ -22,8 +22,8 @@ class RichNotForStructlog(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        # rich's modules, rich itself too if a table was drawn first (then only its submodules are looked
-        # for), when one of structlog's modules asks.
+        # rich or any of its modules: once a table has imported rich itself, only its other modules are
+        # still looked for here.
         if fullname.partition(".")[0] == "rich" and _importer().partition(".")[0] == "structlog":
             # An ImportError is what structlog expects of a missing rich (`try: import rich`).
             raise ModuleNotFoundError("rich is not offered to structlog in the CLI", name=fullname)
