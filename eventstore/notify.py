@@ -50,7 +50,10 @@ class Notifier:
 
     def poke(self) -> None:
         """Ask for a wake-up of subscribers; never blocks."""
-        self._pending.set()
+        # Already pending: the NOTIFY that follows the thread's clearing of the flag covers this append,
+        # committed before this call. Setting it again would only take the event's lock at every append.
+        if not self._pending.is_set():
+            self._pending.set()
         if self._thread is None:
             self._start()
 
