@@ -41,7 +41,7 @@ _decode = _decoder.decode
 # The decoder's C scanner: `decode` around it costs two regular-expression matches per call (leading and
 # trailing whitespace), more than scanning a small event. Text the database or `dumps` wrote has no
 # whitespace around its value; anything else goes through `decode`, which also raises the usual errors.
-_scan = _decoder.scan_once
+_scan: Callable[[str, int], tuple[Any, int]] = _decoder.scan_once  # type: ignore[attr-defined]
 
 
 def loads(text: str | bytes | bytearray | memoryview) -> Any:
