@@ -58,6 +58,8 @@ class EventTypes:
         self._upcasters: dict[str, dict[int, Upcaster]] = {}
         #: Latest version per declared type (the highest of its models and its upcasters' targets).
         self._latest: dict[str, int] = {}
+        #: Latest version per type with upcasters, as of the last check (see `may_upcast`).
+        self._upcast_to: dict[str, int] = {}
         self._checked = True
         self._lock = threading.Lock()
 
@@ -138,6 +140,7 @@ class EventTypes:
                     problems.append(f"{name!r} lacks upcaster {', '.join(missing)}")
                 if latest not in self._models.get(name, {}):
                     problems.append(f"{name!r} has upcasters to version {latest} but no model for it")
+            self._upcast_to = {name: self._latest[name] for name, steps in self._upcasters.items() if steps}
             if problems:
                 raise EventTypeRegistryError(
                     "event types do not fit together: "
@@ -235,6 +238,16 @@ class EventTypes:
         metadata says which version it is now and which it was stored at."""
         parts = self.latest_parts(event.type, event.data, event.metadata, lambda: event)
         return event if parts is None else _with_parts(event, *parts)
+
+    def may_upcast(self, event_type: str, metadata: Mapping[str, Any]) -> bool:
+        """False when `latest_parts` would certainly answer None (a type without upcasters, or an event
+        stored in its latest version), decided without building anything: a read asks this of every event
+        and calls `latest_parts` only for the others. Before the registry is checked, always True, so that
+        the check runs as `latest_parts` runs it."""
+        if not self._checked:
+            return True
+        latest = self._upcast_to.get(event_type)
+        return latest is not None and metadata.get(VERSION_KEY, 1) != latest
 
     def latest_parts(
         self,

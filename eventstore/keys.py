@@ -106,6 +106,18 @@ class UnwrappedKeys:
                 self._keys.move_to_end((tenant, subject, key_id))
             return key
 
+    def get_many(self, wanted: list[tuple[str, str, uuid.UUID]]) -> list[SubjectKey | None]:
+        """`get` for each of `wanted` (tenant, subject, key id), under one taking of the lock."""
+        found: list[SubjectKey | None] = []
+        with self._lock:
+            keys = self._keys
+            for place in wanted:
+                key = keys.get(place)
+                if key is not None:
+                    keys.move_to_end(place)
+                found.append(key)
+        return found
+
     def put(self, tenant: str, subject: str, key: SubjectKey) -> None:
         with self._lock:
             self._keys[(tenant, subject, key.key_id)] = key
@@ -210,10 +222,10 @@ class SubjectKeys:
             {"tenants": TextArray(t for t, _ in pairs), "subjects": TextArray(s for _, s in pairs)},
         ).fetchall()
         found: dict[tuple[str, str], SubjectKey] = {}
-        for tenant, subject, key_id, wrapped, master_id in rows:
-            # Live now (the row above): its secret, the same for ever under one key id (a key is never
-            # changed, only re-wrapped or forgotten), may come from an earlier unwrapping.
-            known = self.unwrapped.get(tenant, subject, key_id)
+        # Live now (the rows above): a key's secret, the same for ever under one key id (a key is never
+        # changed, only re-wrapped or forgotten), may come from an earlier unwrapping.
+        unwrapped = self.unwrapped.get_many([(r[0], r[1], r[2]) for r in rows])
+        for (tenant, subject, key_id, wrapped, master_id), known in zip(rows, unwrapped, strict=True):
             if known is None:
                 secret = self.masters.unwrap(tenant, subject, key_id, bytes(wrapped), master_id)
                 known = SubjectKey(key_id, secret)

@@ -88,7 +88,7 @@ def _recorded(row: Sequence[Any], types: EventTypes | None = None) -> RecordedEv
     _, position, tx, tenant, stream_id, version, event_id, type_, data, metadata, corr, cause, at = row
     decoded = loads(data) if type(data) is str else data  # a dict: revealed personal fields
     meta = loads(metadata)
-    if types is not None:
+    if types is not None and types.may_upcast(type_, meta):
         parts = types.latest_parts(
             type_,
             decoded,
