@@ -5,8 +5,18 @@ grows again."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from ops.api.in_flight import RequestsInFlight
+
+
+def run_apart(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run `scenario` on an event loop of its own thread. Not on this thread: after a browser test in
+    the same test process, sync Playwright (a session fixture) keeps its event loop running here."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, scenario()).result(timeout=60)
 
 
 def test_the_cap_is_shared_while_two_tenants_are_active() -> None:
@@ -30,7 +40,7 @@ def test_the_cap_is_shared_while_two_tenants_are_active() -> None:
         assert await asyncio.wait_for(more_of_a, 1)
         assert (requests.of("a"), requests.share()) == (5, 8)
 
-    asyncio.run(scenario())
+    run_apart(scenario)
 
 
 def test_a_share_is_never_below_one() -> None:
@@ -40,4 +50,4 @@ def test_a_share_is_never_below_one() -> None:
             assert await requests.enter(tenant)  # each active tenant holds one at least
         assert requests.share() == 1
 
-    asyncio.run(scenario())
+    run_apart(scenario)
