@@ -52,6 +52,8 @@ def write_run(store: EventStore, events: int) -> uuid.UUID:
         new.run_started(
             run_id=run_id,
             workflow="bench",
+            version="1",
+            key=None,
             input={"n": 1},
             input_fingerprint="fp",
             nodes=["work"],
@@ -62,8 +64,10 @@ def write_run(store: EventStore, events: int) -> uuid.UUID:
 
     def one(i: int) -> NewEvent:
         if i % 100 == 99:
-            return new.signal_received(run_id=run_id, name="note", payload={"i": i, "pad": "s" * 65_000})
-        return new.node_progress(run_id=run_id, node="work", current=i, total=events)
+            return new.signal_received(
+                run_id=run_id, name="note", payload={"i": i, "pad": "s" * 65_000}, actor=None
+            )
+        return new.node_progress(run_id=run_id, node="work", current=i, total=events, message="")
 
     body = [one(i) for i in range(events - len(head))]
     batch: list[NewEvent] = head
