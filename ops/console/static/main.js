@@ -119,8 +119,10 @@ document.getElementById("token-form").addEventListener("submit", (event) => {
 });
 
 // The token expired or was revoked while in use: every page's next request would be refused too.
+// Like a saved token refused at load, it will never work again: it is not kept.
 whenTokenRefused(() => {
   accepted = false;
+  setToken("");
   tokenState("refused", "token refused");
 });
 
