@@ -46,7 +46,7 @@ from workflows.definition import Workflow, WorkflowRegistry, check_priority
 from workflows.errors import RunSignalLimitError, RunStateError, wrap_exceptions
 from workflows.quotas import TenantQuotas
 from workflows.run_state import RunState, apply
-from workflows.scheduler import NodeStatus, nodes_to_rerun, retry_from_failed, runnable_nodes
+from workflows.scheduler import nodes_to_rerun, retry_from_failed
 from workflows.tags import TagLimits
 
 log = structlog.get_logger(__name__)
@@ -735,10 +735,7 @@ class Engine:
         tenant: str,
         idempotency_key: str | None = None,
     ) -> None:
-        statuses = run.statuses
-        for name in reset:
-            statuses[name] = NodeStatus.PENDING
-        ready = runnable_nodes(wf, statuses)
+        ready = retrying.ready_after_reset(wf, run, reset)
         appends = [
             StreamAppend(
                 ev.run_stream(run.run_id),
@@ -747,41 +744,16 @@ class Engine:
             )
         ]
         if run.key is not None and not run.active:
-            last = self.store.read_stream(
-                ev.key_stream(run.workflow, run.key), tenant=tenant, backward=True, limit=1
-            )
-            if last and last[0].type == ev.KEY_CLAIMED and last[0].data["run_id"] != str(run.run_id):
-                raise RunStateError(
-                    f"run {last[0].data['run_id']} is active for key {run.key!r}; "
-                    "cancel it or wait for it first"
-                )
-            if not last or last[0].type != ev.KEY_CLAIMED:
-                appends.append(
-                    StreamAppend(
-                        ev.key_stream(run.workflow, run.key),
-                        [new.key_claimed(run_id=run.run_id)],
-                        last[0].stream_version if last else NO_STREAM,
-                    )
-                )
+            claim = retrying.key_claim(self.store, run, tenant, set())
+            if claim is not None:
+                appends.append(claim)
         with self.transaction() as conn:
             written = self.store.append_many(
                 appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn
             )
             if written.duplicate:  # a repeat under the idempotency key: the first one enqueued the nodes
                 return
-            if not run.active:
-                # A run paused when it ended (its last running nodes ended it) is not paused once reopened.
-                node_queue.forget_pause(conn, run.run_id)
-            node_queue.enqueue(
-                conn,
-                run.run_id,
-                tenant,
-                wf.name,
-                run.workflow_version,
-                [wf.nodes[n] for n in ready],
-                attempts={n: run.node(n).attempt for n in ready},
-                reset_crashes=True,
-            )
+            retrying.requeue(conn, run, wf, ready, tenant)
 
     # -- plumbing -------------------------------------------------------------------------------------
 

@@ -7,6 +7,9 @@ key again. A batch appends every run's events with one multi-stream append, each
 version its state was read at (and each key stream at the version read): a run or key that changed
 meanwhile makes the whole append fail (WrongExpectedVersionError), and nothing of the batch is written; its
 caller reads the runs again, or takes them one at a time (`Engine.retry` decides afresh for each).
+
+A refresh (`Engine.refresh`) reopens a completed run the same way: `ready_after_reset`, `key_claim` and
+`requeue` are the steps both share.
 """
 
 from __future__ import annotations
@@ -91,15 +94,12 @@ def retry_batch(
         key_append = None
         if run.key is not None and not run.active:
             try:
-                key_append = _key_claim(store, run, tenant, claimed)
+                key_append = key_claim(store, run, tenant, claimed)
             except RunStateError as exc:
                 outcome[run.run_id] = str(exc)
                 continue
         reset = retry_from_failed(wf, run.statuses)
-        statuses = run.statuses
-        for name in reset:
-            statuses[name] = NodeStatus.PENDING
-        ready = runnable_nodes(wf, statuses)
+        ready = ready_after_reset(wf, run, reset)
         retried = new.run_retried(run_id=run.run_id, nodes=sorted(reset), actor=actor)
         nodes_ready = new.nodes_ready(run_id=run.run_id, nodes=ready)
         run_appends.append(StreamAppend(ev.run_stream(run.run_id), [retried, nodes_ready], run.version))
@@ -115,27 +115,43 @@ def retry_batch(
     # page's round trips are one, not two per run.
     with conn.pipeline():
         for plan in plans:
-            run, wf = plan.run, plan.wf
-            if not run.active:
-                # A run paused when it ended (its last running nodes ended it) is not paused once reopened.
-                node_queue.forget_pause(conn, run.run_id)
-            node_queue.enqueue(
-                conn,
-                run.run_id,
-                tenant,
-                wf.name,
-                run.workflow_version,
-                [wf.nodes[n] for n in plan.ready],
-                attempts={n: run.node(n).attempt for n in plan.ready},
-                reset_crashes=True,
-            )
+            requeue(conn, plan.run, plan.wf, plan.ready, tenant)
     log.info("workflow_retry_batch", runs=len(plans), actor=actor)
     return outcome
 
 
-def _key_claim(store: EventStore, run: RunState, tenant: str, claimed: set[str]) -> StreamAppend | None:
-    """The claim of its key that an ended run retried makes, at the key stream's version read now; None
-    when the run holds it still. RunStateError when another run holds it (or claims it in this batch)."""
+def ready_after_reset(wf: Workflow, run: RunState, reset: set[str]) -> list[str]:
+    """The nodes ready to run once the nodes `reset` of `run` are pending again."""
+    statuses = run.statuses
+    for name in reset:
+        statuses[name] = NodeStatus.PENDING
+    return runnable_nodes(wf, statuses)
+
+
+def requeue(
+    conn: psycopg.Connection[Any], run: RunState, wf: Workflow, ready: list[str], tenant: str
+) -> None:
+    """Queue the `ready` nodes of the reopened `run` again, in the caller's transaction, each keeping its
+    attempts' history."""
+    if not run.active:
+        # A run paused when it ended (its last running nodes ended it) is not paused once reopened.
+        node_queue.forget_pause(conn, run.run_id)
+    node_queue.enqueue(
+        conn,
+        run.run_id,
+        tenant,
+        wf.name,
+        run.workflow_version,
+        [wf.nodes[n] for n in ready],
+        attempts={n: run.node(n).attempt for n in ready},
+        reset_crashes=True,
+    )
+
+
+def key_claim(store: EventStore, run: RunState, tenant: str, claimed: set[str]) -> StreamAppend | None:
+    """The claim of its key that an ended run reopened makes, at the key stream's version read now; None
+    when the run holds it still. RunStateError when another run holds it (or claims it in this batch:
+    `claimed`, the key streams claimed so far, which this adds to)."""
     assert run.key is not None
     stream = ev.key_stream(run.workflow, run.key)
     if stream in claimed:
