@@ -166,7 +166,7 @@ def run_due_ticks(engine: Engine, wf: Workflow, now: datetime) -> list[Started]:
 
 
 def list_schedules(store: EventStore) -> list[ScheduleRow]:
-    with store.pool.connection() as conn, conn.cursor(row_factory=class_row(ScheduleRow)) as cur:
+    with store.connection() as conn, conn.cursor(row_factory=class_row(ScheduleRow)) as cur:
         return cur.execute(Q["list_schedules"]).fetchall()
 
 
