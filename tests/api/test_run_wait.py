@@ -5,6 +5,7 @@ another tenant's requests."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -270,3 +271,43 @@ def _timed(client: TestClient, headers: Headers, run_id: uuid.UUID) -> tuple[Res
     began = time.perf_counter()
     response = client.get(f"/api/v1/runs/{run_id}", headers=headers)
     return response, time.perf_counter() - began
+
+
+def test_a_wait_whose_client_goes_away_gives_its_place_back(client: TestClient, admin: Headers) -> None:
+    run_id = start(client, admin)
+    app, portal = client.app, client.portal
+    assert portal is not None
+    waiters, in_flight = app.state.waiters, app.state.in_flight  # type: ignore[attr-defined]
+    gone = portal.call(asyncio.Event)
+    received = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal received
+        received += 1
+        if received == 1:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    path = f"/api/v1/runs/{run_id}/wait"
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"timeout=30",
+        "headers": [(b"authorization", admin["Authorization"].encode()), (b"host", b"x")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    request = portal.start_task_soon(app, scope, receive, send)
+    wait_until(lambda: waiters.waiting == 1, timeout=30, what="the request to wait")
+    portal.call(gone.set)
+    request.result(timeout=20)  # long before its 30 s
+    assert (waiters.waiting, in_flight.of("acme")) == (0, 0)
