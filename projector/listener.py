@@ -59,15 +59,17 @@ _RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 5.0)
 
 
 class TooManyWaitersError(LedgerflowError):
-    """As many reads wait for a projection as are allowed (in total, or for the tenant); nothing was read.
-    Ask again shortly."""
+    """As many waits for a projection (reads of one's writes, watches such as a run's end) as are allowed
+    (in total, or for the tenant); nothing was read. Ask again shortly."""
 
     code = "too_many_waiters"
 
     def __init__(self, scope: Literal["total", "tenant"], limit: int, tenant: str) -> None:
         self.scope, self.limit, self.tenant = scope, limit, tenant
         whose = "on this server" if scope == "total" else f"for tenant {tenant!r}"
-        super().__init__(f"{limit} reads already wait for a projection {whose}, the most allowed; ask again")
+        super().__init__(
+            f"{limit} requests already wait for a projection {whose}, the most allowed; ask again"
+        )
 
     def details(self) -> dict[str, Any]:
         return {"limit": self.limit, "scope": self.scope}
