@@ -17,7 +17,7 @@ from projector.bookkeeping import (  # noqa: E402
 from projector.catalogue import stream_catalogue  # noqa: E402
 from projector.errors import RunInProgressError  # noqa: E402
 from projector.health import ProjectionHealth, SegmentHealth, projection_health  # noqa: E402
-from projector.listener import ProjectionWaiters, TooManyWaitersError  # noqa: E402
+from projector.listener import ProjectionWaiters, TooManyWaitersError, Watch  # noqa: E402
 from projector.projection import ApplyContext, Projection, Table  # noqa: E402
 from projector.rebuild import (  # noqa: E402
     PendingRun,
@@ -64,6 +64,7 @@ __all__ = [
     "TooManyWaitersError",
     "TypeCount",
     "VerifyResult",
+    "Watch",
     "WorkerSettings",
     "default_actor",
     "event_type_catalogue",

@@ -14,6 +14,12 @@ one look at a time at the projection's cursor (a pool connection for the look on
   listening connection was lost;
 * waiters are capped in total and per tenant: beyond, `TooManyWaitersError`, at once.
 
+A wait for something no cursor names in advance (a workflow run's end: the cursor of its last event is not
+known while it runs) is a `Watch`: a condition on the projection's tables, answered for every waiter of
+the watch by one query in the same look, at the same moments as the cursor waits (a notification of the
+projection, a new waiter, every `recheck`). It is the same listener, the same caps and the same looks: a
+run's end is announced by the batch of the projection that writes it, as a write is.
+
 Why `waiting.wait_for` stays beside it: it is the library's read-your-writes call (the README's, the
 benchmarks'), for code with no event loop and no long-lived listener of its own, a script or a node that
 appended and reads next; one caller waits there, for itself, so a connection for the wait is its own cost
@@ -30,10 +36,10 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import psycopg
 import structlog
@@ -53,32 +59,60 @@ _RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 5.0)
 
 
 class TooManyWaitersError(LedgerflowError):
-    """As many reads wait for a projection as are allowed (in total, or for the tenant); nothing was read.
-    Ask again shortly."""
+    """As many waits for a projection (reads of one's writes, watches such as a run's end) as are allowed
+    (in total, or for the tenant); nothing was read. Ask again shortly."""
 
     code = "too_many_waiters"
 
     def __init__(self, scope: Literal["total", "tenant"], limit: int, tenant: str) -> None:
         self.scope, self.limit, self.tenant = scope, limit, tenant
         whose = "on this server" if scope == "total" else f"for tenant {tenant!r}"
-        super().__init__(f"{limit} reads already wait for a projection {whose}, the most allowed; ask again")
+        super().__init__(
+            f"{limit} requests already wait for a projection {whose}, the most allowed; ask again"
+        )
 
     def details(self) -> dict[str, Any]:
         return {"limit": self.limit, "scope": self.scope}
 
 
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(frozen=True, eq=False)
+class Watch(Generic[K]):
+    """A condition on `projection`'s tables that waits share (see the module): `look(conn, keys)` answers,
+    in one query for every waiter of the watch, the keys whose condition holds now, each with what it
+    found there (never None). Compared by identity: declare each watch once, at module level."""
+
+    name: str
+    projection: Projection
+    look: Callable[[psycopg.Connection[Any], frozenset[K]], Mapping[K, Any]]
+
+
 @dataclass(eq=False)
 class _Waiter:
     projection: Projection
-    wanted: Cursor
     tenant: str
-    future: asyncio.Future[Cursor]
+    future: asyncio.Future[Any]
+    #: What a cursor wait waits for (None for a watch's waiter).
+    wanted: Cursor | None = None
     last: Reach = field(default_factory=lambda: Reach(None))
+    #: A watch's waiter: the watch and the key it waits for.
+    watch: Watch[Any] | None = None
+    key: Hashable = None
+
+
+@dataclass(frozen=True)
+class _Found:
+    """One look at a projection: its reach (None when no cursor waits), and what each watch found."""
+
+    reach: Reach | None
+    held: dict[Watch[Any], Mapping[Any, Any]]
 
 
 class ProjectionWaiters:
-    """Read-your-writes waits of one server (see the module). `start` and `wait_for` run on its event
-    loop; `stop` ends the listener thread."""
+    """Read-your-writes waits and watches of one server (see the module). `start`, `wait_for` and
+    `wait_until` run on its event loop; `stop` ends the listener thread."""
 
     def __init__(
         self,
@@ -144,18 +178,36 @@ class ProjectionWaiters:
         """The projection's cursor once it has passed `wanted`; ProjectionBehindError after `timeout`
         seconds, TooManyWaitersError at once when the caps are reached. A waiter cancelled (its caller went
         away) gives its place back at once."""
-        self.check_room(tenant)
-        waiter = _Waiter(projection, wanted, tenant, asyncio.get_running_loop().create_future())
-        self._waiting.setdefault(projection.name, set()).add(waiter)
-        self._per_tenant[tenant] += 1
-        self._wake(projection.name)
+        waiter = self._join(_Waiter(projection, tenant, self._future(), wanted=wanted))
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
+            found: Cursor = await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
+            return found
         except TimeoutError:
             log.info("projection_wait_timed_out", projection=projection.name, wanted=str(wanted))
             raise ProjectionBehindError(projection.name, waiter.last.at, wanted, timeout) from None
         finally:
             self._forget(waiter)
+
+    async def wait_until(self, watch: Watch[K], key: K, *, timeout: float, tenant: str) -> Any:
+        """What `watch` found for `key` once its condition holds; TimeoutError after `timeout` seconds
+        (the caller answers for itself: a watch has no cursor to name), TooManyWaitersError at once when
+        the caps are reached. Counted under the same caps as the cursor waits; a waiter cancelled gives its
+        place back at once."""
+        waiter = self._join(_Waiter(watch.projection, tenant, self._future(), watch=watch, key=key))
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
+        finally:
+            self._forget(waiter)
+
+    def _future(self) -> asyncio.Future[Any]:
+        return asyncio.get_running_loop().create_future()
+
+    def _join(self, waiter: _Waiter) -> _Waiter:
+        self.check_room(waiter.tenant)
+        self._waiting.setdefault(waiter.projection.name, set()).add(waiter)
+        self._per_tenant[waiter.tenant] += 1
+        self._wake(waiter.projection.name)  # it may have come true between the caller's look and now
+        return waiter
 
     def _forget(self, waiter: _Waiter) -> None:
         waiters = self._waiting.get(waiter.projection.name)
@@ -191,19 +243,34 @@ class ProjectionWaiters:
                 if not waiters:
                     continue
                 projection = next(iter(waiters)).projection
+                cursors = any(w.watch is None for w in waiters)
+                keys: dict[Watch[Any], set[Any]] = {}
+                for w in waiters:
+                    if w.watch is not None:
+                        keys.setdefault(w.watch, set()).add(w.key)
                 try:
-                    found = await loop.run_in_executor(self._looks, self._look, projection)
+                    found = await loop.run_in_executor(self._looks, self._look, projection, cursors, keys)
                 except Exception as exc:  # e.g. the database is away: the next round looks again
                     log.warning("projection_wait_look_failed", projection=name, error=str(exc))
                     continue
                 for w in list(self._waiting.get(name, ())):
-                    w.last = found
-                    if found.passed(w.wanted) and not w.future.done():
-                        w.future.set_result(found.at or w.wanted)
+                    if w.future.done():
+                        continue
+                    if w.watch is not None:
+                        held = found.held.get(w.watch, {})
+                        if w.key in held:
+                            w.future.set_result(held[w.key])
+                    elif found.reach is not None and w.wanted is not None:
+                        w.last = found.reach
+                        if found.reach.passed(w.wanted):
+                            w.future.set_result(found.reach.at or w.wanted)
 
-    def _look(self, projection: Projection) -> Reach:
+    def _look(self, projection: Projection, cursors: bool, keys: dict[Watch[Any], set[Any]]) -> _Found:
+        """One pool connection, for the look only: the projection's reach (if a cursor waits), then one
+        query per watch with waiters."""
         with self._store.pool.connection() as conn:
-            return reach(self._store, projection, conn)
+            at = reach(self._store, projection, conn) if cursors else None
+            return _Found(at, {watch: watch.look(conn, frozenset(wanted)) for watch, wanted in keys.items()})
 
     def _call(self, fn: Callable[[str | None], None], name: str | None) -> None:
         loop = self._loop

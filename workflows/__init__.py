@@ -91,6 +91,7 @@ from workflows.releases import (  # noqa: E402
 )
 from workflows.retention import RetentionPlan, plan_retention, retention_pass  # noqa: E402
 from workflows.retention_worker import RetentionWorker  # noqa: E402
+from workflows.run_ends import RunEnd, run_end_watch  # noqa: E402
 from workflows.run_search import RunFilter, RunPage, search_runs, tag_filter  # noqa: E402
 from workflows.run_state import NodeState, RunState  # noqa: E402
 from workflows.scheduler import NodeStatus  # noqa: E402
@@ -145,6 +146,7 @@ __all__ = [
     "RetryPolicy",
     "RunCancelled",
     "RunCaps",
+    "RunEnd",
     "RunFilter",
     "RunPage",
     "RunSignalLimitError",
@@ -187,6 +189,7 @@ __all__ = [
     "restore_run",
     "retention_pass",
     "run_bulk_action",
+    "run_end_watch",
     "run_history",
     "run_nodes",
     "run_started_by",

@@ -17,15 +17,19 @@ latency (the noisy-neighbour drill). A tenant alone on the server still has the 
 its share (the share shrank as another tenant came) hands no slot on to its line until it is back
 within its share; when the share grows again, waiting requests go on at once.
 
-A read waiting for `min_cursor` holds no thread and no connection while it waits (`read_your_writes`): it
-does not count then (waiting reads have caps of their own); it counts again once it reads.
+A request waiting for something to happen (a read waiting for `min_cursor`, a wait for a run's end) holds
+no thread and no connection while it waits: it does not count then (waits have caps of their own,
+`projector.ProjectionWaiters`). To read once its wait is over, it takes a place again as a new request
+does, through its tenant's line and within the tenant's share (`set_aside`): many waits that end together
+(every waiter of one run, or the runs one bulk cancel ended) read a share at a time, never all at once
+beside the other tenants' requests.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Final
 
 import structlog
@@ -39,6 +43,10 @@ log = structlog.get_logger(__name__)
 SETTING: Final = "LEDGERFLOW_MAX_REQUESTS_PER_TENANT"
 #: Seconds a refused caller is asked to wait: requests in flight usually end within a fraction of one.
 RETRY_AFTER: Final = 1
+
+
+class NoPlaceAgain(Exception):
+    """A request back from its wait found its tenant's line full, or waited in it too long (`set_aside`)."""
 
 
 class RequestsInFlight:
@@ -103,14 +111,26 @@ class RequestsInFlight:
             active.add(arriving)
         self._lines.limit = max(1, self.limit // max(1, len(active)))
 
-    @contextmanager
-    def set_aside(self, tenant: str) -> Iterator[None]:
-        """While inside, one of `tenant`'s requests does not count (it holds no thread nor connection)."""
+    @asynccontextmanager
+    async def set_aside(self, tenant: str) -> AsyncIterator[None]:
+        """While inside, one of `tenant`'s requests does not count (it holds no thread nor connection). Left
+        normally, it counts again once it has a place as a new request would (`enter`: the tenant's line,
+        its share); `NoPlaceAgain` if it found none (the caller answers `refusal`). Left by an exception, it
+        counts again at once: it only answers (an error, a timeout), it reads nothing more."""
         self.leave(tenant)
         try:
             yield
+        except BaseException:
+            self._lines.hold_again(tenant)  # its request's own `leave` gives it back as it ends
+            raise
+        placed = False
+        try:
+            placed = await self.enter(tenant)
         finally:
-            self._lines.hold_again(tenant)  # it was admitted already: it goes on even past the cap
+            if not placed:  # refused, or its client went away in the line: counted, as it ends, once
+                self._lines.hold_again(tenant)
+        if not placed:
+            raise NoPlaceAgain(tenant)
 
     def refusal(self, tenant: str) -> JSONResponse:
         log.info("api_tenant_requests_refused", tenant=tenant, limit=self.limit, queued=self.max_queued)

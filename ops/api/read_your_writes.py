@@ -8,7 +8,8 @@ with the app) wakes it. Waiting reads are capped in total and per tenant (429 wi
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from collections.abc import Coroutine
+from typing import Annotated, Any, Final, TypeVar
 
 import structlog
 from fastapi import Query, Request
@@ -17,11 +18,16 @@ from starlette.concurrency import run_in_threadpool
 
 from eventstore import Cursor
 from ops.api.errors import ErrorBody, Responses, error_response
-from ops.api.in_flight import RequestsInFlight
+from ops.api.in_flight import NoPlaceAgain, RequestsInFlight
 from ops.services import Services
 from projector import Projection, ProjectionBehindError, ProjectionWaiters, TooManyWaitersError, wait_for
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+#: The longest any request of the API waits for something to happen (seconds): a wait holds no thread and
+#: no connection, but it holds a place under the waiters' caps.
+MAX_WAIT_SECONDS: Final = 30
 
 #: Read your own writes: a read served from a projection's tables waits until they show the write.
 MinCursor = Annotated[
@@ -36,7 +42,8 @@ MinCursor = Annotated[
     ),
 ]
 WaitSeconds = Annotated[
-    float, Query(ge=0, le=30, description="How long to wait for `min_cursor` (seconds, at most 30).")
+    float,
+    Query(ge=0, le=MAX_WAIT_SECONDS, description="How long to wait for `min_cursor` (seconds, at most 30)."),
 ]
 #: The settings that cap waiting reads, by the cap's scope.
 WAITER_SETTINGS = {
@@ -65,7 +72,8 @@ PROJECTION_BEHIND: Responses = {
 }
 
 
-def _too_many(exc: TooManyWaitersError) -> JSONResponse:
+def too_many_waiters(exc: TooManyWaitersError) -> JSONResponse:
+    """The 429 of a wait past the waiters' caps (`LEDGERFLOW_MAX_PROJECTION_WAITERS[_PER_TENANT]`)."""
     setting = WAITER_SETTINGS[exc.scope]
     return error_response(
         429,
@@ -76,18 +84,26 @@ def _too_many(exc: TooManyWaitersError) -> JSONResponse:
     )
 
 
+def client_gone() -> JSONResponse:
+    """The answer to a wait whose client went away (nobody reads it; the log names it)."""
+    return error_response(499, "client_gone", "the client went away while the read waited")
+
+
+class ClientGone(Exception):
+    """The client went away while its request waited; the wait was given up and its place freed."""
+
+
 async def _until_disconnected(request: Request) -> None:
     """Returns once the client has gone away (a read's request has no body left to receive)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
-async def _wait_unless_disconnected(
-    request: Request, waiters: ProjectionWaiters, projection: Projection, wanted: Cursor, **kw: Any
-) -> bool:
-    """Waits for `projection` to pass `wanted`; False (the wait given up, its place freed) if the client
-    went away first. A client that stops waiting must not keep a place under the caps for up to 30 s."""
-    waiting = asyncio.ensure_future(waiters.wait_for(projection, wanted, **kw))
+async def unless_disconnected(request: Request, wait: Coroutine[Any, Any, T]) -> T:
+    """`wait`'s result, or its exception; ClientGone (the wait cancelled, so its place under the caps is
+    freed) if the client went away first. A client that stops waiting must not keep a place for up to
+    30 s."""
+    waiting = asyncio.ensure_future(wait)
     gone = asyncio.ensure_future(_until_disconnected(request))
     try:
         await asyncio.wait((waiting, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -97,10 +113,8 @@ async def _wait_unless_disconnected(
                 task.cancel()
     if not waiting.done() or waiting.cancelled():
         await asyncio.gather(waiting, return_exceptions=True)  # its `finally` frees the place
-        log.info("projection_wait_abandoned", projection=projection.name, wanted=str(wanted))
-        return False
-    waiting.result()  # ProjectionBehindError, TooManyWaitersError
-    return True
+        raise ClientGone
+    return waiting.result()
 
 
 async def projection_behind(
@@ -121,7 +135,7 @@ async def projection_behind(
     try:
         waiters.check_room(tenant)  # refused before its look costs a thread and a connection
     except TooManyWaitersError as exc:
-        return _too_many(exc)
+        return too_many_waiters(exc)
     try:
         # One look first: a projection that no projector has ever run will not get there by waiting.
         await run_in_threadpool(wait_for, services.store, projection, wanted, timeout=0)
@@ -133,14 +147,17 @@ async def projection_behind(
     assert isinstance(in_flight, RequestsInFlight)
     try:
         # While it waits it holds no thread and no connection: not one of the tenant's requests in flight.
-        with in_flight.set_aside(tenant):
-            waited = await _wait_unless_disconnected(
-                request, waiters, projection, wanted, timeout=wait, tenant=tenant
+        async with in_flight.set_aside(tenant):
+            await unless_disconnected(
+                request, waiters.wait_for(projection, wanted, timeout=wait, tenant=tenant)
             )
+    except NoPlaceAgain:
+        return in_flight.refusal(tenant)
     except TooManyWaitersError as exc:
-        return _too_many(exc)
+        return too_many_waiters(exc)
     except ProjectionBehindError as exc:
         return error_response(504, exc.code, str(exc), exc.details())
-    if not waited:  # nobody is left to read the answer
-        return error_response(499, "client_gone", "the client went away while the read waited")
+    except ClientGone:  # nobody is left to read the answer
+        log.info("projection_wait_abandoned", projection=projection.name, wanted=str(wanted))
+        return client_gone()
     return None

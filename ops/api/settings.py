@@ -24,12 +24,13 @@ class ApiSettings(BaseSettings):
     max_connections: int = Field(default=1000, ge=1)
     #: Connections the operating system queues for `ledgerflow serve` before it accepts them.
     listen_backlog: int = Field(default=2048, ge=1)
-    #: Reads waiting for `min_cursor` at once, in total and per tenant; beyond them 429 with Retry-After.
+    #: Requests waiting at once (reads waiting for `min_cursor`, waits for a run's end), in total and per
+    #: tenant; beyond them 429 with Retry-After.
     max_projection_waiters: int = Field(default=200, ge=1)
     max_projection_waiters_per_tenant: int = Field(default=20, ge=1)
-    #: Requests of one tenant in flight at once (a read waiting for `min_cursor` does not count while it
-    #: waits); beyond, a request waits in its tenant's line. Below the connection pool, so no tenant
-    #: holds all of it.
+    #: Requests of one tenant in flight at once (a request waiting for `min_cursor` or a run's end does not
+    #: count while it waits, and comes back through the line); beyond, a request waits in its tenant's
+    #: line. Below the connection pool, so no tenant holds all of it.
     max_requests_per_tenant: int = Field(default=8, ge=1)
     #: Requests of one tenant that wait in its line, past its requests in flight; more are refused (429).
     max_queued_requests_per_tenant: int = Field(default=256, ge=0)

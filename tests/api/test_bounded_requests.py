@@ -100,7 +100,9 @@ def test_waiters_past_the_caps_are_refused_with_429_and_nothing_written(
 ) -> None:
     acme, other = make_token("admin", tenant="acme"), make_token("admin", tenant="other")
     # The run tables were projected once; no projector runs now, so they stay behind the new runs.
-    ProjectorWorker(services.store, [workflow_tables]).run_until_caught_up()
+    # One projector for the test: a second would wait for the first one's lease to run out (10 s).
+    projector = ProjectorWorker(services.store, [workflow_tables])
+    projector.run_until_caught_up()
     cursors = {
         name: capped.post("/api/v1/workflows/linear/runs", json={}, headers=h).json()["cursor"]
         for name, h in (("acme", acme), ("other", other))
@@ -135,7 +137,7 @@ def test_waiters_past_the_caps_are_refused_with_429_and_nothing_written(
         assert capped.get("/api/v1/runs", headers=acme).status_code == 200
         assert event_count(database_url) == written
         # The waiters are answered once the projection passes their writes, and their slots come back.
-        ProjectorWorker(services.store, [workflow_tables]).run_until_caught_up()
+        projector.run_until_caught_up()
     finally:
         for t in threads:
             t.join(30)

@@ -9,7 +9,9 @@ import concurrent.futures
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ops.api.in_flight import RequestsInFlight
+import pytest
+
+from ops.api.in_flight import NoPlaceAgain, RequestsInFlight
 
 
 def run_apart(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -49,5 +51,65 @@ def test_a_share_is_never_below_one() -> None:
         for tenant in ("a", "b", "c"):
             assert await requests.enter(tenant)  # each active tenant holds one at least
         assert requests.share() == 1
+
+    run_apart(scenario)
+
+
+def test_a_request_back_from_its_wait_takes_its_place_again_through_its_tenants_line() -> None:
+    """`set_aside`: a waiting request counts for nothing; back from its wait it goes through its tenant's
+    line as a new request would, never past the cap."""
+
+    async def scenario() -> None:
+        requests = RequestsInFlight(2, max_queued=1, max_wait=5)
+        assert await requests.enter("a")  # the request that will wait
+        aside = requests.set_aside("a")
+        await aside.__aenter__()
+        assert requests.of("a") == 0
+        for _ in range(2):  # while it waits, the tenant's cap fills
+            assert await requests.enter("a")
+        back = asyncio.ensure_future(aside.__aexit__(None, None, None))
+        await asyncio.sleep(0)
+        assert (back.done(), requests.of("a"), requests.queued("a")) == (False, 2, 1)  # in the line
+        requests.leave("a")  # a slot frees: it goes to the request back from its wait
+        await asyncio.wait_for(back, 1)
+        assert (requests.of("a"), requests.queued("a")) == (2, 0)
+
+    run_apart(scenario)
+
+
+def test_a_request_back_from_its_wait_to_a_full_line_is_refused_and_counted_once() -> None:
+    async def scenario() -> None:
+        requests = RequestsInFlight(1, max_queued=0, max_wait=5)
+        assert await requests.enter("a")
+        with pytest.raises(NoPlaceAgain):
+            async with requests.set_aside("a"):
+                assert await requests.enter("a")  # another takes the only slot meanwhile
+        # Refused (it answers 429): counted past the cap until its own `leave`, as it ends.
+        assert requests.of("a") == 2
+        requests.leave("a")
+        assert requests.of("a") == 1  # the other's, which it did not hand on
+        requests.leave("a")
+        assert requests.of("a") == 0
+
+    run_apart(scenario)
+
+
+def test_a_request_whose_wait_fails_is_counted_again_at_once() -> None:
+    async def scenario() -> None:
+        requests = RequestsInFlight(1, max_queued=0, max_wait=5)
+        assert await requests.enter("a")
+
+        async def wait_in_vain() -> None:
+            async with requests.set_aside("a"):
+                assert await requests.enter("a")  # another takes the only slot meanwhile
+                raise TimeoutError
+
+        with pytest.raises(TimeoutError):
+            await wait_in_vain()
+        # It only answers now (an error), reading nothing: counted again past the cap, until it ends.
+        assert requests.of("a") == 2
+        requests.leave("a")
+        requests.leave("a")
+        assert requests.of("a") == 0
 
     run_apart(scenario)
