@@ -71,6 +71,12 @@ def test_pressing_again_after_a_lost_answer_records_the_decision_once(page: Page
 
     run_detail = re.compile(rf"/api/v1/runs/{run_id}$")
     page.route(run_detail, as_first_seen)
+    # The answer kept is the first poll's after this point: wait for it, so that it is the run before the
+    # signal (a loaded machine once had the first poll come after, and the kept answer had no button).
+    with page.expect_response(run_detail):
+        pass
+    kept = {n["name"]: n["status"] for n in json.loads(seen["body"])["nodes"]}
+    assert kept["review"] == "waiting"
     keys: list[str | None] = []
 
     def lose_the_first_answer(route: Route) -> None:
