@@ -6,8 +6,9 @@
 2. `ledgerflow serve` works an API bulk pause in a background job and a retention pass in its retention
    role, each in the middle of a page, when the server stops (immediate). While it is down, a new bulk
    command and the API answer at once that the database is unavailable (exit 1 saying what to do; 503 with
-   a JSON body). Once it is back, both actions finish by themselves: every run paused or released once,
-   the tables equal to their rebuild, and the outage logged as warnings, no traceback.
+   a JSON body), and a command in the middle of its action, told to wait 1 s, stops there saying how to
+   finish it. Once it is back, both of the server's actions finish by themselves: every run paused or
+   released once, the tables equal to their rebuild, and the outage logged as warnings, no traceback.
 
 Each action is held in its second page by a row lock on one of that page's run streams, taken by the
 drill before the action starts: the restart finds a page committed and a page in flight, every time.
@@ -39,7 +40,7 @@ from tests.acceptance.pg_cluster import ROOT, WORKER_ROLE, Cluster, once, retryi
 from tests.acceptance.test_serve_restart import free_port, healthy
 from tests.flows import registry
 from tests.waiting import wait_until
-from workflows import Engine, RunFilter, search_runs, workflow_tables
+from workflows import Engine, RunFilter, run_bulk_action, search_runs, workflow_tables
 from workflows import events as ev
 
 pytestmark = pytest.mark.drill
@@ -47,6 +48,7 @@ pytestmark = pytest.mark.drill
 #: Runs per action: two pages of the walk (200 a page), so that a restart finds one committed, one not.
 RUNS = 250
 PAGE = 200
+CANCEL_KEPT = ("workflows", "bulk", "cancel", "--tag", "batch=keep", "--yes")
 
 
 def _project(store: EventStore) -> None:
@@ -228,6 +230,8 @@ def _cli_through_a_restart(cluster: Cluster, store: EventStore, runs: list[uuid.
     assert "the database is unavailable" in err, err
     assert "goes on where it stopped" in err, err
     assert "the database answers again" in err, err
+    assert f"{PAGE}/{RUNS} runs: {PAGE} done" in err, err  # its progress, before and after
+    assert f"{RUNS}/{RUNS} runs: {RUNS} done" in err, err
     assert "Traceback" not in err, err
     cancels = retrying(lambda: _events(store, ev.RUN_CANCEL_REQUESTED))
     assert [cancels.get(ev.run_stream(r), 0) for r in runs] == [1] * RUNS, "each run cancelled once"
@@ -240,9 +244,11 @@ def _serve_through_a_stop(cluster: Cluster, store: EventStore, log: Path) -> dic
     server stops (immediate); while it is down, a command and the API answer that it is; once it is
     started again, both finish by themselves. How long the answers and the finish took."""
     took: dict[str, float] = {}
+    kept = RunFilter(tags=(("batch", "keep"),))
     holds = [
         _second_page_run(store, RunFilter(tags=(("batch", "api"),))),
         _second_page_run(store, RunFilter(workflow="linear", statuses=("cancelled",))),
+        uuid.UUID(str(search_runs(store, tenant="default", filter=kept, limit=1).runs[0]["run_id"])),
     ]
     _, token = create_token(store, tenant="default", scopes=["admin"], name="drill", server_admin=True)
     port = free_port()
@@ -255,22 +261,26 @@ def _serve_through_a_stop(cluster: Cluster, store: EventStore, log: Path) -> dic
                 wait_until(lambda: healthy(client), timeout=60, what="serve to answer")
                 asked = client.post("/api/v1/runs/bulk/pause", json={"tag": ["batch=api"]})
                 assert asked.status_code == 202, asked.text
-                wait_until(
-                    lambda: (
-                        (a := _actions(store)).get("pause")
-                        and a.get("release")
-                        and a["pause"][0]["done"] >= PAGE
-                        and a["release"][0]["done"] >= PAGE
-                        and _blocked(cluster) >= 2
-                    ),
-                    timeout=60,
-                    what="the API's and the retention pass's second pages waiting, their first committed",
-                )
+                # And a command that will not wait long: its first page in flight when the server stops.
+                impatient = _cli(cluster, *CANCEL_KEPT, LEDGERFLOW_OUTAGE_WAIT="1")
+                with _told_on_failure(impatient):
+                    wait_until(
+                        lambda: (
+                            (a := _actions(store)).get("pause")
+                            and a.get("release")
+                            and a["pause"][0]["done"] >= PAGE
+                            and a["release"][0]["done"] >= PAGE
+                            and _blocked(cluster) >= 3
+                        ),
+                        timeout=60,
+                        what="the API's and the retention pass's second pages waiting, their first "
+                        "committed, and the command's first",
+                    )
                 cluster.pg_ctl("stop", "immediate")
             try:
                 # 3. While it is down, a command and the API's answers, at once: typed, saying what to do.
                 began = time.monotonic()
-                refused = _cli(cluster, "workflows", "bulk", "cancel", "--tag", "batch=keep", "--yes")
+                refused = _cli(cluster, *CANCEL_KEPT)
 
                 def cli_answers() -> None:
                     refused.wait(timeout=60)
@@ -283,6 +293,8 @@ def _serve_through_a_stop(cluster: Cluster, store: EventStore, log: Path) -> dic
                 shown = client.get(f"/api/v1/runs/bulk/{asked.json()['id']}")
                 cli_answered.join(60)
                 _, said = refused.communicate(timeout=10)
+                _, gave_up = impatient.communicate(timeout=60)
+                took["cli_gave_up_while_down"] = round(time.monotonic() - began, 2)
             finally:
                 cluster.pg_ctl("start")
             back = time.monotonic()
@@ -292,6 +304,11 @@ def _serve_through_a_stop(cluster: Cluster, store: EventStore, log: Path) -> dic
             assert refused.returncode == 1, said
             assert "cannot use the database" in said, said
             assert "Traceback" not in said, said
+            assert impatient.returncode == 1, gave_up
+            assert "the database is unavailable" in gave_up, gave_up
+            assert "stayed unavailable for 1s" in gave_up, gave_up
+            assert "stopped at 0/3 runs: run `ledgerflow workflows bulk continue" in gave_up, gave_up
+            assert "Traceback" not in gave_up, gave_up
             # Finished: the API's action, and the retention role's tick (the first, which the outage
             # stopped, logged none).
             wait_until(
@@ -315,6 +332,10 @@ def _serve_through_a_stop(cluster: Cluster, store: EventStore, log: Path) -> dic
     assert _counts(first) == ("completed", 2 * RUNS, 2 * RUNS, 0, 0), first
     # A pass after it finds the runs it released still in the tables (no projector here): it skips them.
     assert all(r["state"] == "completed" and r["done"] == r["failed"] == 0 for r in later), later
+    # The command that gave up left its action where it stopped: `bulk continue` (here, in-process) ends it.
+    (stopped,) = [a for a in settled["cancel"] if a["state"] == "running"]
+    ended = run_bulk_action(Engine(store, registry), stopped["id"], tenant="default")
+    assert (ended.state, ended.done, ended.skipped) == ("completed", 3, 0)
 
     text = log.read_text(errors="replace")
     assert serve.returncode == 0, text[-4000:]
