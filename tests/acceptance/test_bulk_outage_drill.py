@@ -311,6 +311,7 @@ def _serve_through_a_stop(cluster: Cluster, store: EventStore, log: Path) -> dic
             assert "the database is unavailable" in gave_up, gave_up
             assert "stayed unavailable for 1s" in gave_up, gave_up
             assert "stopped at 0/3 runs: run `ledgerflow workflows bulk continue" in gave_up, gave_up
+            assert "the server stopped or restarted" in gave_up, gave_up  # the error's own advice
             assert "Traceback" not in gave_up, gave_up
             # Finished: the API's action, and the retention role's tick (the first, which the outage
             # stopped, logged none).
