@@ -5,7 +5,9 @@ errors that `eventstore.db.translate` turns into `DatabaseUnavailableError`. A w
 its `Outage`, which logs `database_unavailable` once when an outage begins (a warning, no traceback) and
 `database_available_again` with its duration when the database answers again; health endpoints read
 its `snapshot()`. `wait_until_available` backs off (tenacity, exponential with jitter) until the
-database answers or the worker stops.
+database answers or the worker stops (or, given a patience, until that long has passed).
+`through_outages` does long work that resumes where it stopped (a bulk action, a retention pass): it
+waits each outage out and starts the work again.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -91,15 +93,15 @@ class Outage:
         self._error: str | None = None
         self._count = 0
 
-    def failed(self, exc: BaseException, channel: str = "pool") -> None:
-        """Note that the database did not answer; logs only when this starts an outage."""
+    def failed(self, exc: BaseException, channel: str = "pool") -> bool:
+        """Note that the database did not answer; logs only when this starts an outage (and says so)."""
         error = str(as_unavailable(exc))
         with self._lock:
             self._error = error
             self._failing.add(channel)
             self._answered = None
             if self._began is not None:
-                return
+                return False
             self._began, self._began_at = time.monotonic(), datetime.now(UTC)
             self._count += 1
         log.warning(
@@ -109,6 +111,13 @@ class Outage:
             hint="waiting for PostgreSQL; work resumes by itself once it answers",
             **self._context,
         )
+        return True
+
+    @property
+    def seconds(self) -> float:
+        """How long the current outage has lasted (0 when there is none)."""
+        began = self._began
+        return 0.0 if began is None else time.monotonic() - began
 
     def succeeded(self, channel: str = "pool") -> None:
         """Note that the database answered on `channel`."""
@@ -220,13 +229,21 @@ def ping(pool: psycopg_pool.ConnectionPool[Any], timeout: float = _PROBE_TIMEOUT
 
 
 def wait_until_available(
-    pool: psycopg_pool.ConnectionPool[Any], outage: Outage, stopping: threading.Event
+    pool: psycopg_pool.ConnectionPool[Any],
+    outage: Outage,
+    stopping: threading.Event,
+    *,
+    patience: float | None = None,
 ) -> bool:
-    """Block until the database answers (True) or `stopping` is set (False), backing off in between."""
+    """Block until the database answers (True) or `stopping` is set, or `patience` seconds have passed
+    since the outage began (False), backing off in between."""
+    stop: tenacity.stop.stop_base = tenacity.stop_when_event_set(stopping)
+    if patience is not None:
+        stop = stop | tenacity.stop_after_delay(max(0.0, patience - outage.seconds))
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(DatabaseUnavailableError),
         wait=backoff(),
-        stop=tenacity.stop_when_event_set(stopping),
+        stop=stop,
         sleep=sleeper(stopping),
         reraise=True,
     )
@@ -244,3 +261,51 @@ def wait_until_available(
         return False
     outage.succeeded()
     return True
+
+
+T = TypeVar("T")
+
+
+def through_outages(
+    work: Callable[[], T],
+    pool: psycopg_pool.ConnectionPool[Any],
+    outage: Outage,
+    stopping: threading.Event,
+    *,
+    patience: float | None = None,
+    waiting: Callable[[DatabaseUnavailableError], None] | None = None,
+    resumed: Callable[[float], None] | None = None,
+) -> T:
+    """`work()`, called again each time it fails because the database is unavailable, once the database
+    answers again: for work that resumes from what it recorded (a bulk action, a retention pass), so that
+    a restart of the server costs its duration, not the work.
+
+    Each outage is reported to `outage` (one warning, no traceback), and to `waiting` when it begins, to
+    `resumed` (with its duration in seconds) once the work starts again. When `stopping` is set, or the
+    database stays away `patience` seconds, the outage's DatabaseUnavailableError is raised."""
+    told, failures = False, 0
+    while True:
+        try:
+            result = work()
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            if outage.failed(exc):
+                failures = 0
+                if waiting is not None:
+                    waiting(as_unavailable(exc))
+                    told = True
+            failures += 1
+            if not wait_until_available(pool, outage, stopping, patience=patience):
+                raise
+            if failures > 1:
+                # The work failed again although the database answered (a server that turned read-only
+                # answers a probe, not a write): back off rather than loop.
+                stopping.wait(retry_delay(failures - 1, exc))
+            if told and resumed is not None:
+                resumed(outage.seconds)
+            told = False
+            continue
+        outage.succeeded()
+        outage.settle(confirmed=True)  # the work went on to its end: the outage is over
+        return result

@@ -22,6 +22,12 @@ Two behaviours on top of psycopg_pool's `ConnectionPool`:
   database has not answered in time instead of waiting the pool's timeout for each; the leases they
   would have released then lapse by themselves. `bounded_once_stopping` sets such a deadline when a
   worker is asked to stop.
+- **A server that is away is not waited for.** While the pool's last attempt to open a connection was
+  refused (nothing listens, the server is stopping or starting), a checkout that finds no connection free
+  waits at most `_AWAY_WAIT` for one instead of the pool's timeout (30 s): the caller's outage handling
+  takes over at once, and a request answers 503 in seconds. Other failures keep the pool's timeout: a
+  full server's connections come back as other threads give them up, and behind an attempt that timed
+  out (a network cut) the pool's connections may still be on their way back.
 - **Idle connections go back to the server.** psycopg_pool closes at most one unused connection per
   `max_idle` (600 s by default): after a burst, a pool of ten held its server slots for an hour and a
   half, and on a server with few slots other processes (a listener reconnecting after an outage, a worker
@@ -55,6 +61,21 @@ _RECLAIM_EVERY = 0.1
 _PAST_DEADLINE = 0.05
 #: How many looks for idle connections per `max_idle` (see the module).
 _IDLE_LOOKS = 2
+#: The longest a checkout waits for a connection while the server does not accept any (see the module):
+#: long enough for a server that is back to hand one over.
+_AWAY_WAIT = 2.0
+#: A refused attempt to connect says the server is away for this long (unless an attempt succeeds): a pool
+#: at its size makes no new attempts, and one refusal long ago must not cut every later wait short.
+_AWAY_FOR = 10.0
+#: What libpq says when the server refuses a connection outright (no SQLSTATE to go by).
+_REFUSED = (
+    "Connection refused",
+    "No such file or directory",  # a Unix socket without a server
+    "the database system is shutting down",
+    "the database system is starting up",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+)
 
 
 class _NewDeadline(Exception):
@@ -78,16 +99,38 @@ class Pool(psycopg_pool.ConnectionPool[psycopg.Connection[Any]]):
         self.reclaim_idle: Callable[[], object] | None = None
         self._deadlines: list[float] = []
         self._deadlines_lock = threading.Lock()
+        #: When the last attempt to open a connection was refused (see the module); None once one succeeded
+        #: or failed otherwise.
+        self._away_at: float | None = None
         super().__init__(*args, max_idle=max_idle / _IDLE_LOOKS, **kwargs)
+
+    def _connect(self, timeout: float | None = None) -> psycopg.Connection[Any]:
+        """psycopg_pool's opening of a connection (its own attempts, and `check`), noting whether the
+        server refused it."""
+        try:
+            conn = super()._connect(timeout)
+        except Exception as exc:
+            self._away_at = time.monotonic() if any(s in str(exc) for s in _REFUSED) else None
+            raise
+        self._away_at = None
+        return conn
+
+    def _away(self) -> bool:
+        """Whether the server refuses connections, as the pool's last attempt found."""
+        at = self._away_at
+        return at is not None and time.monotonic() - at < _AWAY_FOR
 
     def getconn(self, timeout: float | None = None) -> psycopg.Connection[Any]:
         hook, reclaim = self.before_checkout, self.reclaim_idle
         if hook is not None:
             hook()
         timeout = self._bounded(timeout)
+        if self._away():
+            timeout = min(timeout, _AWAY_WAIT)
         if reclaim is None or timeout <= _FIRST_TRY:
             return self._wait(timeout)
         deadline = time.monotonic() + timeout
+        away = self._away()
         try:
             return self._wait(_FIRST_TRY)
         except psycopg_pool.PoolTimeout:
@@ -103,6 +146,8 @@ class Pool(psycopg_pool.ConnectionPool[psycopg.Connection[Any]]):
         # idle with it; each slice takes such pins back again.
         while True:
             reclaim()
+            if not away and self._away():  # the pool found the server away while this checkout waited
+                away, deadline = True, min(deadline, time.monotonic() + _AWAY_WAIT)
             left = self._bounded(deadline - time.monotonic())
             try:
                 return self._wait(max(min(left, _RECLAIM_EVERY), _PAST_DEADLINE))

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         retry_delay,
         sleeper,
         slots_full,
+        through_outages,
         wait_until_available,
     )
     from eventstore.pooling import bounded_once_stopping, bounded_waits
@@ -71,6 +72,7 @@ else:
                 "retry_delay",
                 "sleeper",
                 "slots_full",
+                "through_outages",
                 "wait_until_available",
             ),
             "eventstore.pooling": (
@@ -111,6 +113,7 @@ __all__ = [
     "slots_full",
     "span_if_traced",
     "synced",
+    "through_outages",
     "translate",
     "wait_until_available",
     "wrap_exceptions",

@@ -58,6 +58,10 @@ class Settings(DatabaseSettings):
     #: The API server works a bulk action nothing has advanced for this long (seconds): one whose process
     #: was killed, the server's own included. It looks for them on start and at this interval.
     bulk_resume_after: float = Field(default=10.0, gt=0, le=3600)
+    #: How long a command that works through many runs (`workflows bulk ...`, `bulk continue`, `workflows
+    #: retention`) waits for a database that went away mid-way (a restart) before it stops, resumable
+    #: (seconds). Servers wait for as long as it takes.
+    outage_wait: float = Field(default=60.0, ge=0, le=86_400)
 
     @property
     def projection_paths(self) -> list[str]:

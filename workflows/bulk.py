@@ -13,9 +13,11 @@ Every kind works a page at a time instead (`_batch`, with the kind's entry of `B
 `workflows.cancelling`, `workflows.retrying`, `workflows.pausing`, `workflows.releases`): the page's queue
 rows (one statement), its runs' events (one append, each run's stream at the version it was read at) and
 the action's progress in one transaction, so a resumed action meets none of a committed page again and
-all of an uncommitted one. A page whose runs changed after they were read is read again
-(`_BATCH_ATTEMPTS` times), then worked one run at a time (`KINDS`), as is a page the kind cannot take as
-one (BatchUnfit).
+all of an uncommitted one. A page is counted once even when two processes work the action at once (one
+whose lock's connection ended while its work went on): the progress counts it only while the action's
+position is above it, and the page of the one refused is rolled back. A page whose runs changed after they
+were read is read again (`_BATCH_ATTEMPTS` times), then worked one run at a time (`KINDS`), as is a page
+the kind cannot take as one (BatchUnfit).
 
 Kinds are the entries of `KINDS` (and of `BATCHES` for a page at a time): a new kind is one function and
 one entry.
@@ -423,17 +425,36 @@ def _batch_once(
                 "skipped": len(skipped),
                 "created_at": batch[-1][0],
                 "run_id": batch[-1][1],
+                "first_created_at": batch[0][0],
+                "first_run_id": batch[0][1],
                 "error": None,
             }
             counted = cur.execute(Q["progress"], params).fetchone()
             if counted is None:
-                raise NotFoundError(f"bulk action {action_id} is no longer running")
+                raise _NotCounted  # rolls the page back: it was counted already, or the action ended
+    except _NotCounted:
+        return _counted_elsewhere(store, action_id, tenant, len(batch))
     except WrongExpectedVersionError:
         return False  # a run changed after it was read (a node's claim or end, say): read again
     except BatchUnfit as exc:
         log.info("bulk_action_batch_unfit", bulk_id=str(action_id), runs=len(batch), why=str(exc))
         return None
     return counted
+
+
+class _NotCounted(Exception):
+    """The action's progress refused a page's or a run's count (see `_counted_elsewhere`)."""
+
+
+def _counted_elsewhere(store: EventStore, action_id: uuid.UUID, tenant: str, runs: int) -> dict[str, Any]:
+    """The action's record when its progress refused to count `runs` runs: another process working the
+    action counted them first (the page this one worked is rolled back; its runs were acted on once, by
+    the other), or the action ended meanwhile (NotFoundError)."""
+    row = _row(store, action_id, tenant)
+    if row["state"] != "running":
+        raise NotFoundError(f"bulk action {action_id} is no longer running")
+    log.warning("bulk_action_counted_elsewhere", bulk_id=str(action_id), runs=runs)
+    return row
 
 
 def _act_once(
@@ -476,12 +497,14 @@ def _progress(
         "skipped": int(outcome == "skipped"),
         "created_at": position[0],
         "run_id": position[1],
+        "first_created_at": position[0],
+        "first_run_id": position[1],
         "error": error if outcome == "failed" else None,
     }
     with wrap_exceptions(), store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(Q["progress"], params).fetchone()
     if row is None:
-        raise NotFoundError(f"bulk action {action_id} is no longer running")
+        return _counted_elsewhere(store, action_id, tenant, 1)
     return row
 
 

@@ -22,11 +22,16 @@ SELECT pg_advisory_unlock(hashtextextended('ledgerflow.bulk_actions:' || %(id)s:
 -- name: progress
 -- The counts and the keyset position move together, so a resume continues right below the last run
 -- whose outcome is counted (a run acted on but not yet counted is met again and found done by its key).
+-- Runs are counted once: only while the position is still above the first (newest) of them, so that two
+-- processes working the action at once cannot both count a page (one whose session lock went with its
+-- connection, while its work went on over other connections, and one that then took the lock).
 UPDATE ledgerflow.bulk_actions
    SET done = done + %(done)s, failed = failed + %(failed)s, skipped = skipped + %(skipped)s,
        last_created_at = %(created_at)s, last_run_id = %(run_id)s,
        last_error = coalesce(%(error)s, last_error), updated_at = now()
  WHERE id = %(id)s AND tenant = %(tenant)s AND state = 'running'
+   AND (last_run_id IS NULL
+        OR (last_created_at, last_run_id) > (%(first_created_at)s::timestamptz, %(first_run_id)s::uuid))
 RETURNING *
 
 -- name: finish

@@ -11,7 +11,8 @@ LEDGERFLOW_RETENTION_INTERVAL seconds (0: never), in `ledgerflow serve`'s `reten
   the runs started before those it processed (between two, the stop signal is heard), so a backlog drains
   at the pass's rate and a quiet database costs one skip scan per tick.
 - A pass a killed process left running is finished by the next tick (`retention_pass` first finishes the
-  release actions that stopped).
+  release actions that stopped). A pass the database's outage stopped is finished as soon as the database
+  answers again: the role waits the outage out, then ticks at once.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from datetime import datetime
 import structlog
 
 from eventstore import EventStore, LedgerflowError, MissingRelationError
-from eventstore.spi import Outage, OutageState, is_unavailable, load_queries
+from eventstore.spi import (
+    Outage,
+    OutageState,
+    is_unavailable,
+    load_queries,
+    retry_delay,
+    wait_until_available,
+)
 from workflows.bulk import BulkAction
 from workflows.engine import Engine
 from workflows.errors import wrap_exceptions
@@ -66,14 +74,24 @@ class RetentionWorker:
             log.info("retention_role_off", setting="LEDGERFLOW_RETENTION_INTERVAL")
             self.stopping.wait()
             return
+        failures = 0
         while not self.stopping.is_set():
             try:
                 self.tick()
                 self.outage.succeeded()
+                self.outage.settle(confirmed=True)  # a whole tick went through: any outage is over
+                failures = 0
             except LedgerflowError as exc:
                 if not is_unavailable(exc):
                     raise  # a bug: the role restarts it, with back-off
-                self.outage.failed(exc)  # the database away: the next tick tries again
+                # The database went away, maybe in the middle of a pass: once it answers, tick again at
+                # once (the pass first finishes the actions it left), not an interval later; a tick that
+                # fails again although the database answers backs off.
+                failures += 1
+                self.outage.failed(exc)
+                if wait_until_available(self.engine.store.pool, self.outage, self.stopping) and failures > 1:
+                    self.stopping.wait(retry_delay(failures - 1, exc))
+                continue
             self.stopping.wait(interval)
 
     def stop(self) -> None:

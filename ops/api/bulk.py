@@ -4,8 +4,9 @@ kinds of `workflows.BULK_KINDS`) over every run of the tenant a filter keeps, an
 
 A request with `dry_run` only counts the runs. Otherwise the action is recorded at once and answered with
 202 and its record; it is worked in the background (the tenant's job lane, see ops.api.jobs), and its
-progress read with the GET. More matching runs than `LEDGERFLOW_BULK_MAX_RUNS` is a 422 that records
-nothing. Actions of other tenants are not found.
+progress read with the GET. The job waits out an outage of the database and resumes the action where it
+stopped (ops.api.bulk_resume.bulk_job). More matching runs than `LEDGERFLOW_BULK_MAX_RUNS` is a 422 that
+records nothing. Actions of other tenants are not found.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
+from ops.api.bulk_resume import bulk_job
 from ops.api.deps import JobsDep, Operator, Reader, ServicesDep
 from ops.api.errors import NOT_FOUND
 from ops.api.run_search import RunStatus
@@ -28,7 +30,6 @@ from workflows import (
     bulk_action,
     create_bulk_action,
     plan_bulk,
-    run_bulk_action,
     tag_filter,
 )
 
@@ -118,10 +119,9 @@ def start_bulk_action(
             actor=f"api:{principal.token_id}",
             limit=limit,
         )
-        engine, tenant = services.engine, principal.tenant
         place.submit(
             f"bulk_{kind}",
-            lambda: run_bulk_action(engine, action.id, tenant=tenant),
+            bulk_job(services.engine, jobs, action.id, principal.tenant),
             bulk_id=str(action.id),
         )
     return _out(action)
@@ -150,11 +150,10 @@ def continue_bulk_action(
     already acted on is not acted on again. An ended action is answered as it is."""
     action = bulk_action(services.store, action_id, tenant=principal.tenant)
     if action.state == "running":
-        engine, tenant = services.engine, principal.tenant
-        with jobs.reserve(tenant) as place:
+        with jobs.reserve(principal.tenant) as place:
             place.submit(
                 f"bulk_{action.kind}",
-                lambda: run_bulk_action(engine, action_id, tenant=tenant),
+                bulk_job(services.engine, jobs, action_id, principal.tenant),
                 bulk_id=str(action_id),
             )
     return _out(action)

@@ -6,6 +6,9 @@ Exactly once: `run_bulk_action` takes the action's session lock (its lease, drop
 process's connection, so there is no lapse to wait for) and leaves at once when another process holds it;
 each run is acted on under the action's idempotency key, so a run acted on before the crash is not acted
 on again. This process queues an action at most once at a time.
+
+An action's job (`bulk_job`, for a new action too) waits out an outage of the database and goes on where
+the action stopped once it answers: a restart of PostgreSQL does not stop it, nor wait for this look.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import structlog
 
 from eventstore import LedgerflowError
+from eventstore.spi import Outage, is_unavailable, through_outages
 from ops.api.jobs import BackgroundJobs, JobQueueFullError
 from ops.services import Services
 from workflows import BulkAction, Engine, run_bulk_action, unfinished_bulk_actions
@@ -33,6 +37,7 @@ class BulkResumer:
         self._stopping = threading.Event()
         self._queued: dict[uuid.UUID, Future[Any]] = {}
         self._thread: threading.Thread | None = None
+        self._outage = Outage(role="bulk_resume")
 
     def start(self) -> None:
         """Start looking; an app's lifespan may run more than once (a test client entered again), so
@@ -50,8 +55,13 @@ class BulkResumer:
         while not self._stopping.is_set():
             try:
                 self.resume_stopped()
+                self._outage.succeeded()
+                self._outage.settle(confirmed=True)
             except LedgerflowError as exc:  # the database away: try again at the next tick
-                log.warning("bulk_resume_failed", error=str(exc))
+                if is_unavailable(exc):
+                    self._outage.failed(exc)  # one warning per outage, not one per tick
+                else:
+                    log.warning("bulk_resume_failed", error=str(exc))
             self._stopping.wait(self._interval)
 
     def resume_stopped(self) -> int:
@@ -64,7 +74,9 @@ class BulkResumer:
             try:
                 with self._jobs.reserve(action.tenant) as place:
                     self._queued[action.id] = place.submit(
-                        f"bulk_{action.kind}", _work(engine, action), bulk_id=str(action.id)
+                        f"bulk_{action.kind}",
+                        bulk_job(engine, self._jobs, action.id, action.tenant),
+                        bulk_id=str(action.id),
                     )
             except JobQueueFullError:
                 continue  # the tenant's lane is busy: its turn comes at a later tick
@@ -73,5 +85,19 @@ class BulkResumer:
         return queued
 
 
-def _work(engine: Engine, action: BulkAction) -> Callable[[], BulkAction]:
-    return lambda: run_bulk_action(engine, action.id, tenant=action.tenant)
+def bulk_job(
+    engine: Engine, jobs: BackgroundJobs, action_id: uuid.UUID, tenant: str
+) -> Callable[[], BulkAction]:
+    """A job that works the action to its end, waiting out the database's outages on the way: the action
+    resumes from its recorded progress once the database answers again (no run acted on twice), within
+    the same job, so a restart of PostgreSQL costs its duration. An API shutting down stops the wait;
+    the next server resumes the action."""
+    store = engine.store
+
+    def work() -> BulkAction:
+        outage = Outage(bulk_id=str(action_id), tenant=tenant)  # the job's name is bound to its log
+        return through_outages(
+            lambda: run_bulk_action(engine, action_id, tenant=tenant), store.pool, outage, jobs.stopping
+        )
+
+    return work

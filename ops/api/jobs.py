@@ -23,6 +23,7 @@ from typing import Any, Final
 import structlog
 
 from eventstore import LedgerflowError
+from eventstore.spi import is_unavailable
 from ops.api.lines import TenantLines
 
 log = structlog.get_logger(__name__)
@@ -73,6 +74,8 @@ class BackgroundJobs:
         self._lanes: TenantLines[Lane, _Job] = TenantLines(limit=1, max_queued=max_queued)
         self._turns: deque[str] = deque()  # tenants with queued jobs, in the order they get a thread
         self._closing = False
+        #: Set when the API shuts down: a job that waits (for the database, say) stops waiting.
+        self.stopping = threading.Event()
         self._threads = [
             threading.Thread(target=self._loop, name=f"ledgerflow-api-job-{i}", daemon=True)
             for i in range(threads)
@@ -109,8 +112,11 @@ class BackgroundJobs:
                 log.info("api_job_started")
                 try:
                     result = job()
-                except BaseException:
-                    log.exception("api_job_failed")
+                except BaseException as exc:
+                    if is_unavailable(exc):  # an outage, reported where it began: no traceback
+                        log.warning("api_job_failed", error=str(exc), reason="database_unavailable")
+                    else:
+                        log.exception("api_job_failed")
                     raise
                 log.info("api_job_finished")
                 return result
@@ -165,6 +171,7 @@ class BackgroundJobs:
 
     def shutdown(self) -> None:
         """Wait for every running and queued job."""
+        self.stopping.set()
         with self._cond:
             self._closing = True
             self._cond.notify_all()

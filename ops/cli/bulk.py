@@ -1,17 +1,21 @@
 """`ledgerflow workflows bulk KIND [filters]`: an operator action over every run the `list` filters keep
 (cancel, retry, pause, resume: one command per kind of `workflows.BULK_KINDS`), recorded, with a dry run
 and progress; `bulk show ID` and `bulk continue ID` (work an action that stopped, e.g. with its process
-killed)."""
+killed). An action under way waits out a restart of the database (up to LEDGERFLOW_OUTAGE_WAIT) and goes
+on where it stopped."""
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from eventstore import InvalidInputError, open_store
+from eventstore import DatabaseUnavailableError, EventStore, InvalidInputError, open_store
+from eventstore.spi import Outage, through_outages
 from ops.cli.common import console, emit_json, settings_of
 from ops.cli.run_search import filter_options, run_filter
 from ops.cli.workflows import registry_of
@@ -24,6 +28,11 @@ from workflows import (
     plan_bulk,
     run_bulk_action,
 )
+
+if TYPE_CHECKING:
+    from ops.settings import Settings
+
+T = TypeVar("T")
 
 
 @click.group("bulk")
@@ -60,9 +69,7 @@ def _kind_command(kind: str) -> click.Command:
                 store, kind=kind, tenant=tenant, filter=wanted, actor="cli", limit=limit
             )
             click.echo(f"bulk action {action.id}: {kind} of {action.matched} runs", err=True)
-            ended = run_bulk_action(
-                Engine(store, registry_of(settings)), action.id, tenant=tenant, progress=_progress
-            )
+            ended = _work(Engine(store, registry_of(settings)), action, settings)
         _report(ended, as_json)
 
     command.help = (
@@ -94,10 +101,71 @@ def continue_action(ctx: click.Context, action_id: str, tenant: str, as_json: bo
     acted on is not acted on again."""
     settings = settings_of(ctx)
     with open_store(settings) as store:
-        ended = run_bulk_action(
-            Engine(store, registry_of(settings)), _action_id(action_id), tenant=tenant, progress=_progress
-        )
+        action = bulk_action(store, _action_id(action_id), tenant=tenant)
+        ended = _work(Engine(store, registry_of(settings)), action, settings)
     _report(ended, as_json)
+
+
+def _work(engine: Engine, action: BulkAction, settings: Settings) -> BulkAction:
+    """Work the action to its end, with progress on stderr, waiting out an outage of the database."""
+    last = [action]
+
+    def progress(now: BulkAction) -> None:
+        last[0] = now
+        _progress(now)
+
+    def stopped() -> str:
+        return (
+            f"bulk action {action.id} stopped at {last[0].processed}/{action.matched} runs: run "
+            f"`ledgerflow workflows bulk continue {action.id}` once it answers (an API server, `ledgerflow "
+            "serve`, takes it up by itself); no run is acted on twice"
+        )
+
+    return through_outages_said(
+        engine.store,
+        settings,
+        lambda: run_bulk_action(engine, action.id, tenant=action.tenant, progress=progress),
+        what=f"bulk action {action.id}",
+        stopped=stopped,
+    )
+
+
+def through_outages_said(
+    store: EventStore, settings: Settings, work: Callable[[], T], *, what: str, stopped: Callable[[], str]
+) -> T:
+    """`work()`, work that resumes from what it recorded (a bulk action, a retention pass), waiting out
+    an outage of the database for up to LEDGERFLOW_OUTAGE_WAIT seconds and saying so on stderr. Past that
+    it says `stopped()` (where the work stopped, how to carry on) and raises the outage's error: exit 1,
+    with the error's own lines."""
+    wait = settings.outage_wait
+
+    def waiting(exc: DatabaseUnavailableError) -> None:
+        click.echo(
+            f"the database is unavailable ({_reason(exc)}): {what} waits for it, up to {wait:g}s "
+            "(LEDGERFLOW_OUTAGE_WAIT), and goes on where it stopped; no run is acted on twice",
+            err=True,
+        )
+
+    def resumed(seconds: float) -> None:
+        click.echo(f"the database answers again after {seconds:.1f}s: {what} goes on", err=True)
+
+    outage = Outage(command=what)
+    try:
+        return through_outages(
+            work, store.pool, outage, threading.Event(), patience=wait, waiting=waiting, resumed=resumed
+        )
+    except DatabaseUnavailableError:
+        click.echo(f"the database stayed unavailable for {wait:g}s: {stopped()}", err=True)
+        raise
+
+
+def _reason(exc: DatabaseUnavailableError) -> str:
+    """The driver's reason, in a line: why the connection failed."""
+    cause: BaseException = exc
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def _progress(action: BulkAction) -> None:

@@ -83,7 +83,7 @@ WORKFLOWS_COMMANDS = {
         "Release the tenant's ended runs older than their workflow's retention (`Workflow(retention=)`, else "
         "LEDGERFLOW_RUN_RETENTION; unset: runs are kept for ever) from the run tables, as recorded bulk "
         "actions (see `workflows bulk show`), at most LEDGERFLOW_RETENTION_BATCH runs per workflow a pass. "
-        "A pass first finishes what a killed pass left. Released runs are still found by id and can be "
-        "restored.",
+        "A pass first finishes what a killed pass left, and waits out a restart of the database "
+        "(LEDGERFLOW_OUTAGE_WAIT). Released runs are still found by id and can be restored.",
     ),
 }

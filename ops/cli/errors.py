@@ -39,6 +39,14 @@ _CONNECT_ADVICE: list[tuple[re.Pattern[str], str]] = [
         re.compile(r"too many clients|remaining connection slots"),
         "the server has no free connection slots: close idle clients or raise max_connections",
     ),
+    (
+        re.compile(
+            r"terminating connection due to administrator command|server closed the connection unexpectedly"
+            r"|the database system is (?:shutting down|starting up|in recovery mode)"
+        ),
+        "the server stopped or restarted (or the connection was cut) while the command ran: run it again "
+        "once the server answers (`ledgerflow doctor` says whether it does)",
+    ),
 ]
 _FALLBACK_ADVICE = "check LEDGERFLOW_DATABASE_URL (`ledgerflow doctor` checks the whole set-up)"
 

@@ -22,12 +22,14 @@ def retention(ctx: click.Context, tenant: str, dry_run: bool, as_json: bool) -> 
     """Release the tenant's ended runs older than their workflow's retention (`Workflow(retention=)`, else
     LEDGERFLOW_RUN_RETENTION; unset: runs are kept for ever) from the run tables, as recorded bulk actions
     (see `workflows bulk show`), at most LEDGERFLOW_RETENTION_BATCH runs per workflow a pass. A pass first
-    finishes what a killed pass left. Released runs are still found by id and can be restored."""
+    finishes what a killed pass left, and waits out a restart of the database (LEDGERFLOW_OUTAGE_WAIT).
+    Released runs are still found by id and can be restored."""
     from eventstore import open_store
     from ops.cli.bulk import _progress as progress_line
     from ops.cli.bulk import _report as report_action
+    from ops.cli.bulk import through_outages_said
     from ops.cli.common import console
-    from workflows import Engine, RetentionSettings, plan_retention, retention_pass
+    from workflows import BulkAction, Engine, RetentionSettings, plan_retention, retention_pass
 
     settings = settings_of(ctx)
     kept = RetentionSettings()
@@ -45,7 +47,31 @@ def retention(ctx: click.Context, tenant: str, dry_run: bool, as_json: bool) -> 
                 console.print(f"{p.workflow}: {due} runs ended over {p.retention} ago", highlight=False)
             console.print(f"dry run: nothing released (tenant {tenant!r})", highlight=False)
             return
-        actions = retention_pass(engine, tenant=tenant, settings=kept, progress=progress_line)
+        # A pass the database's outage stopped is run again once it answers, and first finishes the
+        # actions it left: each action is reported once, as it ended, in the order the passes ended them
+        # (one another process finished meanwhile, as last seen).
+        ended: dict[uuid.UUID, BulkAction] = {}
+        seen: dict[uuid.UUID, BulkAction] = {}
+
+        def progress(action: BulkAction) -> None:
+            seen[action.id] = action
+            progress_line(action)
+
+        def one_pass() -> None:
+            for action in retention_pass(engine, tenant=tenant, settings=kept, progress=progress):
+                ended[action.id] = action
+
+        through_outages_said(
+            store,
+            settings,
+            one_pass,
+            what="the retention pass",
+            stopped=lambda: (
+                "the next pass (`ledgerflow workflows retention`, or the retention role of "
+                "`ledgerflow serve`) finishes what it left; no run is released twice"
+            ),
+        )
+        actions = [*ended.values(), *(a for i, a in seen.items() if i not in ended)]
     if as_json:
         emit_json([dataclasses.asdict(a) for a in actions])
         return

@@ -7,44 +7,49 @@ every projection verifies equal to its rebuild, and each process logged one `dat
 warning per outage, and no traceback. `ledgerflow doctor` says the workers wait while the server is
 down, and counts them once it is back.
 
-The drill restarts and stops its server, so it starts a throwaway cluster (initdb, pg_ctl) on its own
-port and data directory rather than disturb the server every other test shares; it always stops it.
+The drill restarts and stops its server, so it runs on a throwaway cluster of its own
+(tests/acceptance/pg_cluster.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from eventstore import Cursor, DatabaseSettings, EventStore, LedgerflowError, NewEvent, open_store
+from eventstore import Cursor, DatabaseSettings, EventStore, NewEvent, open_store
 from eventstore.migrate import migrate
 from projector import bookkeeping, verify
 from projector.catalogue import stream_catalogue
-from tests.acceptance.drill_workers import DRILL_SHUTDOWN_GRACE
+from tests.acceptance.pg_cluster import (
+    MAX_CONNECTIONS,
+    RESERVED,
+    ROOT,
+    WORKER_ROLE,
+    Cluster,
+    Process,
+    once,
+    retrying,
+    start,
+    stop_all,
+    throwaway_cluster,
+)
 from tests.flows import registry
 from tests.projections import counter
 from tests.waiting import wait_until
 from workflows import Engine, workflow_tables
 
-ROOT = Path(__file__).resolve().parents[2]
 # Serial: it runs a PostgreSQL cluster of its own and times recoveries, alone, after the rest.
 pytestmark = [pytest.mark.drill, pytest.mark.serial]
 
@@ -55,85 +60,10 @@ pytestmark = [pytest.mark.drill, pytest.mark.serial]
 # (eventstore.pooling), a pool kept what a burst opened for 10 minutes: after an outage some process's
 # listener met a full server at every attempt, and its outage never ended while its pooled work went on
 # (seen at 35 on main, and twice in two runs at 30: the listener in its back-off, the server full).
-MAX_CONNECTIONS = 35
-RESERVED = 5  # superuser_reserved_connections: the drill's own control connections
+# That is the clusters' MAX_CONNECTIONS (tests/acceptance/pg_cluster.py).
 #: Refused connection attempts the fleet of five may make per second of the drill: backing off with
 #: jitter, a few; a node claimed and interrupted in a tight loop made hundreds.
 ATTEMPTS_REFUSED_PER_SECOND = 10.0
-WORKER_ROLE = "lf_drill"
-LEASE_TTL = 5.0
-
-
-def _pg_bin() -> Path | None:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
-    return found[-1].parent if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Cluster:
-    """A throwaway PostgreSQL cluster; run as the `postgres` OS user when the tests run as root."""
-
-    bin: Path
-    root: Path
-    port: int = field(default_factory=_free_port)
-    max_connections: int = MAX_CONNECTIONS
-    reserved: int = RESERVED
-    #: More server settings, as `-c name=value` options.
-    options: str = ""
-
-    @property
-    def data(self) -> Path:
-        return self.root / "data"
-
-    def _run(self, *args: str) -> None:
-        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        subprocess.run([*prefix, *args], check=True, capture_output=True, timeout=60)
-
-    def _options(self) -> str:
-        return (
-            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-            f"-c max_connections={self.max_connections} -c superuser_reserved_connections={self.reserved} "
-            f"{self.options}"
-        ).strip()
-
-    def init(self) -> None:
-        if os.geteuid() == 0:
-            shutil.chown(self.root, "postgres")
-        self._run(
-            str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync"
-        )
-
-    def pg_ctl(self, action: str, mode: str = "fast") -> None:
-        log = str(self.root / "server.log")
-        self._run(
-            str(self.bin / "pg_ctl"),
-            "-D",
-            str(self.data),
-            "-l",
-            log,
-            "-m",
-            mode,
-            "-w",
-            "-o",
-            self._options(),
-            action,
-        )
-
-    def url(self, user: str = "postgres", dbname: str = "ledgerflow") -> str:
-        return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
-
-    def running(self) -> bool:
-        try:
-            with psycopg.connect(self.url(dbname="postgres"), connect_timeout=2):
-                return True
-        except psycopg.OperationalError:
-            return False
 
 
 @pytest.fixture
@@ -150,92 +80,6 @@ def connection_attempts(cluster: Cluster) -> tuple[int, int]:
     return received, refused
 
 
-@contextlib.contextmanager
-def throwaway_cluster(**settings: Any) -> Iterator[Cluster]:
-    """A started cluster with the workers' role and database (`settings`: Cluster's fields); always
-    stopped and removed afterwards."""
-    pg_bin = _pg_bin()
-    if pg_bin is None:
-        pytest.skip("no PostgreSQL server binaries in /usr/lib/postgresql to start a throwaway cluster")
-    c = Cluster(pg_bin, Path(tempfile.mkdtemp(prefix="lf-outage-")), **settings)
-    try:
-        c.init()
-        c.pg_ctl("start")
-        with psycopg.connect(c.url(dbname="postgres"), autocommit=True) as conn:
-            conn.execute(f"CREATE ROLE {WORKER_ROLE} LOGIN")
-            conn.execute(f"CREATE DATABASE ledgerflow OWNER {WORKER_ROLE}")
-        yield c
-    finally:
-        with contextlib.suppress(subprocess.SubprocessError):
-            c.pg_ctl("stop", "immediate")
-        shutil.rmtree(c.root, ignore_errors=True)
-
-
-@dataclass
-class Process:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-    #: Outages that happened while this process was alive.
-    outages: int = 0
-
-    def events(self) -> list[dict[str, Any]]:
-        lines = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                parsed = json.loads(line)
-                if isinstance(parsed, dict):
-                    lines.append(parsed)
-        return lines
-
-
-def start(cluster: Cluster, tmp: Path, name: str, *args: str, env: dict[str, str] | None = None) -> Process:
-    more = env or {}
-    env = os.environ | {
-        "LEDGERFLOW_DATABASE_URL": cluster.url(WORKER_ROLE),
-        "LEDGERFLOW_PROJECTIONS": "tests.projections:counter,workflows:workflow_tables",
-        "LEDGERFLOW_WORKFLOWS": "tests.flows:registry",
-        "LEDGERFLOW_PROJECTOR_LEASE_TTL": str(LEASE_TTL),
-        "LEDGERFLOW_PROJECTOR_HEARTBEAT_INTERVAL": str(LEASE_TTL / 4),
-        "LEDGERFLOW_WORKFLOW_LEASE_TTL": str(LEASE_TTL),
-        "LEDGERFLOW_WORKFLOW_HEARTBEAT_INTERVAL": str(LEASE_TTL / 4),
-        "LEDGERFLOW_RECOVERY_INTERVAL": "0.5",
-        "LEDGERFLOW_POOL_MAX_SIZE": "4",
-        "LEDGERFLOW_LOG_FORMAT": "json",
-        "LEDGERFLOW_WORKER_SHUTDOWN_GRACE": DRILL_SHUTDOWN_GRACE,
-        **more,
-    }
-    log = tmp / f"{name}.log"
-    with log.open("ab") as out:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-    return Process(name, popen, log)
-
-
-def stop_all(processes: list[Process], timeout: float = 30) -> dict[str, int | str]:
-    """SIGTERM to every process still running, and each one's exit code. One that does not exit within
-    `timeout` dumps its threads' stacks into its log (SIGUSR1), is killed, and is reported with the end of
-    that log: the drill then fails on what kept it, and leaves nothing running behind it."""
-    for p in processes:
-        if p.popen.poll() is None:
-            p.popen.send_signal(signal.SIGTERM)
-    codes: dict[str, int | str] = {}
-    deadline = time.monotonic() + timeout
-    for p in processes:
-        try:
-            codes[p.name] = p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.popen.send_signal(signal.SIGUSR1)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.popen.wait(timeout=2)  # time to write the stacks
-            p.popen.kill()
-            p.popen.wait()
-            tail = p.log.read_text(errors="replace")[-6000:]
-            codes[p.name] = f"did not exit {timeout:.0f} s after SIGTERM; the end of its log:\n{tail}"
-    return codes
-
-
 def doctor(cluster: Cluster) -> tuple[int, str]:
     env = os.environ | {
         "LEDGERFLOW_DATABASE_URL": cluster.url(),
@@ -247,30 +91,6 @@ def doctor(cluster: Cluster) -> tuple[int, str]:
         [sys.executable, "-m", "ops.cli", "doctor"], cwd=ROOT, env=env, capture_output=True, timeout=60
     )
     return done.returncode, " ".join(done.stdout.decode().split())
-
-
-def retrying(fn: Callable[[], Any], stop: threading.Event | None = None, timeout: float = 30.0) -> Any:
-    """The drill's own client calls, tried again while the server is away, for at most `timeout`
-    seconds: a server that never comes back fails the drill instead of hanging it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return fn()
-        except (LedgerflowError, psycopg.Error) as e:
-            if stop is not None and stop.is_set():
-                return None
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the database stayed away for {timeout}s: {e}") from e
-            (stop or threading.Event()).wait(0.05)
-
-
-def once(fn: Callable[[], Any]) -> Any:
-    """One try of a client call for `wait_until` to poll: an error while the server is away counts as
-    not yet, so the poller's own timeout is what bounds the wait."""
-    try:
-        return fn()
-    except (LedgerflowError, psycopg.Error):
-        return None
 
 
 def lease_owner(store: EventStore, name: str) -> str | None:

@@ -38,15 +38,8 @@ from eventstore.migrate import migrate
 from ops.auth import create_token
 from projector import verify
 from projector.catalogue import stream_catalogue
-from tests.acceptance.test_database_outages import (
-    WORKER_ROLE,
-    Process,
-    caught_up,
-    lease_owner,
-    retrying,
-    start,
-    stop_all,
-)
+from tests.acceptance.pg_cluster import WORKER_ROLE, Process, retrying, start, stop_all
+from tests.acceptance.test_database_outages import caught_up, lease_owner
 from tests.flows import registry
 from tests.projections import counter
 from tests.waiting import wait_until

@@ -24,7 +24,7 @@ import pytest
 
 from eventstore import DatabaseSettings, open_store
 from eventstore.migrate import migrate
-from tests.acceptance.test_database_outages import (
+from tests.acceptance.pg_cluster import (
     WORKER_ROLE,
     Cluster,
     Process,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,11 +16,13 @@ from eventstore import EventStore, NotFoundError
 from projector import ProjectorWorker
 from tests.flows import registry
 from tests.strategies import bulk_fleets
-from tests.waiting import joined
+from tests.waiting import joined, wait_until
 from workflows import (
+    BulkAction,
     BulkLimitError,
     Engine,
     RunFilter,
+    bulk,
     bulk_action,
     create_bulk_action,
     plan_bulk,
@@ -124,6 +127,60 @@ def test_two_actions_at_once_and_one_action_worked_twice_at_once_cancel_each_run
     final = bulk_action(store, shared.id, tenant="default")
     assert final.state == "completed"
     assert final.done + final.skipped == 30
+
+
+def test_a_worker_whose_lock_went_with_its_connection_counts_no_page_the_new_holder_counted(
+    store: EventStore, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The action's session lock is on a connection of its own; when the server ends that session alone (a
+    # restart the worker's other connections were renewed past, an administrator), the worker goes on over
+    # its other connections while another process takes the lock and works the same pages.
+    monkeypatch.setattr(bulk, "_PAGE", 5)
+    chosen = start(engine, "a", 10)
+    project(store)
+    action = create_bulk_action(store, kind="cancel", tenant="default", filter=BATCH_A, actor="test")
+    first_paused, first_go = threading.Event(), threading.Event()
+    second_paused, second_go = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def hold(paused: threading.Event, go: threading.Event) -> Callable[[BulkAction], None]:
+        def progress(_: BulkAction) -> None:
+            if not paused.is_set():  # after its first page
+                paused.set()
+                assert go.wait(30)
+
+        return progress
+
+    def work(progress: Callable[[BulkAction], None]) -> None:
+        try:
+            run_bulk_action(engine, action.id, tenant="default", progress=progress)
+        except BaseException as exc:
+            errors.append(exc)
+
+    first = threading.Thread(target=work, args=(hold(first_paused, first_go),))
+    first.start()
+    assert first_paused.wait(30)
+    holders = (
+        "SELECT {} FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+        "AND ((classid::bigint << 32) | objid::bigint) = "
+        "hashtextextended('ledgerflow.bulk_actions:' || %s::text, 0)"
+    )
+    with store.pool.connection() as conn:
+        ended = conn.execute(holders.format("pg_terminate_backend(pid)"), (action.id,)).fetchall()
+        assert ended == [(True,)], "the lock's session ended"
+        wait_until(
+            lambda: not conn.execute(holders.format("pid"), (action.id,)).fetchall(), what="the lock let go"
+        )
+    second = threading.Thread(target=work, args=(hold(second_paused, second_go),))
+    second.start()  # takes the lock once the ended session has let it go, and counts the second page
+    assert second_paused.wait(30)
+    first_go.set()  # the first worker works the second page too: its runs are cancelled already
+    joined(first)
+    second_go.set()
+    joined(second)
+    assert all(events_of(store, r, ev.RUN_CANCEL_REQUESTED) == 1 for r in chosen)
+    final = bulk_action(store, action.id, tenant="default")
+    assert (final.state, final.done, final.failed, final.skipped) == ("completed", 10, 0, 0), errors
 
 
 def test_a_bulk_retry_retries_each_run_once_even_when_resumed_after_acting_but_before_counting(

@@ -9,6 +9,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
 from eventstore import EventStore
@@ -151,3 +152,40 @@ def test_the_interval_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LEDGERFLOW_RETENTION_INTERVAL", "-1")
     with pytest.raises(ValueError, match="retention_interval"):
         RetentionSettings()
+
+
+def waiting_for_a_lock(store: EventStore) -> list[int]:
+    """This database's backends waiting for a lock (a fresh look: pg_stat_activity is read once per
+    transaction)."""
+    with store.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def test_a_tick_the_database_stopped_is_finished_once_it_answers_not_an_interval_later(
+    engine: Engine, store: EventStore
+) -> None:
+    runs = ended_runs(engine, 7)
+    project(engine)
+    worker = RetentionWorker(engine, RetentionSettings(**DUE, retention_interval=3600))
+    # The tick's second pass (runs are taken newest first, 3 a pass) waits on a run's stream row, its
+    # transaction open, until the drill ends its connection: the database gone for the tick.
+    with psycopg.connect(store.url) as holder:
+        holder.execute(
+            "SELECT 1 FROM ledgerflow.streams WHERE stream_id = %s FOR UPDATE", (ev.run_stream(runs[3]),)
+        )
+        running = threading.Thread(target=worker.run)
+        running.start()
+        try:
+            blocked = wait_until(lambda: waiting_for_a_lock(store), what="the tick waiting in its 2nd pass")
+            with store.pool.connection() as conn:
+                conn.execute("SELECT pg_terminate_backend(%s)", blocked[:1])
+            holder.rollback()
+            wait_until(lambda: all(releases(store, r) == 1 for r in runs), what="the tick finished at once")
+        finally:
+            worker.stop()
+            joined(running)
+    assert worker.database_state().outages == 1
+    assert all(releases(store, r) == 1 for r in runs)
