@@ -72,14 +72,6 @@ class AppendConnection:
             raise translate(exc) from exc
         return self
 
-    def connection(self) -> psycopg.Connection[Any]:
-        """The connection chosen."""
-        if self.pin is not None:
-            assert self.pin.conn is not None
-            return self.pin.conn
-        assert isinstance(self.executor, psycopg.Connection)
-        return self.executor
-
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         try:
             if self.pin is not None:
@@ -146,13 +138,7 @@ class AppendPath:
                     rows = synced(executor.execute(statement.query, statement.params)).fetchall()
                 if not rows and statement.missing is not None:
                     _wrong_version(executor, statement.tenant, *statement.missing)
-                # The append committed on a connection of the store's own: when a wake-up is due, it is
-                # sent on that connection now (see eventstore.notify), not by waking the notifier's thread.
-                inline = conn is None and self._notifier is not None and self._notifier.claim()
-                if inline:
-                    assert self._notifier is not None
-                    self._notifier.send_inline(chosen.connection())
-            if conn is None and not inline:
+            if conn is None:
                 self.notify_appended()
         except ConflictError as exc:
             telemetry.append_conflicts.add(1, {"reason": exc.code})

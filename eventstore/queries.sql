@@ -317,12 +317,6 @@ SELECT EXISTS (SELECT 1 FROM ledgerflow.events, h WHERE transaction_id >= h.xmin
 -- Sent by the notifier through libpq directly (simple protocol, no parameters, no rows back).
 NOTIFY ledgerflow_events
 
--- name: notify_inline
--- The same wake-up sent by an appender on its own connection right after its append (eventstore.notify):
--- both statements in one query run as one implicit transaction, so the setting is the transaction's only.
--- NOTIFY takes an xid: without the setting its commit would wait for a WAL flush, as the append's did.
-SET LOCAL synchronous_commit = off; NOTIFY ledgerflow_events
-
 -- name: listen
 LISTEN ledgerflow_events
 
