@@ -23,12 +23,14 @@ All are prepared (psycopg's prepare=True) and run on one autocommit connection. 
 notifier, alternating: client CPU (this process, every thread) and server CPU (every backend of the
 database), and the appending backend's and the notifier's separately.
 
-The load average is printed: on a loaded machine every figure grows; compare parts within one run.
+The load average is printed: on a loaded machine every figure grows; compare parts within one run. Results
+are printed and written to bench/results/append_parts-<UTC time>.json with the commit and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -56,19 +58,20 @@ from bench._common import (
     print_table,
     quiet_logs,
 )
-from eventstore import DatabaseSettings, EventStore, NewEvent, open_store
-from eventstore import store as store_module
+from bench.append import git_commit
+from eventstore import DatabaseSettings, EventStore, NewEvent, append_statements, open_store
 from eventstore.events import ExpectedState
 from eventstore.migrate import migrate
 
 _TICK = os.sysconf("SC_CLK_TCK")
+RESULTS = Path(__file__).resolve().parent / "results"
 _COLUMNS = (
     "tenant, stream_id, stream_version, event_id, event_type, data, metadata, correlation_id, causation_id"
 )
 _VALUES = "%(tenant)s, %(stream_id)s, %(version)s, %(event_id)s, %(type)s, %(one_data)s::jsonb, " + (
     "%(one_metadata)s::jsonb, NULL, NULL"
 )
-_WRITER = store_module.Q["writer"]
+_WRITER = append_statements.Q["writer"]
 _RETURNING = " RETURNING e.stream_id, e.stream_version, e.position, e.transaction_id::text::bigint"
 STATEMENTS = {
     "plain": f"INSERT INTO bench_plain.events ({_COLUMNS}) VALUES ({_VALUES})",
@@ -78,8 +81,8 @@ STATEMENTS = {
     f" SELECT w.stamp, {_VALUES} FROM writer w",
     "+returning": f"{_WRITER} INSERT INTO ledgerflow.events AS e (transaction_id, {_COLUMNS})"
     f" SELECT w.stamp, {_VALUES} FROM writer w{_RETURNING}",
-    "append": store_module._ONE_EVENT[ExpectedState.ANY].decode(),
-    "bump": f"{_WRITER}, bumped AS ({store_module.Q['bump_any']}) SELECT base FROM bumped",
+    "append": append_statements._ONE_EVENT[ExpectedState.ANY].decode(),
+    "bump": f"{_WRITER}, bumped AS ({append_statements.Q['bump_any']}) SELECT base FROM bumped",
 }
 
 
@@ -153,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--url", default=default_admin_url())
     args = parser.parse_args(argv)
     quiet_logs()
-    print(f"load average at start: {load_average()}")
+    load_start = load_average()
+    print(f"load average at start: {load_start}")
     payloads = make_payloads(args.appends, seed=1)
     parts: dict[str, list[float]] = {}
     stores: dict[str, dict[str, list[float]]] = {}
@@ -191,7 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for key, value in store_cpu(s, probe, payloads, f"r{run}-{label}").items():
                         stores.setdefault(label, {}).setdefault(key, []).append(value)
         print(f"run {run + 1}/{args.runs} done", flush=True)
-    print(f"load average at end: {load_average()}\n")
+    load_end = load_average()
+    print(f"load average at end: {load_end}\n")
+    load_start_end = {"start": load_start, "end": load_end}
     print("Server CPU per one-event statement, microseconds, median (min-max) over runs:")
     print_table(
         ["statement", "server µs", "runs"],
@@ -203,6 +209,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         ["store", *keys],
         [[label, *(f"{median(per[k]):.0f}" for k in keys)] for label, per in stores.items()],
     )
+    commit, dirty = git_commit()
+    saved = {
+        "benchmark": "append_parts",
+        "commit": commit,
+        "dirty": dirty,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_average": load_start_end,
+        "settings": {"runs": args.runs, "appends": args.appends},
+        "server_us_per_statement": {n: {"runs": v, "median": median(v)} for n, v in parts.items()},
+        "store_cpu_us_per_append": {
+            label: {k: {"runs": v, "median": median(v)} for k, v in per.items()}
+            for label, per in stores.items()
+        },
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"append_parts-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    out.write_text(json.dumps(saved, indent=2) + "\n")
+    print(f"\nwritten {out}")
     return 0
 
 

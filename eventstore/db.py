@@ -216,11 +216,14 @@ def _configure(conn: psycopg.Connection[Any], url: str) -> None:
 
 def _read_only(conn: psycopg.Connection[Any]) -> bool:
     """Whether the server refuses writes on `conn`, as it last reported: PostgreSQL 14+ sends both
-    settings to the client whenever they change (ParameterStatus), so this costs no round trip."""
-    info = conn.info
-    return "on" in (
-        info.parameter_status("in_hot_standby"),
-        info.parameter_status("default_transaction_read_only"),
+    settings to the client whenever they change (ParameterStatus), so this costs no round trip. Asked of
+    libpq directly: through `conn.info` (which decodes names and values in the connection's encoding, looked
+    up each time) it cost 3.7 us, at every append on a pinned connection (`eventstore.pinning`), against
+    0.4 us."""
+    pgconn = conn.pgconn
+    return b"on" in (
+        pgconn.parameter_status(b"in_hot_standby"),
+        pgconn.parameter_status(b"default_transaction_read_only"),
     )
 
 

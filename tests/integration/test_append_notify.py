@@ -19,6 +19,22 @@ def test_an_append_wakes_every_listener(store: EventStore) -> None:
         assert woken(listener, timeout=10)
 
 
+def test_every_append_of_a_quick_succession_is_followed_by_a_wake_up(store: EventStore) -> None:
+    """The wake-ups are coalesced, yet the last append's comes after its commit: a listener woken by the
+    first append's wake-up, and reading then, may find nothing of the later ones, so they need one more."""
+    with psycopg.connect(store.url, autocommit=True) as listener:
+        listener.execute("LISTEN ledgerflow_events")
+        for _ in range(3):
+            store.append("s", [NewEvent("Happened", {})])
+            assert woken(listener, timeout=10)
+            # Right after another's wake-up: within the interval that coalesces them (most likely).
+            store.append("s", [NewEvent("Happened", {})])
+            store.append("s", [NewEvent("Happened", {})])
+            assert woken(listener, timeout=10)
+            while woken(listener, timeout=0.05):
+                pass
+
+
 def test_the_notifier_reconnects_after_its_backend_is_terminated(store: EventStore) -> None:
     with psycopg.connect(store.url, autocommit=True) as listener:
         listener.execute("LISTEN ledgerflow_events")
