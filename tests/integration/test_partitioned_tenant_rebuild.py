@@ -28,7 +28,8 @@ from projector import (
     verify,
 )
 from projector.digest import projection_digest
-from projector.projection import ApplyContext, Projection, Table
+from projector.projection import Projection
+from tests.projections import make_tenant_counter
 from tests.waiting import joined, wait_until
 
 A, B = "tenant-a", "tenant-b"
@@ -36,43 +37,8 @@ PARTITIONS = 3
 
 
 def tenant_counter(partitions: int = PARTITIONS) -> Projection:
-    """Counts each tenant's events per stream and records how often each event was applied (must stay 1):
-    a missed or doubled event shows in its rows."""
     schema = f"tp_{uuid.uuid4().hex[:10]}"
-    counter = Projection(
-        name=schema,
-        version=1,
-        schema=schema,
-        per_tenant=True,
-        partitions=partitions,
-        tables=[
-            Table(
-                "counts",
-                "CREATE TABLE {table} (tenant text NOT NULL, stream_id text NOT NULL, n bigint NOT NULL, "
-                "PRIMARY KEY (tenant, stream_id))",
-            ),
-            Table(
-                "applied",
-                "CREATE TABLE {table} (tenant text NOT NULL, position bigint PRIMARY KEY, "
-                "times int NOT NULL)",
-            ),
-        ],
-    )
-
-    @counter.on_any
-    def count(ctx: ApplyContext, event: object) -> None:
-        ctx.execute(
-            """INSERT INTO {counts} AS c VALUES (%s, %s, 1)
-               ON CONFLICT (tenant, stream_id) DO UPDATE SET n = c.n + 1""",
-            (event.tenant, event.stream_id),  # type: ignore[attr-defined]
-        )
-        ctx.execute(
-            """INSERT INTO {applied} AS a VALUES (%s, %s, 1)
-               ON CONFLICT (position) DO UPDATE SET times = a.times + 1""",
-            (event.tenant, event.position),  # type: ignore[attr-defined]
-        )
-
-    return counter
+    return make_tenant_counter(schema, schema, partitions)
 
 
 def streams_in_every_segment(prefix: str, partitions: int = PARTITIONS) -> list[str]:
