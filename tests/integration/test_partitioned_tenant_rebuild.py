@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 import psycopg
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -196,6 +197,72 @@ def test_the_copy_of_a_tenants_rows_stops_at_each_segments_fence(store: EventSto
     worker.release_all()
     applied_once(store, p)
     assert verify(store, p).equal
+
+
+def waiting_on_locks(store: EventStore) -> int:
+    with store.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("rebuilt_with", [PARTITIONS, 2], ids=["same-partitions", "fewer-partitions"])
+def test_a_whole_rebuild_during_a_tenants_rebuild_counts_every_event_once(
+    store: EventStore, rebuilt_with: int
+) -> None:
+    p = tenant_counter()
+    a, b = streams_in_every_segment("a"), streams_in_every_segment("b")
+    for tenant, streams in ((A, a), (B, b)):
+        for s in streams:
+            store.append(s, [NewEvent("Seen", {})], tenant=tenant)
+    worker = ProjectorWorker(store, [p], _config())
+    worker.run_until_caught_up()
+    outcomes: list[object] = []
+
+    def rebuilding(projection: Projection, tenant: str | None) -> threading.Thread:
+        def run() -> None:
+            try:
+                outcomes.append(rebuild(store, projection, tenant=tenant))
+            except Exception as exc:  # the tenant's, when the whole rebuild changed the partitions
+                outcomes.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    # The whole projection rebuilt by code with `rebuilt_with` partitions (an operator after a deploy).
+    whole = make_tenant_counter(p.name, p.schema, rebuilt_with)
+    with holding_a_row(store, p, A):
+        tenant_rebuild = rebuilding(p, A)
+        wait_until(lambda: len(fences(store)) == PARTITIONS, what="tenant A to be fenced in every segment")
+        for s in a + b:
+            store.append(s, [NewEvent("Seen", {})], tenant=A if s in a else B)
+        worker.run_until_caught_up()  # B's events applied, A's left for the lift
+        assert all(counts(store, p)[(B, s)] == 2 for s in b)
+        # Its swap waits for A's replacement (which waits for the held row), then puts A's rows at its
+        # cursor and A's fences there too.
+        whole_rebuild = rebuilding(whole, None)
+        wait_until(lambda: waiting_on_locks(store) >= 2, what="the whole rebuild to wait for tenant A's")
+    joined(tenant_rebuild, whole_rebuild, timeout=30)
+    worker.release_all()
+    assert len(outcomes) == 2
+    if rebuilt_with == PARTITIONS:
+        assert all(isinstance(o, RebuildResult) for o in outcomes), outcomes
+        assert fences(store) == []
+    else:  # A's run failed at its lift; its fences, at the swap's cursor in the new segments, stay
+        assert [(k, t) for k, t in fences(store)] == [(f"{p.name}#{k}", A) for k in range(rebuilt_with)]
+    for s in a:
+        store.append(s, [NewEvent("Seen", {})], tenant=A)
+    after = ProjectorWorker(store, [whole], _config())
+    after.run_until_caught_up()  # each segment lifts a fence left behind, from the swap's cursor
+    after.release_all()
+    assert fences(store) == []
+    assert all(counts(store, p)[(A, s)] == 3 for s in a)
+    applied_once(store, p)
+    assert verify(store, whole).equal
 
 
 def test_fences_of_a_dead_tenant_rebuild_are_lifted_by_each_segment(store: EventStore) -> None:
