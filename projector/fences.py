@@ -6,6 +6,10 @@ insert) makes the live batches leave the tenant's events; the rebuild replaces t
 the fence's cursor, holding no lock another tenant's batch needs; `lift` (under the cursor row again)
 applies the tenant's own events the batches left and removes the fence. A live batch that meets a fence
 whose run has ended lifts it itself, so a rebuild that died leaves no tenant behind.
+
+A fence is kept per cursor row: a partitioned projection's tenant has one fence per segment, under the
+segment's key and at its cursor (`projector.tenant_rebuild` says why), and each is lifted with its
+segment's events alone.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import psycopg
 from eventstore import Cursor, EventStore, RecordedEvent
 from eventstore.spi import load_queries
 from projector.projection import ApplyContext, Projection
+from projector.segments import Unit
 
 Q = load_queries("projector", "fences.sql")
 Conn = psycopg.Connection[Any]
@@ -41,12 +46,13 @@ def _fence(row: tuple[Any, ...]) -> Fence:
     return Fence(tenant, run_id, Cursor(tx, position), bool(running))
 
 
-def fence(conn: Conn, projection: str, tenant: str, run_id: int, at: Cursor) -> None:
-    """Inside the caller's transaction, which holds the cursor row (`state.lock_cursor`) standing at `at`."""
+def fence(conn: Conn, key: str, tenant: str, run_id: int, at: Cursor) -> None:
+    """Inside the caller's transaction, which holds the cursor row of `key` (a projection's, or a
+    segment's) standing at `at`."""
     conn.execute(
         Q["fence_tenant"],
         {
-            "projection": projection,
+            "key": key,
             "tenant": tenant,
             "run_id": run_id,
             "cursor_tx": at.transaction_id,
@@ -55,26 +61,31 @@ def fence(conn: Conn, projection: str, tenant: str, run_id: int, at: Cursor) -> 
     )
 
 
-def fences_of(conn: Conn, projection: str) -> list[Fence]:
-    """The projection's fences; read by a live batch after its compare-and-set of the cursor."""
-    return [_fence(r) for r in conn.execute(Q["fences_of"], {"projection": projection}).fetchall()]
+def fences_of(conn: Conn, key: str) -> list[Fence]:
+    """The fences of `key` (a projection's or a segment's); read by a live batch after its compare-and-set
+    of that key's cursor."""
+    return [_fence(r) for r in conn.execute(Q["fences_of"], {"key": key}).fetchall()]
 
 
-def lock_fence(conn: Conn, projection: str, tenant: str, run_id: int) -> Cursor:
-    """The run's fence's cursor, locked until the caller's transaction ends."""
-    row = conn.execute(
-        Q["lock_fence"], {"projection": projection, "tenant": tenant, "run_id": run_id}
-    ).fetchone()
-    if row is None:
-        raise LookupError(f"run {run_id} holds no fence on {tenant!r} of {projection!r}")
-    return Cursor(row[0], row[1])
+def lock_run_fences(conn: Conn, projection: str, tenant: str, run_id: int) -> dict[str, Cursor]:
+    """The run's fences on `tenant` (one per cursor row: the projection's, or each segment's), by key,
+    with their cursors, locked until the caller's transaction ends; empty if it holds none."""
+    rows = conn.execute(
+        Q["lock_run_fences"], {"projection": projection, "tenant": tenant, "run_id": run_id}
+    ).fetchall()
+    return {r[0]: Cursor(r[1], r[2]) for r in rows}
 
 
-def move_fences(conn: Conn, projection: str, to: Cursor) -> None:
-    conn.execute(
-        Q["move_fences"],
-        {"projection": projection, "cursor_tx": to.transaction_id, "cursor_position": to.position},
-    )
+def reset_fences(conn: Conn, projection: str, keys: list[str], to: Cursor) -> None:
+    """Inside a swap of the whole projection, which has put every tenant's rows at `to` with the cursor
+    rows `keys` (the projection's, or each segment's of the number of partitions built): each fenced
+    tenant's rows stand at `to` too, so its fences are put there, one per key. (Were the number of
+    partitions changed, the replacement finds other fences than it set, and fails; the live batches then
+    lift them, each segment's from `to`.)"""
+    taken = {(r[0], r[1]) for r in conn.execute(Q["take_fences"], {"projection": projection}).fetchall()}
+    for tenant, run_id in sorted(taken):
+        for key in keys:
+            fence(conn, key, tenant, run_id, to)
 
 
 def lock_fences(conn: Conn, projection: str) -> None:
@@ -90,17 +101,24 @@ def lift(
     conn: Conn,
     store: EventStore,
     projection: Projection,
+    unit: Unit,
     fenced: Fence,
     until: Cursor,
     wanted: Wanted,
 ) -> int:
-    """Inside the caller's transaction, which holds the cursor row standing at `until`: apply the fenced
-    tenant's events after the fence's cursor up to `until` (those the live batches left) to its live rows,
-    and remove the fence. Returns the events applied."""
+    """Inside the caller's transaction, which holds the cursor row of `unit` standing at `until`: apply
+    the fenced tenant's events of `unit` (all of them, or one segment's streams') after the fence's cursor
+    up to `until` (those the live batches left) to its live rows, and remove the fence. Returns the events
+    applied."""
     applied, after = 0, fenced.cursor
     while after < until:
         page = store.read_all(
-            after, limit=_PAGE, tenant=fenced.tenant, types=projection.event_types, conn=conn
+            after,
+            limit=_PAGE,
+            tenant=fenced.tenant,
+            types=projection.event_types,
+            conn=conn,
+            segment=unit.read_segment,
         )
         events = [e for e in page.events if e.cursor <= until]
         todo = [e for e in events if wanted(e)]
@@ -110,7 +128,5 @@ def lift(
         if len(events) < len(page.events) or page.caught_up or not page.events:
             break
         after = events[-1].cursor
-    conn.execute(
-        Q["lift_fence"], {"projection": projection.name, "tenant": fenced.tenant, "run_id": fenced.run_id}
-    )
+    conn.execute(Q["lift_fence"], {"key": unit.key, "tenant": fenced.tenant, "run_id": fenced.run_id})
     return applied

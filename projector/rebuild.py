@@ -9,7 +9,8 @@
   gives the state a correct replay would give.
 
 With a tenant, a per-tenant projection's rows of that tenant alone are rebuilt (or verified): the scratch
-copy holds only that tenant's rows, and they replace the live ones under the cursor row lock.
+copy holds only that tenant's rows, and they replace the live ones behind a fence on that tenant
+(`projector.tenant_rebuild`; of a partitioned projection, one fence per segment, at its cursor).
 
 Each lever first records its run (`start_rebuild`, `start_verify`, `start_replay`): one rebuild, replay
 or verify per projection and scope at a time, a second request gets `RunInProgressError` naming the
@@ -38,7 +39,7 @@ from projector import bookkeeping, fences, tables
 from projector.digest import TableDifference, differing_rows, projection_digest
 from projector.errors import RunInProgressError, TablesBusyError, wrap_exceptions
 from projector.projection import Projection
-from projector.segments import check_partitions, ensure_cursors, projection_cursor
+from projector.segments import check_partitions, ensure_cursors, projection_cursor, units_of
 from projector.shadow import Progress, ShadowBuild
 from projector.tenant_rebuild import replace_tenant_rows
 
@@ -180,12 +181,6 @@ def _check_scope(projection: Projection, tenant: str | None) -> None:
         raise InvalidInputError(
             f"projection {projection.name!r} is shared by every tenant, so it cannot be rebuilt, replayed "
             "or verified for one tenant; a server administrator can act on all of it"
-        )
-    if tenant is not None and projection.partitions > 1:
-        raise InvalidInputError(
-            f"projection {projection.name!r} is partitioned ({projection.partitions} segments), so it is "
-            "rebuilt, replayed and verified whole, not one tenant at a time; a server administrator can act "
-            "on all of it"
         )
 
 
@@ -469,7 +464,7 @@ def _swap(
             wanted = projection.partitions if projection.partitions > 1 else 0
             bookkeeping.reset_segments(conn, projection.name, wanted, final, projection.version)
         # A tenant being rebuilt meanwhile now has its rows at `final` too (its replacement builds on to it).
-        fences.move_fences(conn, projection.name, final)
+        fences.reset_fences(conn, projection.name, [u.key for u in units_of(projection)], final)
         digest = projection_digest(conn, projection, projection.schema)
         bookkeeping.run_progress(conn, run_id, final, 0)
         bookkeeping.finish_run(conn, run_id, "completed", digest=digest)

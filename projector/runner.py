@@ -245,18 +245,22 @@ class LiveRunner:
     ) -> Sequence[RecordedEvent]:
         """The batch's events less those of tenants whose rows a rebuild is replacing (migration 0036).
         Read after the compare-and-set, under the cursor row lock, so a fence is either seen here or was
-        set after this batch commits. A fence whose run has ended is lifted here, in this batch."""
+        set after this batch commits. A fence whose run has ended is lifted here, in this batch. A segment
+        reads and lifts its own fences only (one per segment, `projector.tenant_rebuild`): its streams'
+        events after the fence's cursor up to its own, which no other segment applies."""
         if not self.projection.per_tenant:
             return events  # only a per-tenant projection's rows are rebuilt tenant by tenant
         held: set[str] = set()
-        for fenced in fences.fences_of(conn, self.projection.name):
+        for fenced in fences.fences_of(conn, self.key):
             if fenced.run_running:
                 held.add(fenced.tenant)
                 continue
-            applied = fences.lift(conn, self.store, self.projection, fenced, self._db_cursor, self._wanted)
+            applied = fences.lift(
+                conn, self.store, self.projection, self.unit, fenced, self._db_cursor, self._wanted
+            )
             log.warning(
                 "projection_tenant_fence_lifted",
-                projection=self.projection.name,
+                projection=self.key,
                 tenant=fenced.tenant,
                 run_id=fenced.run_id,
                 applied=applied,

@@ -109,6 +109,24 @@ def check_partitions(projection: Projection, stored: bookkeeping.CursorState) ->
         raise PartitionsChangedError(projection.name, stored.partitions, projection.partitions)
 
 
+def lock_unit_cursors(conn: psycopg.Connection[Any], projection: Projection) -> dict[str, Cursor]:
+    """The cursor of each unit of `projection` (its own, or each segment's), by key, every row locked until
+    the caller's transaction ends. The projection's own row first, then its segments' in order: a swap's
+    order, and a live batch holds one of these rows only, so none of them deadlock. Refuses a partitioned
+    projection whose stored number of partitions is not its code's (its segments mean other streams)."""
+    own, _ = bookkeeping.lock_cursor(conn, projection.name)
+    if projection.partitions == 1:
+        return {projection.name: own}
+    stored = bookkeeping.get_cursor(conn, projection.name)
+    assert stored is not None
+    check_partitions(projection, stored)
+    segments = bookkeeping.lock_segment_cursors(conn, projection.name)
+    missing = [k for k in range(projection.partitions) if k not in segments]
+    if missing:  # `ensure_cursors` creates them before any run starts
+        raise LookupError(f"projection {projection.name!r} has no cursor row for segments {missing}")
+    return {segment_key(projection.name, k): segments[k] for k in range(projection.partitions)}
+
+
 def projection_cursor(conn: psycopg.Connection[Any], projection: Projection) -> Cursor | None:
     """How far the projection's tables show the log (None before it first ran): its cursor, or for a
     partitioned one the lowest of its segments' cursors."""

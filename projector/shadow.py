@@ -49,15 +49,21 @@ class ShadowBuild:
 
     def limit_to(self, segments: dict[int, Cursor], partitions: int) -> None:
         """From now on apply a stream's events only up to its segment's cursor in `segments` (a verify of a
-        partitioned projection, whose segments stand at different cursors)."""
+        partitioned projection, whose segments stand at different cursors, or the copy of a tenant's rows
+        fenced at each segment's cursor)."""
         self._segments, self._partitions = segments, partitions
 
     def wanted(self, e: RecordedEvent) -> bool:
-        parked_at = self._parked.get((e.tenant, e.stream_id))
+        """Whether the build applies `e`: kept (`kept`), and within its segment's limit if limited."""
         if self._segments is not None:
             limit = self._segments.get(stream_segment(e.stream_id, self._partitions))
             if limit is None or e.cursor > limit:
                 return False
+        return self.kept(e)
+
+    def kept(self, e: RecordedEvent) -> bool:
+        """The live projection's decisions about failures: skipped events and parked streams stay so."""
+        parked_at = self._parked.get((e.tenant, e.stream_id))
         return e.position not in self._skipped and (parked_at is None or e.stream_version < parked_at)
 
     def run_until(

@@ -61,8 +61,49 @@ def make_counter(
     return counter
 
 
+def make_tenant_counter(name: str, schema: str, partitions: int = 1) -> Projection:
+    """A per-tenant projection that counts each tenant's events per stream and records how often each event
+    was applied (must stay 1): a missed or doubled event shows in its rows."""
+    counter = Projection(
+        name=name,
+        version=1,
+        schema=schema,
+        per_tenant=True,
+        partitions=partitions,
+        tables=[
+            Table(
+                "counts",
+                "CREATE TABLE {table} (tenant text NOT NULL, stream_id text NOT NULL, n bigint NOT NULL, "
+                "PRIMARY KEY (tenant, stream_id))",
+            ),
+            Table(
+                "applied",
+                "CREATE TABLE {table} (tenant text NOT NULL, position bigint PRIMARY KEY, "
+                "times int NOT NULL)",
+            ),
+        ],
+    )
+
+    @counter.on_any
+    def count(ctx: ApplyContext, event: RecordedEvent) -> None:
+        ctx.execute(
+            """INSERT INTO {counts} AS c VALUES (%s, %s, 1)
+               ON CONFLICT (tenant, stream_id) DO UPDATE SET n = c.n + 1""",
+            (event.tenant, event.stream_id),
+        )
+        ctx.execute(
+            """INSERT INTO {applied} AS a VALUES (%s, %s, 1)
+               ON CONFLICT (position) DO UPDATE SET times = a.times + 1""",
+            (event.tenant, event.position),
+        )
+
+    return counter
+
+
 counter = make_counter()
 parking_counter = make_counter("test_parking", policy="park")
 #: The counter in 4 segments, and its unpartitioned twin in a schema of its own (drills compare the two).
 partitioned_counter = make_counter("test_partitioned", schema="lf_partitioned", partitions=4)
 twin_counter = make_counter("test_twin", schema="lf_twin")
+#: A per-tenant counter in 3 segments (the API's tenant levers on a partitioned projection).
+tenant_partitioned_counter = make_tenant_counter("test_tenant_partitioned", "lf_tenant_partitioned", 3)
