@@ -19,6 +19,7 @@ The results are printed and written to bench/results/cli_startup-<time>-<label>.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,14 @@ ROLES: list[tuple[str, list[str], set[str]]] = [
         {"api_listening", "workflow_worker_started", "projector_worker_started"},
     ),
 ]
+
+
+def _command_cpu(argv: list[str], cwd: Path, *, env: dict[str, str]) -> float:
+    return child_cpu(argv, cwd, env)
+
+
+def _role_cpu(args: list[str], ready: set[str], cwd: Path, *, env: dict[str, str]) -> float:
+    return role_cpu(args, ready, cwd, env)
 
 
 def child_cpu(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
@@ -99,7 +109,7 @@ def role_cpu(args: list[str], ready: set[str], cwd: Path, env: dict[str, str]) -
         if not is_ready.wait(timeout=120):
             raise RuntimeError(f"{args} was not ready within 120 s")
         times = psutil.Process(role.pid).cpu_times()
-        return times.user + times.system
+        return float(times.user + times.system)
     finally:
         role.send_signal(signal.SIGTERM)
         try:
@@ -158,11 +168,12 @@ def main() -> None:
             "LEDGERFLOW_WORKFLOWS": "workflows.demo:registry",
             "LEDGERFLOW_POOL_MAX_SIZE": "4",
         }
-        measures = [
-            (label, lambda tree, argv=argv: child_cpu([sys.executable, *argv], tree, env))
+        measures: list[tuple[str, Callable[[Path], float]]] = [
+            (label, functools.partial(_command_cpu, [sys.executable, *argv], env=env))
             for label, argv, _needs_database in COMMANDS
-        ] + [
-            (f"{label} (until ready)", lambda tree, a=role_args, r=ready: role_cpu(a, r, tree, roles_env))
+        ]
+        measures += [
+            (f"{label} (until ready)", functools.partial(_role_cpu, role_args, ready, env=roles_env))
             for label, role_args, ready in ROLES
         ]
         for label, measure in measures:

@@ -178,8 +178,8 @@ BASELINE = "4 segments, 1 process"
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        url, name, partitions, python_us, batch_size = sys.argv[2:7]
-        child(url, name, int(partitions), float(python_us), int(batch_size))
+        child_url, child_name, segments, python_us, batch_size = sys.argv[2:7]
+        child(child_url, child_name, int(segments), float(python_us), int(batch_size))
         return
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

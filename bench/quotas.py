@@ -129,7 +129,10 @@ def main() -> None:
     rows = [[m, f"{median(v):.0f}", f"{median(v) / base:.2f}"] for m, v in found.items()]
     print(f"medians of {args.runs} rounds of {args.starts} starts; each round adds to what a tenant holds:")
     print_table(["mode", "starts/s", "÷ no quota"], rows)
-    p = lambda q: delays[min(len(delays) - 1, int(len(delays) * q))]  # noqa: E731
+
+    def p(q: float) -> float:
+        return delays[min(len(delays) - 1, int(len(delays) * q))]
+
     print(
         f"\n{args.bursts} debounced bursts: due time to run start p50 {p(0.5):.0f} ms, p99 {p(0.99):.0f} ms"
     )

@@ -56,14 +56,14 @@ def main() -> None:
         _rate(store, plain, "warm", args.appends // 5, 0)  # caches, the pinned connection
         _rate(store, one_by_one, "warm", args.appends // 5, 0)
         for r in range(args.rounds):
-            modes = [
+            plans = [
                 ("no quota", plain, "free"),
                 ("quota, a take per append", one_by_one, "single"),
                 ("quota, spare tokens", spared, "spared"),
             ]
             if r % 2:
-                modes.reverse()  # no mode always runs first
-            rounds.append({m: _rate(store, q, t, args.appends, r * args.appends) for m, q, t in modes})
+                plans.reverse()  # no mode always runs first
+            rounds.append({m: _rate(store, q, t, args.appends, r * args.appends) for m, q, t in plans})
     load_after = os.getloadavg()
     modes = list(rounds[0])
     med = {m: statistics.median(rd[m] for rd in rounds) for m in modes}
