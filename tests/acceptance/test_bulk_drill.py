@@ -1,6 +1,7 @@
 """`ledgerflow workflows bulk cancel` in a real process, SIGKILLed midway and continued: every matching run
 is cancelled exactly once, the rest of them by the continuation, and no other run is touched; then the
-dry run, the confirmation and the limit, as a user meets them."""
+dry run, the confirmation and the limit, as a user meets them. The commands not killed run in this
+process (`invoke_cli`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from eventstore import EventStore, open_store
 from ops.settings import Settings
 from projector import ProjectorWorker
-from tests.acceptance.cli_runs import cli_env, run_cli
+from tests.acceptance.cli_runs import cli_env, invoke_cli
 from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, workflow_tables
@@ -73,9 +74,9 @@ def test_a_bulk_cancel_killed_midway_and_continued_cancels_every_run_once(databa
         assert processed < RUNS, "killed midway"
         print(f"killed after {processed} of {RUNS} runs")
 
-        shown = run_cli(database_url, "workflows", "bulk", "show", str(action_id), "--json")
+        shown = invoke_cli(database_url, "workflows", "bulk", "show", str(action_id), "--json")
         assert json.loads(shown.stdout)["state"] == "running"
-        resumed = run_cli(database_url, "workflows", "bulk", "continue", str(action_id), "--json", **FLOWS)
+        resumed = invoke_cli(database_url, "workflows", "bulk", "continue", str(action_id), "--json", **FLOWS)
         assert resumed.returncode == 0, resumed.stderr
         ended = json.loads(resumed.stdout)
         assert (ended["state"], ended["matched"], ended["done"], ended["failed"], ended["skipped"]) == (
@@ -87,7 +88,7 @@ def test_a_bulk_cancel_killed_midway_and_continued_cancels_every_run_once(databa
         )
         assert all(_cancels(store, r) == 1 for r in chosen), "every matching run cancelled exactly once"
         assert all(engine.load(r).active and _cancels(store, r) == 0 for r in others)
-        wrong = run_cli(database_url, "workflows", "bulk", "show", str(action_id), "--tenant", "acme")
+        wrong = invoke_cli(database_url, "workflows", "bulk", "show", str(action_id), "--tenant", "acme")
         assert wrong.returncode == 1
         assert "tenant" in wrong.stderr
 
@@ -97,21 +98,17 @@ def test_dry_run_confirmation_and_limit(database_url: str) -> None:
         engine = Engine(store, registry)
         runs = [engine.start("linear", input=None, tags={"batch": "d"}).run_id for _ in range(3)]
         _project(store)
-        dry = run_cli(database_url, "workflows", "bulk", "cancel", "--tag", "batch=d", "--dry-run", **FLOWS)
+        dry = invoke_cli(
+            database_url, "workflows", "bulk", "cancel", "--tag", "batch=d", "--dry-run", **FLOWS
+        )
         assert dry.returncode == 0, dry.stderr
         assert "would touch 3 runs" in dry.stdout
-        refused = subprocess.run(
-            [sys.executable, "-m", "ops.cli", "workflows", "bulk", "cancel", "--tag", "batch=d"],
-            env=cli_env(database_url, **FLOWS),
-            input="n\n",
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
+        refused = invoke_cli(
+            database_url, "workflows", "bulk", "cancel", "--tag", "batch=d", input="n\n", **FLOWS
         )
         assert refused.returncode != 0
         assert "cancel 3 runs" in refused.stderr
-        limited = run_cli(
+        limited = invoke_cli(
             database_url,
             "workflows",
             "bulk",
@@ -126,7 +123,7 @@ def test_dry_run_confirmation_and_limit(database_url: str) -> None:
         assert "LEDGERFLOW_BULK_MAX_RUNS" in limited.stderr
         assert _action(store) is None
         assert all(engine.load(r).active for r in runs)
-        done = run_cli(database_url, "workflows", "bulk", "cancel", "--tag", "batch=d", "--yes", **FLOWS)
+        done = invoke_cli(database_url, "workflows", "bulk", "cancel", "--tag", "batch=d", "--yes", **FLOWS)
         assert done.returncode == 0, done.stderr
         assert "3 done" in done.stdout
         assert all(engine.load(r).status == "cancelled" for r in runs)
@@ -138,15 +135,17 @@ def test_bulk_pause_and_resume_from_the_cli(database_url: str) -> None:
         runs = [engine.start("linear", input=None, tags={"batch": "p"}).run_id for _ in range(3)]
         other = engine.start("linear", input=None, tags={"batch": "o"}).run_id
         _project(store)
-        paused = run_cli(database_url, "workflows", "bulk", "pause", "--tag", "batch=p", "--yes", **FLOWS)
+        paused = invoke_cli(database_url, "workflows", "bulk", "pause", "--tag", "batch=p", "--yes", **FLOWS)
         assert paused.returncode == 0, paused.stderr
         assert "3 done" in paused.stdout
         assert all(engine.load(r).paused for r in runs)
         assert not engine.load(other).paused
         _project(store)
-        dry = run_cli(database_url, "workflows", "bulk", "resume", "--status", "paused", "--dry-run", **FLOWS)
+        dry = invoke_cli(
+            database_url, "workflows", "bulk", "resume", "--status", "paused", "--dry-run", **FLOWS
+        )
         assert "would touch 3 runs" in dry.stdout, dry.stderr
-        resumed = run_cli(
+        resumed = invoke_cli(
             database_url, "workflows", "bulk", "resume", "--status", "paused", "--yes", "--json", **FLOWS
         )
         assert resumed.returncode == 0, resumed.stderr

@@ -1,5 +1,5 @@
-"""`ledgerflow events types`, `read --upcast`: the real command, with types declared by a module named
-in LEDGERFLOW_EVENT_TYPES."""
+"""`ledgerflow events types`, `read --upcast`: the CLI's commands (run in this process), with types
+declared by a module named in LEDGERFLOW_EVENT_TYPES."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import subprocess
 
 from eventstore import VERSION_KEY, open_store
 from projector import event_type_catalogue, rebuild
-from tests.acceptance.cli_runs import run_cli
+from tests.acceptance.cli_runs import invoke_cli
 
 
 def run(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_cli(database_url, *args, LEDGERFLOW_EVENT_TYPES="tests.event_types")
+    return invoke_cli(database_url, *args, LEDGERFLOW_EVENT_TYPES="tests.event_types")
 
 
 def test_types_versions_counts_and_upcast_reads(database_url: str) -> None:

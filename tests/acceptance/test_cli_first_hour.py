@@ -17,7 +17,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from eventstore import EventStore
-from tests.acceptance.cli_runs import cli_env, run_cli
+from tests.acceptance.cli_runs import cli_env, invoke_cli, run_cli
 from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, WorkerSettings, WorkflowWorker
@@ -133,19 +133,19 @@ def test_show_outputs_prints_every_nodes_output(database_url: str, worker: Engin
     started = worker.start("linear", input={"n": 5})
     wait_until(lambda: not worker.load(started.run_id).active, timeout=60, what="the run to end")
     env = {"LEDGERFLOW_WORKFLOWS": "tests.flows:registry"}
-    shown = run_cli(database_url, "workflows", "show", str(started.run_id), "--outputs", **env)
+    shown = invoke_cli(database_url, "workflows", "show", str(started.run_id), "--outputs", **env)
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     outputs = lines[lines.index("outputs") + 1 :]
     assert [line.strip() for line in outputs] == ['first: {"n":5}', 'second: {"n":10}', 'third: {"n":11}']
-    as_json = run_cli(database_url, "workflows", "show", str(started.run_id), "--outputs", "--json", **env)
+    as_json = invoke_cli(database_url, "workflows", "show", str(started.run_id), "--outputs", "--json", **env)
     nodes = json.loads(as_json.stdout)["nodes"]
     assert {name: node["output"] for name, node in nodes.items()} == {
         "first": {"n": 5},
         "second": {"n": 10},
         "third": {"n": 11},
     }
-    without = run_cli(database_url, "workflows", "show", str(started.run_id), **env)
+    without = invoke_cli(database_url, "workflows", "show", str(started.run_id), **env)
     assert "outputs" not in without.stdout
 
 

@@ -1,4 +1,5 @@
-"""`ledgerflow log partitions|archive|restore`, the real command against a real PostgreSQL."""
+"""`ledgerflow log partitions|archive|restore`, the CLI's commands (run in this process)
+against a real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import psycopg
 
 from eventstore import NewEvent, open_store
-from tests.acceptance.test_cli import run
+from tests.acceptance.cli_runs import invoke_cli as run
 
 
 def _small_partitions(url: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 
-from tests.acceptance.test_cli import run
+from tests.acceptance.cli_runs import invoke_cli as run
 
 
 def test_append_and_read_keep_exact_decimals(database_url: str) -> None:

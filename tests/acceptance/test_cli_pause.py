@@ -1,18 +1,19 @@
-"""`ledgerflow workflows pause|resume` with the real command in a subprocess against a fresh database."""
+"""`ledgerflow workflows pause|resume` with the CLI's commands run in this process
+(`invoke_cli`) against a fresh database."""
 
 from __future__ import annotations
 
 import subprocess
 
 from eventstore import EventStore
-from tests.acceptance.cli_runs import run_cli
+from tests.acceptance.cli_runs import invoke_cli
 from tests.flows import registry
 from workflows import Engine
 from workflows import events as ev
 
 
 def lf(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_cli(database_url, *args, LEDGERFLOW_WORKFLOWS="tests.flows:registry")
+    return invoke_cli(database_url, *args, LEDGERFLOW_WORKFLOWS="tests.flows:registry")
 
 
 def test_pause_and_resume_from_the_command_line(database_url: str, store: EventStore) -> None:

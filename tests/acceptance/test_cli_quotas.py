@@ -1,25 +1,26 @@
-"""`ledgerflow quotas` and `ledgerflow workflows start --debounce-key`, in a subprocess."""
+"""`ledgerflow quotas` and `ledgerflow workflows start --debounce-key`, the CLI's commands run in this process
+(`invoke_cli`)."""
 
 from __future__ import annotations
 
 import json
 
-from tests.acceptance.cli_runs import run_cli
+from tests.acceptance.cli_runs import invoke_cli
 
 
 def test_quotas_set_list_clear(database_url: str) -> None:
-    done = run_cli(
+    done = invoke_cli(
         database_url, "quotas", "set", "acme", "--runs-in-flight", "3", "--starts-per-second", "2.5"
     )
     assert done.returncode == 0, done.stderr
-    listed = run_cli(database_url, "quotas", "list", "--json")
+    listed = invoke_cli(database_url, "quotas", "list", "--json")
     assert json.loads(listed.stdout) == {
         "acme": {"max_runs_in_flight": 3, "starts_per_second": 2.5, "appends_per_second": None}
     }
-    refused = run_cli(database_url, "quotas", "set", "acme", "--runs-in-flight", "0")
+    refused = invoke_cli(database_url, "quotas", "set", "acme", "--runs-in-flight", "0")
     assert refused.returncode == 2
-    assert run_cli(database_url, "quotas", "clear", "acme").returncode == 0
-    assert json.loads(run_cli(database_url, "quotas", "list", "--json").stdout) == {}
+    assert invoke_cli(database_url, "quotas", "clear", "acme").returncode == 0
+    assert json.loads(invoke_cli(database_url, "quotas", "list", "--json").stdout) == {}
 
 
 def test_debounced_start(database_url: str) -> None:
@@ -34,10 +35,10 @@ def test_debounced_start(database_url: str) -> None:
         "--print-id",
     )
     env = {"LEDGERFLOW_WORKFLOWS": "tests.flows:registry"}
-    first = run_cli(database_url, *args, "--input", '{"n": 1}', **env)
-    again = run_cli(database_url, *args, "--input", '{"n": 2}', **env)
+    first = invoke_cli(database_url, *args, "--input", '{"n": 1}', **env)
+    again = invoke_cli(database_url, *args, "--input", '{"n": 2}', **env)
     assert first.returncode == 0, first.stderr
     assert first.stdout == again.stdout  # one run for the burst
-    half = run_cli(database_url, "workflows", "start", "linear", "--debounce-key", "k", **env)
+    half = invoke_cli(database_url, "workflows", "start", "linear", "--debounce-key", "k", **env)
     assert half.returncode == 2
     assert "--debounce-window" in half.stderr

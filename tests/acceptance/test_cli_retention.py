@@ -1,5 +1,5 @@
 """`ledgerflow workflows retention [--dry-run]`, `workflows show` of a released run and `workflows restore`,
-with the real command in a subprocess against a fresh database."""
+with the CLI's commands run in this process (`invoke_cli`) against a fresh database."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import subprocess
 
 from eventstore import EventStore
 from projector import ProjectorWorker
-from tests.acceptance.cli_runs import run_cli
+from tests.acceptance.cli_runs import invoke_cli
 from tests.flows import registry
 from workflows import Engine, release_of, workflow_tables
 
 
 def lf(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     # A millisecond: the runs this test ends are due as soon as they have ended.
-    return run_cli(
+    return invoke_cli(
         database_url, *args, LEDGERFLOW_WORKFLOWS="tests.flows:registry", LEDGERFLOW_RUN_RETENTION="PT0.001S"
     )
 

@@ -1,5 +1,5 @@
 """`ledgerflow workflows start --tag`, `workflows list` with filters and pages, and `workflows history`,
-the real command in a subprocess."""
+the CLI's commands run in this process (`invoke_cli`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from eventstore import open_store
 from ops.settings import Settings
 from projector import ProjectorWorker
-from tests.acceptance.cli_runs import run_cli
+from tests.acceptance.cli_runs import invoke_cli
 from tests.flows import registry
 from workflows import Engine, workflow_tables
 
@@ -18,7 +18,7 @@ FLOWS = {"LEDGERFLOW_WORKFLOWS": "tests.flows:registry"}
 def test_tagged_runs_are_listed_by_filter_a_page_at_a_time(database_url: str) -> None:
     started = []
     for team in ("red", "blue"):
-        result = run_cli(
+        result = invoke_cli(
             database_url, "workflows", "start", "linear", "--tag", f"team={team}", "--print-id", **FLOWS
         )
         assert result.returncode == 0, result.stderr
@@ -34,30 +34,30 @@ def test_tagged_runs_are_listed_by_filter_a_page_at_a_time(database_url: str) ->
         worker.release_all()
 
     args = ("workflows", "list", "--tag", "team=red", "--status", "running", "--since", "1h", "--json")
-    first = json.loads(run_cli(database_url, *args, "--limit", "2").stdout)
+    first = json.loads(invoke_cli(database_url, *args, "--limit", "2").stdout)
     assert len(first["runs"]) == 2
     assert first["next"]
-    rest = json.loads(run_cli(database_url, *args, "--limit", "2", "--after", first["next"]).stdout)
+    rest = json.loads(invoke_cli(database_url, *args, "--limit", "2", "--after", first["next"]).stdout)
     assert rest["next"] is None
     assert sorted(r["run_id"] for r in first["runs"] + rest["runs"]) == sorted(started[:3])
-    table = run_cli(database_url, "workflows", "list", "--tag", "team=blue")
+    table = invoke_cli(database_url, "workflows", "list", "--tag", "team=blue")
     assert started[3] in table.stdout
     assert "team=blue" in table.stdout
-    other = json.loads(run_cli(database_url, *args, "--tenant", "acme").stdout)
+    other = json.loads(invoke_cli(database_url, *args, "--tenant", "acme").stdout)
     assert other == {"runs": [], "next": None}
-    wrong = run_cli(database_url, "workflows", "list", "--after", first["next"])
+    wrong = invoke_cli(database_url, "workflows", "list", "--after", first["next"])
     assert wrong.returncode == 1
     assert "another search" in wrong.stderr
-    bad = run_cli(database_url, "workflows", "start", "linear", "--tag", "x", **FLOWS)
+    bad = invoke_cli(database_url, "workflows", "start", "linear", "--tag", "x", **FLOWS)
     assert bad.returncode != 0
     assert "KEY=VALUE" in bad.stderr
 
-    history = run_cli(database_url, "workflows", "history", started[0], "--json")
+    history = invoke_cli(database_url, "workflows", "history", started[0], "--json")
     assert history.returncode == 0, history.stderr
     events = [json.loads(line) for line in history.stdout.splitlines()]
     assert [e["type"] for e in events] == ["RunStarted", "NodesReady"]
     assert "team=red" in events[0]["summary"]
-    assert "RunStarted" in run_cli(database_url, "workflows", "history", started[0]).stdout
-    elsewhere = run_cli(database_url, "workflows", "history", started[0], "--tenant", "acme")
+    assert "RunStarted" in invoke_cli(database_url, "workflows", "history", started[0]).stdout
+    elsewhere = invoke_cli(database_url, "workflows", "history", started[0], "--tenant", "acme")
     assert elsewhere.returncode == 1
     assert "no run" in elsewhere.stderr

@@ -1,5 +1,5 @@
-"""`ledgerflow workflows schedules`: the real command in a subprocess, on a fresh database whose schedules
-a worker has seen (started here with the clock given, as a worker's schedule keeper would)."""
+"""`ledgerflow workflows schedules`: the CLI's command run in this process, on a fresh database whose
+schedules a worker has seen (started here with the clock given, as a worker's schedule keeper would)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 from datetime import UTC, datetime, timedelta
 
 from eventstore import EventStore
-from tests.acceptance.cli_runs import run_cli
+from tests.acceptance.cli_runs import invoke_cli
 from workflows import Engine, Schedule, Workflow, WorkflowRegistry
 from workflows.schedules import run_due_ticks
 
@@ -24,7 +24,7 @@ for wf in (nightly, every_five):
 
 def lf(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     # The session's time zone is not UTC: cron ticks are UTC all the same.
-    return run_cli(database_url, *args, PGTZ="America/New_York")
+    return invoke_cli(database_url, *args, PGTZ="America/New_York")
 
 
 def test_schedules_are_listed_with_their_last_and_next_tick(database_url: str, store: EventStore) -> None:

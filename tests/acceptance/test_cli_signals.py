@@ -1,5 +1,6 @@
-"""`ledgerflow workflows signal` and what `show` says of a waiting node, with the real command in a
-subprocess against a fresh database and a workflow worker beside it."""
+"""`ledgerflow workflows signal` and what `show` says of a waiting node, against a fresh database and a
+workflow worker beside it: the CLI's commands run in this process (`invoke_cli`), but for the sends the
+drill kills, which are real processes."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from eventstore import EventStore
 from ops.cli.workflows import waiting_note
-from tests.acceptance.cli_runs import cli_env, run_cli
+from tests.acceptance.cli_runs import cli_env, invoke_cli, run_cli
 from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, NodeState, NodeStatus, WorkerSettings, WorkflowWorker
@@ -27,6 +28,10 @@ def _env(database_url: str) -> dict[str, str]:
 
 
 def lf(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return invoke_cli(database_url, *args, LEDGERFLOW_WORKFLOWS="tests.flows:registry")
+
+
+def lf_process(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return run_cli(database_url, *args, LEDGERFLOW_WORKFLOWS="tests.flows:registry")
 
 
@@ -110,7 +115,9 @@ def test_a_signal_killed_at_any_moment_and_sent_again_is_recorded_once(
     rng = random.Random(12)
     began = time.monotonic()
     assert (
-        lf(database_url, "workflows", "signal", str(engine.start("approval").run_id), "warm-up").returncode
+        lf_process(
+            database_url, "workflows", "signal", str(engine.start("approval").run_id), "warm-up"
+        ).returncode
         == 0
     )
     whole = time.monotonic() - began  # how long a signal takes here, start-up included

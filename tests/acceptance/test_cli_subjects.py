@@ -1,4 +1,5 @@
-"""`ledgerflow subjects forget` and `ledgerflow keys …` through the real CLI."""
+"""`ledgerflow subjects forget` and `ledgerflow keys …` through the CLI's commands (run in this
+process)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 from eventstore import REDACTED, DatabaseSettings, NewEvent, open_store, personal_fields
 from eventstore.spi import json_loads
-from tests.acceptance.cli_runs import run_cli
+from tests.acceptance.cli_runs import invoke_cli
 
 personal_fields("CliCustomerSeen", subject="customer_id", fields=["email"])
 
@@ -21,13 +22,13 @@ def _append(url: str, master: str, customer: str, email: str) -> None:
 
 
 def _emails(url: str, **env: str) -> list[str]:
-    shown = run_cli(url, "read", "customer-c1", "--json", **env)
+    shown = invoke_cli(url, "read", "customer-c1", "--json", **env)
     assert shown.returncode == 0, shown.stderr
     return [json_loads(line)["data"]["email"] for line in shown.stdout.splitlines()]
 
 
 def test_forget_and_rotate_through_the_cli(database_url: str, tmp_path: Path) -> None:
-    generated = run_cli(database_url, "keys", "generate")
+    generated = invoke_cli(database_url, "keys", "generate")
     assert generated.returncode == 0, generated.stderr
     master = generated.stdout.strip()
     key_file = tmp_path / "master.key"
@@ -37,29 +38,31 @@ def test_forget_and_rotate_through_the_cli(database_url: str, tmp_path: Path) ->
     assert _emails(database_url, **by_file) == ["ann@example.com"]
 
     # Rotation: the new key current, the old one previous; the log is not rewritten.
-    new_master = run_cli(database_url, "keys", "generate").stdout.strip()
+    new_master = invoke_cli(database_url, "keys", "generate").stdout.strip()
     both = {"LEDGERFLOW_MASTER_KEY": new_master, "LEDGERFLOW_PREVIOUS_MASTER_KEYS": master}
-    rotated = run_cli(database_url, "keys", "rotate-master", **both)
+    rotated = invoke_cli(database_url, "keys", "rotate-master", **both)
     assert rotated.returncode == 0, rotated.stderr
     assert "1 data keys re-wrapped" in rotated.stdout
-    assert "0 data keys re-wrapped" in run_cli(database_url, "keys", "rotate-master", **both).stdout
+    assert "0 data keys re-wrapped" in invoke_cli(database_url, "keys", "rotate-master", **both).stdout
     assert _emails(database_url, LEDGERFLOW_MASTER_KEY=new_master) == ["ann@example.com"]
 
     # Without --yes and no answer on stdin, nothing is forgotten.
-    refused = run_cli(database_url, "subjects", "forget", "c1", LEDGERFLOW_MASTER_KEY=new_master)
+    refused = invoke_cli(database_url, "subjects", "forget", "c1", LEDGERFLOW_MASTER_KEY=new_master)
     assert refused.returncode != 0
     assert _emails(database_url, LEDGERFLOW_MASTER_KEY=new_master) == ["ann@example.com"]
-    forgot = run_cli(database_url, "subjects", "forget", "c1", "--yes", "--json", "--reason", "erasure")
+    forgot = invoke_cli(database_url, "subjects", "forget", "c1", "--yes", "--json", "--reason", "erasure")
     assert forgot.returncode == 0, forgot.stderr
     assert json.loads(forgot.stdout)["already"] is False
     assert _emails(database_url, LEDGERFLOW_MASTER_KEY=new_master) == [REDACTED]
-    status = run_cli(database_url, "keys", "status", "--json", LEDGERFLOW_MASTER_KEY=new_master)
+    status = invoke_cli(database_url, "keys", "status", "--json", LEDGERFLOW_MASTER_KEY=new_master)
     assert json.loads(status.stdout)["keys"] == {"forgotten": 1}
 
 
 def test_reading_sealed_data_without_a_master_key_names_the_setting(database_url: str) -> None:
-    _append(database_url, run_cli(database_url, "keys", "generate").stdout.strip(), "c1", "ann@example.com")
-    shown = run_cli(database_url, "read", "customer-c1")
+    _append(
+        database_url, invoke_cli(database_url, "keys", "generate").stdout.strip(), "c1", "ann@example.com"
+    )
+    shown = invoke_cli(database_url, "read", "customer-c1")
     assert shown.returncode == 1
     assert "master_key_missing" in shown.stderr
     assert "LEDGERFLOW_MASTER_KEY" in shown.stderr

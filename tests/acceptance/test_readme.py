@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from eventstore import open_store
+from tests.acceptance.cli_runs import invoke_cli
 from tests.waiting import wait_until
 from workflows.read import list_runs
 
@@ -325,19 +326,9 @@ def _check_outputs(steps: list[Step], shell: Shell) -> None:
 
 
 def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {
-        "LEDGERFLOW_DATABASE_URL": database_url,
-        "LEDGERFLOW_WORKFLOWS": "tests.flows:registry",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=ROOT,
-    )
+    # In this process: what is checked is what a command prints on stdout, not how a process starts
+    # (test_cli_first_hour checks that an answer comes without start-up lines, in a real process).
+    return invoke_cli(database_url, *args, LEDGERFLOW_WORKFLOWS="tests.flows:registry")
 
 
 def test_values_the_tour_captures_are_printed_alone(database_url: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 from eventstore import EventStore, open_store
 from ops.settings import Settings
 from projector import ProjectorWorker, verify
-from tests.acceptance.cli_runs import cli_env, run_cli
+from tests.acceptance.cli_runs import cli_env, invoke_cli
 from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, search_runs, workflow_tables
@@ -68,7 +68,7 @@ def test_a_retention_pass_killed_midway_and_run_again_releases_every_due_run_onc
         assert killed_at < RUNS, "killed midway"
         print(f"killed after {killed_at} of {RUNS} runs")
 
-        again = run_cli(database_url, "workflows", "retention", "--json", **ENV)
+        again = invoke_cli(database_url, "workflows", "retention", "--json", **ENV)
         assert again.returncode == 0, again.stderr
         actions = json.loads(again.stdout)
         assert actions[0]["state"] == "completed", "the killed pass's action is finished first"

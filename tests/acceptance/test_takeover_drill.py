@@ -363,6 +363,9 @@ def test_a_hung_worker_is_taken_over_as_soon_as_its_lease_lapses(store: EventSto
     wait_until(lambda: len(workers.entered(taker)) == 20, timeout=60, what="every node to run again")
     last = max(workers.entered(taker).values()) - lapsed
     wait_until(lambda: all_done(engine, run_ids), timeout=60, what="the runs to finish")
+    # Its nodes hang until the process dies: a SIGTERM would wait out the shutdown grace for nothing.
+    hung.kill()
+    hung.wait()
     print(
         f"\n20 nodes of a hung worker (lease 3 s) running elsewhere {last:.2f}s after the last lease lapsed"
     )
