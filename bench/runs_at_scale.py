@@ -279,6 +279,9 @@ def recoveries(
     out: list[dict[str, float]] = []
 
     def all_running(since: datetime) -> bool:
+        exited = [p.returncode for p in procs if p.poll() is not None]
+        if exited:  # a worker that refused its settings, say: waiting would only time out
+            raise RuntimeError(f"{len(exited)} worker(s) exited (codes {exited}); see {log}")
         return bool(scalar(store, _RUNNING_SINCE, {"workflow": HOLD, "since": since}) >= held)
 
     try:
