@@ -26,6 +26,9 @@ def test_runs_are_found_by_tag_and_paged(page: Page, console: Console) -> None:
     red = [start_tagged(page, "linear", "team=red n=" + str(i), '{"n": 1}') for i in range(3)]
     blue = start_tagged(page, "linear", "team=blue", '{"n": 1}')
     page.goto(page.url.split("#")[0] + "#/runs")
+    # The list reads the run tables, a moment behind the starts: once the last run started is listed, so
+    # are the others (a page read before would change under the test as the list refreshes).
+    expect(page.locator(f"[data-testid=run-row][data-run-id='{blue}']")).to_have_count(1)
     page.fill("#filter-tags", "team=red")
     page.fill("#filter-limit", "2")
     page.click("#runs-filter button[type=submit]")
