@@ -26,14 +26,7 @@ from datetime import datetime
 import structlog
 
 from eventstore import EventStore, LedgerflowError, MissingRelationError
-from eventstore.spi import (
-    Outage,
-    OutageState,
-    is_unavailable,
-    load_queries,
-    retry_delay,
-    wait_until_available,
-)
+from eventstore.spi import Outage, OutageState, is_unavailable, load_queries, through_outages
 from workflows.bulk import BulkAction
 from workflows.engine import Engine
 from workflows.errors import wrap_exceptions
@@ -74,24 +67,16 @@ class RetentionWorker:
             log.info("retention_role_off", setting="LEDGERFLOW_RETENTION_INTERVAL")
             self.stopping.wait()
             return
-        failures = 0
         while not self.stopping.is_set():
             try:
-                self.tick()
-                self.outage.succeeded()
-                self.outage.settle(confirmed=True)  # a whole tick went through: any outage is over
-                failures = 0
+                # The database going away, maybe in the middle of a pass, is waited out, and the tick runs
+                # again as soon as it answers (the pass first finishes the actions it left), not an
+                # interval later.
+                through_outages(self.tick, self.engine.store.pool, self.outage, self.stopping)
             except LedgerflowError as exc:
-                if not is_unavailable(exc):
-                    raise  # a bug: the role restarts it, with back-off
-                # The database went away, maybe in the middle of a pass: once it answers, tick again at
-                # once (the pass first finishes the actions it left), not an interval later; a tick that
-                # fails again although the database answers backs off.
-                failures += 1
-                self.outage.failed(exc)
-                if wait_until_available(self.engine.store.pool, self.outage, self.stopping) and failures > 1:
-                    self.stopping.wait(retry_delay(failures - 1, exc))
-                continue
+                if is_unavailable(exc) and self.stopping.is_set():
+                    return  # stopped while the database was away
+                raise  # a bug: the role restarts it, with back-off
             self.stopping.wait(interval)
 
     def stop(self) -> None:
