@@ -14,23 +14,15 @@ import pytest
 
 from eventstore import EventStore, open_store
 from ops.settings import Settings
-from projector import ProjectorWorker
 from tests.acceptance.cli_runs import cli_env, invoke_cli
 from tests.flows import registry
+from tests.run_tables import project_runs
 from tests.waiting import wait_until
-from workflows import Engine, workflow_tables
+from workflows import Engine
 from workflows import events as ev
 
 FLOWS = {"LEDGERFLOW_WORKFLOWS": "tests.flows:registry"}
 RUNS = 600
-
-
-def _project(store: EventStore) -> None:
-    worker = ProjectorWorker(store, [workflow_tables])
-    try:
-        worker.run_until_caught_up()
-    finally:
-        worker.release_all()
 
 
 def _action(store: EventStore) -> tuple[uuid.UUID, int, str] | None:
@@ -53,7 +45,7 @@ def test_a_bulk_cancel_killed_midway_and_continued_cancels_every_run_once(databa
         engine = Engine(store, registry)
         chosen = [engine.start("linear", input=None, tags={"batch": "k"}).run_id for _ in range(RUNS)]
         others = [engine.start("linear", input=None, tags={"batch": "keep"}).run_id for _ in range(5)]
-        _project(store)
+        project_runs(store)
         process = subprocess.Popen(
             [sys.executable, "-m", "ops.cli", "workflows", "bulk", "cancel", "--tag", "batch=k", "--yes"],
             env=cli_env(database_url, **FLOWS),
@@ -97,7 +89,7 @@ def test_dry_run_confirmation_and_limit(database_url: str) -> None:
     with open_store(Settings(database_url=database_url)) as store:
         engine = Engine(store, registry)
         runs = [engine.start("linear", input=None, tags={"batch": "d"}).run_id for _ in range(3)]
-        _project(store)
+        project_runs(store)
         dry = invoke_cli(
             database_url, "workflows", "bulk", "cancel", "--tag", "batch=d", "--dry-run", **FLOWS
         )
@@ -134,13 +126,13 @@ def test_bulk_pause_and_resume_from_the_cli(database_url: str) -> None:
         engine = Engine(store, registry)
         runs = [engine.start("linear", input=None, tags={"batch": "p"}).run_id for _ in range(3)]
         other = engine.start("linear", input=None, tags={"batch": "o"}).run_id
-        _project(store)
+        project_runs(store)
         paused = invoke_cli(database_url, "workflows", "bulk", "pause", "--tag", "batch=p", "--yes", **FLOWS)
         assert paused.returncode == 0, paused.stderr
         assert "3 done" in paused.stdout
         assert all(engine.load(r).paused for r in runs)
         assert not engine.load(other).paused
-        _project(store)
+        project_runs(store)
         dry = invoke_cli(
             database_url, "workflows", "bulk", "resume", "--status", "paused", "--dry-run", **FLOWS
         )

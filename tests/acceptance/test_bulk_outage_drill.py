@@ -35,10 +35,11 @@ import pytest
 from eventstore import DatabaseSettings, EventStore, open_store
 from eventstore.migrate import migrate
 from ops.auth import create_token
-from projector import ProjectorWorker, verify
+from projector import verify
 from tests.acceptance.pg_cluster import ROOT, WORKER_ROLE, Cluster, once, retrying, throwaway_cluster
 from tests.acceptance.test_serve_restart import free_port, healthy
 from tests.flows import registry
+from tests.run_tables import project_runs
 from tests.waiting import wait_until
 from workflows import Engine, RunFilter, run_bulk_action, search_runs, workflow_tables
 from workflows import events as ev
@@ -51,14 +52,6 @@ pytestmark = pytest.mark.drill
 RUNS = 210
 PAGE = 200
 CANCEL_KEPT = ("workflows", "bulk", "cancel", "--tag", "batch=keep", "--yes")
-
-
-def _project(store: EventStore) -> None:
-    worker = ProjectorWorker(store, [workflow_tables])
-    try:
-        worker.run_until_caught_up()
-    finally:
-        worker.release_all()
 
 
 def _second_page_run(store: EventStore, wanted: RunFilter) -> uuid.UUID:
@@ -190,9 +183,9 @@ def test_bulk_actions_and_retention_finish_across_database_restarts(tmp_path: Pa
             by_cli = [engine.start("linear", tags={"batch": "cli"}).run_id for _ in range(RUNS)]
             by_api = [engine.start("linear", tags={"batch": "api"}).run_id for _ in range(RUNS)]
             kept = [engine.start("linear", tags={"batch": "keep"}).run_id for _ in range(3)]
-            _project(store)
+            project_runs(store)
             took["cli_after_restart"] = _cli_through_a_restart(cluster, store, by_cli)
-            retrying(lambda: _project(store))  # the command's cancels: those runs are due too
+            retrying(lambda: project_runs(store))  # the command's cancels: those runs are due too
             log = tmp_path / "serve.log"
             took |= _serve_through_a_stop(cluster, store, log)
 
@@ -202,7 +195,7 @@ def test_bulk_actions_and_retention_finish_across_database_restarts(tmp_path: Pa
             released = _events(store, ev.RUN_RELEASED)
             assert [released.get(ev.run_stream(r), 0) for r in old + by_cli] == [1] * (2 * RUNS)
             assert sum(released.values()) == 2 * RUNS, "no run still going released"
-            _project(store)
+            project_runs(store)
             listed = search_runs(store, tenant="default", limit=2 * RUNS).runs
             assert {uuid.UUID(str(r["run_id"])) for r in listed} == set(by_api + kept), "released: gone"
             assert verify(store, workflow_tables).equal

@@ -16,9 +16,10 @@ import pytest
 
 from eventstore import EventStore, open_store
 from ops.settings import Settings
-from projector import ProjectorWorker, verify
+from projector import verify
 from tests.acceptance.cli_runs import cli_env, invoke_cli
 from tests.flows import registry
+from tests.run_tables import project_runs
 from tests.waiting import wait_until
 from workflows import Engine, RunFilter, search_runs, workflow_tables
 from workflows import events as ev
@@ -27,14 +28,6 @@ ENV = {"LEDGERFLOW_WORKFLOWS": "tests.flows:registry", "LEDGERFLOW_RUN_RETENTION
 RUNS = 400
 #: Runs per page of a bulk action's walk (workflows.bulk): the pass is killed after its first.
 PAGE = 200
-
-
-def _project(store: EventStore) -> None:
-    worker = ProjectorWorker(store, [workflow_tables])
-    try:
-        worker.run_until_caught_up()
-    finally:
-        worker.release_all()
 
 
 def _processed(store: EventStore) -> int:
@@ -87,7 +80,7 @@ def test_a_retention_pass_killed_midway_and_run_again_releases_every_due_run_onc
         for run_id in due:
             engine.cancel(run_id)  # nothing in flight: ended at once
         going = [engine.start("linear").run_id for _ in range(5)]
-        _project(store)
+        project_runs(store)
         # The pass is killed midway by a lock, not by timing: its second page waits on a row lock of one of
         # that page's run streams, with the first page committed.
         with _stream_held(store, _second_page_run(store)):
@@ -117,7 +110,7 @@ def test_a_retention_pass_killed_midway_and_run_again_releases_every_due_run_onc
         assert sum(a["done"] for a in actions) + killed_at >= RUNS
         assert all(_releases(store, r) == 1 for r in due), "every due run released exactly once"
         assert all(_releases(store, r) == 0 and engine.load(r).active for r in going)
-        _project(store)
+        project_runs(store)
         listed = {r["run_id"] for r in search_runs(store, tenant="default", limit=50).runs}
         assert listed == set(going)
         assert verify(store, workflow_tables).equal

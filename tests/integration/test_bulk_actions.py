@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 
 from eventstore import EventStore, NotFoundError
-from projector import ProjectorWorker
 from tests.flows import registry
+from tests.run_tables import project_runs
 from tests.strategies import bulk_fleets
 from tests.waiting import joined, wait_until
 from workflows import (
@@ -28,7 +28,6 @@ from workflows import (
     plan_bulk,
     run_bulk_action,
     search_runs,
-    workflow_tables,
 )
 from workflows import events as ev
 
@@ -36,14 +35,6 @@ from workflows import events as ev
 @pytest.fixture
 def engine(store: EventStore) -> Engine:
     return Engine(store, registry)
-
-
-def project(store: EventStore) -> None:
-    worker = ProjectorWorker(store, [workflow_tables])
-    try:
-        worker.run_until_caught_up()
-    finally:
-        worker.release_all()
 
 
 def start(engine: Engine, batch: str, count: int, tenant: str = "default") -> list[uuid.UUID]:
@@ -63,7 +54,7 @@ def test_a_bulk_cancel_cancels_the_matching_runs_once_and_leaves_the_others(
     store: EventStore, engine: Engine
 ) -> None:
     chosen, others = start(engine, "a", 7), start(engine, "b", 4)
-    project(store)
+    project_runs(store)
     plan = plan_bulk(store, kind="cancel", tenant="default", filter=BATCH_A)
     assert (plan.matched, plan.over_limit) == (7, False)
     assert all(engine.load(r).active for r in chosen)  # a dry run touches nothing
@@ -90,10 +81,10 @@ def test_runs_started_after_the_action_was_recorded_are_not_its_business(
     store: EventStore, engine: Engine
 ) -> None:
     start(engine, "a", 3)
-    project(store)
+    project_runs(store)
     action = create_bulk_action(store, kind="cancel", tenant="default", filter=BATCH_A, actor="test")
     later = start(engine, "a", 2)
-    project(store)
+    project_runs(store)
     ended = run_bulk_action(engine, action.id, tenant="default")
     assert (ended.matched, ended.done) == (3, 3)
     assert all(engine.load(r).active for r in later)
@@ -103,7 +94,7 @@ def test_two_actions_at_once_and_one_action_worked_twice_at_once_cancel_each_run
     store: EventStore, engine: Engine
 ) -> None:
     chosen = start(engine, "a", 30)
-    project(store)
+    project_runs(store)
     errors: list[BaseException] = []
     shared = create_bulk_action(store, kind="cancel", tenant="default", filter=BATCH_A, actor="test")
 
@@ -137,7 +128,7 @@ def test_a_worker_whose_lock_went_with_its_connection_counts_no_page_the_new_hol
     # its other connections while another process takes the lock and works the same pages.
     monkeypatch.setattr(bulk, "_PAGE", 5)
     chosen = start(engine, "a", 10)
-    project(store)
+    project_runs(store)
     action = create_bulk_action(store, kind="cancel", tenant="default", filter=BATCH_A, actor="test")
     first_paused, first_go = threading.Event(), threading.Event()
     second_paused, second_go = threading.Event(), threading.Event()
@@ -189,7 +180,7 @@ def test_a_bulk_retry_retries_each_run_once_even_when_resumed_after_acting_but_b
     chosen = start(engine, "a", 5)
     for r in chosen:
         engine.cancel(r)
-    project(store)
+    project_runs(store)
     wanted = RunFilter(tags=(("batch", "a"),), statuses=("cancelled",))
     action = create_bulk_action(store, kind="retry", tenant="default", filter=wanted, actor="test")
     # A crash after the first run's retry committed and before its outcome was counted:
@@ -209,7 +200,7 @@ def test_a_bulk_pause_then_a_bulk_resume_of_the_paused_runs_each_once(
 ) -> None:
     chosen, others = start(engine, "a", 4), start(engine, "b", 2)
     engine.cancel(chosen[0])  # ended: no pause for it
-    project(store)
+    project_runs(store)
     paused = create_bulk_action(store, kind="pause", tenant="default", filter=BATCH_A, actor="test")
     # A crash after one run's pause committed and before its outcome was counted: met again, done once.
     engine.pause(chosen[1], actor=f"bulk:{paused.id}", idempotency_key=f"bulk:{paused.id}:{chosen[1]}")
@@ -218,7 +209,7 @@ def test_a_bulk_pause_then_a_bulk_resume_of_the_paused_runs_each_once(
     assert [events_of(store, r, ev.RUN_PAUSED) for r in chosen] == [0, 1, 1, 1]
     assert all(engine.load(r).paused for r in chosen[1:])
     assert not any(engine.load(r).paused for r in others)
-    project(store)
+    project_runs(store)
     wanted = RunFilter(tags=(("batch", "a"),), statuses=("paused",))
     assert plan_bulk(store, kind="resume", tenant="default", filter=wanted).matched == 3
     resumed = create_bulk_action(store, kind="resume", tenant="default", filter=wanted, actor="test")
@@ -233,7 +224,7 @@ def test_a_bulk_pause_then_a_bulk_resume_of_the_paused_runs_each_once(
 
 def test_runs_that_do_not_allow_the_action_are_skipped(store: EventStore, engine: Engine) -> None:
     chosen = start(engine, "a", 3)
-    project(store)
+    project_runs(store)
     action = create_bulk_action(store, kind="retry", tenant="default", filter=BATCH_A, actor="test")
     ended = run_bulk_action(engine, action.id, tenant="default")
     assert (ended.done, ended.failed, ended.skipped) == (0, 0, 3)
@@ -242,7 +233,7 @@ def test_runs_that_do_not_allow_the_action_are_skipped(store: EventStore, engine
 
 def test_a_tenants_action_sees_and_touches_only_its_runs(store: EventStore, engine: Engine) -> None:
     mine, theirs = start(engine, "a", 3, tenant="acme"), start(engine, "a", 4, tenant="globex")
-    project(store)
+    project_runs(store)
     assert plan_bulk(store, kind="cancel", tenant="acme", filter=BATCH_A).matched == 3
     action = create_bulk_action(store, kind="cancel", tenant="acme", filter=BATCH_A, actor="test")
     with pytest.raises(NotFoundError, match="tenant"):
@@ -260,7 +251,7 @@ def test_more_matching_runs_than_the_limit_are_refused_and_nothing_is_recorded(
     store: EventStore, engine: Engine
 ) -> None:
     chosen = start(engine, "a", 5)
-    project(store)
+    project_runs(store)
     plan = plan_bulk(store, kind="cancel", tenant="default", filter=BATCH_A, limit=3)
     assert (plan.matched, plan.over_limit) == (4, True)
     with pytest.raises(BulkLimitError, match="LEDGERFLOW_BULK_MAX_RUNS") as caught:
@@ -289,7 +280,7 @@ def test_a_bulk_action_touches_exactly_the_runs_its_filter_selects(
         if cancelled:
             engine.cancel(run_id, tenant=tenant)
         started.append((run_id, run_team, run_env, cancelled))
-    project(store)
+    project_runs(store)
     tags = tuple((k, v) for k, v in (("team", team), ("env", env)) if v is not None)
     wanted = RunFilter(tags=tags, statuses=("running",) if running_only else ())
     action = create_bulk_action(store, kind=kind, tenant=tenant, filter=wanted, actor="property")

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventstore import EventStore, InvalidInputError
-from projector import ProjectorWorker, verify
+from projector import verify
+from tests.run_tables import project_runs
 from workflows import (
     Engine,
     NodeContext,
@@ -78,14 +79,6 @@ def engine(store: EventStore) -> Engine:
     return Engine(store, registry)
 
 
-def project(engine: Engine) -> None:
-    worker = ProjectorWorker(engine.store, [workflow_tables, children_projection(engine)])
-    try:
-        worker.run_until_caught_up()
-    finally:
-        worker.release_all()
-
-
 def rows_of(store: EventStore, run_id: uuid.UUID) -> dict[str, list[tuple[Any, ...]]]:
     """Every row the run tables hold about the run."""
     queries = {
@@ -116,7 +109,7 @@ def test_a_pass_releases_due_runs_only_a_rebuild_leaves_them_out_and_a_restore_b
         child = uuid.UUID(engine.load(parent).nodes["answer"].output)
         wait_for_run(engine, child)
         waiting = engine.start("hold").run_id  # still going: its node waits for a signal
-    project(engine)
+    project_runs(engine.store, children_projection(engine))
     due = [done, failed, parent, child]
     before = {run_id: rows_of(store, run_id) for run_id in due}
     assert before[done]["tags"], "the run has a tag row"
@@ -125,7 +118,7 @@ def test_a_pass_releases_due_runs_only_a_rebuild_leaves_them_out_and_a_restore_b
 
     actions = retention_pass(engine, settings=NEVER)
     assert [(a.kind, a.state, a.done, a.failed) for a in actions] == [("release", "completed", 4, 0)]
-    project(engine)
+    project_runs(engine.store, children_projection(engine))
 
     for run_id in due:
         assert rows_of(store, run_id) == {"runs": [], "nodes": [], "tags": [], "children": []}
@@ -152,7 +145,7 @@ def test_a_pass_releases_due_runs_only_a_rebuild_leaves_them_out_and_a_restore_b
 
     for run_id in due:
         restore_run(engine, run_id)
-    project(engine)
+    project_runs(engine.store, children_projection(engine))
     assert {run_id: rows_of(store, run_id) for run_id in due} == before
     assert all(release_of(store, run_id) is None for run_id in due)
     assert verify(store, workflow_tables).equal
@@ -168,7 +161,7 @@ def test_a_pass_respects_the_setting_and_another_tenant_is_untouched(
         theirs = engine.start("kept", input="b", tenant="acme").run_id
         wait_for_run(engine, mine)
         wait_for_run(engine, theirs, tenant="acme")
-    project(engine)
+    project_runs(engine.store, children_projection(engine))
     assert retention_pass(engine, settings=NEVER) == [], "kept for ever by default"
     a_day = RetentionSettings(run_retention=timedelta(days=1))
     assert retention_pass(engine, settings=a_day) == [], "ended less than a day ago"
@@ -185,13 +178,13 @@ def test_a_pass_takes_at_most_its_batch_and_the_next_pass_takes_the_rest(
     runs = [engine.start("hold").run_id for _ in range(5)]
     for run_id in runs:
         engine.cancel(run_id)  # nothing in flight: cancelled at once
-    project(engine)
+    project_runs(engine.store, children_projection(engine))
     small = RetentionSettings(run_retention=timedelta(microseconds=1), retention_batch=3)
     (first,) = retention_pass(engine, settings=small)
     assert (first.matched, first.done) == (3, 3)
     (again,) = retention_pass(engine, settings=small)  # the tables have not caught up: found, not counted
     assert (again.matched, again.done, again.skipped) == (3, 0, 3)
-    project(engine)
+    project_runs(engine.store, children_projection(engine))
     (second,) = retention_pass(engine, settings=small)
     assert (second.matched, second.done) == (2, 2)
     assert all(release_of(store, run_id) is not None for run_id in runs)
@@ -256,7 +249,7 @@ def test_two_passes_at_once_release_each_run_exactly_once(engine: Engine, store:
     runs = [engine.start("hold").run_id for _ in range(30)]
     for run_id in runs:
         engine.cancel(run_id)
-    project(engine)
+    project_runs(engine.store, children_projection(engine))
     soon = RetentionSettings(run_retention=timedelta(microseconds=1))
     barrier = threading.Barrier(2)
     worked: list[list[Any]] = []

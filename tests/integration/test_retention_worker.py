@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from eventstore import EventStore
-from projector import ProjectorWorker
+from tests.run_tables import project_runs
 from tests.waiting import joined, wait_until
 from workflows import (
     Engine,
@@ -22,7 +22,6 @@ from workflows import (
     RetentionWorker,
     Workflow,
     WorkflowRegistry,
-    workflow_tables,
 )
 from workflows import events as ev
 from workflows.retention_worker import _sole_pass
@@ -47,14 +46,6 @@ def engine(store: EventStore) -> Engine:
     return Engine(store, registry)
 
 
-def project(engine: Engine) -> None:
-    worker = ProjectorWorker(engine.store, [workflow_tables])
-    try:
-        worker.run_until_caught_up()
-    finally:
-        worker.release_all()
-
-
 def ended_runs(engine: Engine, count: int, tenant: str = "default") -> list[uuid.UUID]:
     runs = [engine.start("hold", tenant=tenant).run_id for _ in range(count)]
     for run_id in runs:
@@ -71,7 +62,7 @@ def releases(store: EventStore, run_id: uuid.UUID, tenant: str = "default") -> i
 def test_a_tick_drains_every_tenants_due_runs_pass_after_pass(engine: Engine, store: EventStore) -> None:
     mine, theirs = ended_runs(engine, 7), ended_runs(engine, 2, tenant="acme")
     going = engine.start("hold").run_id
-    project(engine)
+    project_runs(engine.store)
     worker = RetentionWorker(engine, RetentionSettings(**DUE))
     tick = worker.tick()
     # 7 runs of one workflow in passes of 3 (3, 3, 1), without the tables catching up in between.
@@ -87,7 +78,7 @@ def test_a_tick_drains_every_tenants_due_runs_pass_after_pass(engine: Engine, st
     assert releases(store, going) == 0
     # The tables have not caught up: a tick finds the released runs again, releases none twice, and ends.
     assert worker.tick().released == 0
-    project(engine)
+    project_runs(engine.store)
     assert worker.tick().actions == []
     assert all(releases(store, r) == 1 for r in mine)
 
@@ -96,7 +87,7 @@ def test_one_tick_at_a_time_across_processes_and_each_run_released_once(
     engine: Engine, store: EventStore
 ) -> None:
     runs = ended_runs(engine, 10)
-    project(engine)
+    project_runs(engine.store)
     worker = RetentionWorker(engine, RetentionSettings(**DUE))
     with _sole_pass(store) as held_here:  # another process's tick, in progress
         assert held_here
@@ -126,7 +117,7 @@ def test_the_role_passes_every_interval_and_is_off_at_0(engine: Engine, store: E
     stopped = threading.Thread(target=off.run)
     stopped.start()
     first = ended_runs(engine, 2)
-    project(engine)
+    project_runs(engine.store)
     off.stop()
     joined(stopped)
     assert all(releases(store, r) == 0 for r in first), "interval 0: no passes"
@@ -137,7 +128,7 @@ def test_the_role_passes_every_interval_and_is_off_at_0(engine: Engine, store: E
     try:
         wait_until(lambda: all(releases(store, r) == 1 for r in first), what="the first tick's releases")
         later = ended_runs(engine, 2)
-        project(engine)
+        project_runs(engine.store)
         wait_until(lambda: all(releases(store, r) == 1 for r in later), what="a later tick's releases")
     finally:
         worker.stop()
@@ -168,7 +159,7 @@ def test_a_tick_the_database_stopped_is_finished_once_it_answers_not_an_interval
     engine: Engine, store: EventStore
 ) -> None:
     runs = ended_runs(engine, 7)
-    project(engine)
+    project_runs(engine.store)
     worker = RetentionWorker(engine, RetentionSettings(**DUE, retention_interval=3600))
     # The tick's second pass (runs are taken newest first, 3 a pass) waits on a run's stream row, its
     # transaction open, until the drill ends its connection: the database gone for the tick.

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventstore import EventStore, InvalidInputError
-from projector import ProjectorWorker, verify
-from projector import WorkerSettings as ProjectorSettings
+from projector import verify
+from tests.run_tables import project_runs
 from tests.waiting import wait_until
 from tests.worker_threads import StartWorker, worker_threads
 from workflows import (
@@ -72,14 +72,6 @@ def start_worker(store: EventStore) -> Iterator[StartWorker]:
         yield start
 
 
-def project(store: EventStore) -> None:
-    worker = ProjectorWorker(store, [workflow_tables], ProjectorSettings())
-    try:
-        worker.run_until_caught_up()
-    finally:
-        worker.release_all()
-
-
 def ended(engine: Engine, run_id: uuid.UUID, tenant: str = "default") -> bool:
     return not engine.load(run_id, tenant=tenant).active
 
@@ -99,7 +91,7 @@ def test_tags_from_the_start_and_from_nodes_are_found(
         wait_until(lambda run_id=run_id: ended(engine, run_id), what="the runs to end")
     child = uuid.UUID(engine.load(a).nodes["spawn"].output)
     wait_until(lambda: ended(engine, child), what="the child to end")
-    project(store)
+    project_runs(store)
 
     assert engine.load(a).tags == {"team": "red", "stage": "labelled"}, "None removed `drop`"
     red = search_runs(store, tenant="default", filter=RunFilter(tags=tag_filter(["team=red"])))
@@ -134,7 +126,7 @@ def test_tags_from_the_start_and_from_nodes_are_found(
 
 def test_pages_follow_each_other_without_gaps_or_repeats(engine: Engine, store: EventStore) -> None:
     started = [engine.start("plain", tags={"batch": "b1"}).run_id for _ in range(23)]
-    project(store)
+    project_runs(store)
     for filter in (RunFilter(), RunFilter(tags=(("batch", "b1"),)), RunFilter(workflow="plain")):
         seen: list[uuid.UUID] = []
         after = None
@@ -161,7 +153,7 @@ def test_a_run_found_by_its_triggering_event(engine: Engine, store: EventStore) 
     )
     run_id = engine.start("plain", triggered_by=trigger).run_id
     engine.start("plain")
-    project(store)
+    project_runs(store)
     found = search_runs(store, tenant="default", filter=RunFilter(triggered_by=trigger.event_id))
     assert ids(found) == [run_id]
     assert found.runs[0]["triggered_by"] == trigger.event_id
@@ -245,7 +237,7 @@ def test_a_search_pages_through_exactly_the_runs_its_filter_keeps(
         engine.start("plain", tags={"team": t, "env": e, "round": marker}, tenant=tn).run_id: (t, e, tn)
         for t, e, tn in runs
     }
-    project(store)
+    project_runs(store)
     wanted = [("round", marker)] + [(k, v) for k, v in (("team", team), ("env", env)) if v is not None]
     expected = {
         run_id

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from eventstore import EventStore
 from ops.cli.commands import cli
-from projector import ProjectorWorker, verify
-from projector import WorkerSettings as ProjectorSettings
+from projector import verify
 from tests.flows import GATES, registry
+from tests.run_tables import project_runs
 from tests.waiting import wait_until
 from workflows import (
     Engine,
@@ -81,7 +81,7 @@ def test_a_chain_of_three_continuations_is_linked_both_ways(engine: Engine, work
         assert before.node("after_count").status == "pending"
     assert runs[-1].node("after_count").output == "after"
     # The tables follow the fold, and a search by status finds the continued runs.
-    project(engine.store)
+    project_runs(engine.store)
     found = search_runs(engine.store, tenant="default", filter=RunFilter(statuses=("continued",)))
     assert sorted(r["run_id"] for r in found.runs) == sorted(r.run_id for r in runs[:3])
     assert verify(engine.store, workflow_tables).equal
@@ -97,14 +97,6 @@ def test_retention_releases_a_continued_run_as_an_ended_one(engine: Engine, work
     assert release_of(engine.store, first) is not None
     successor = wait_for_run(engine, uuid.UUID(run.continued_as or ""))
     assert successor.continued_from == str(first)  # the successor's link is its own, left as it was
-
-
-def project(store: EventStore) -> None:
-    worker = ProjectorWorker(store, [workflow_tables], ProjectorSettings())
-    try:
-        worker.run_until_caught_up()
-    finally:
-        worker.release_all()
 
 
 def test_a_run_cancelled_meanwhile_starts_no_successor(engine: Engine, worker: WorkflowWorker) -> None:
