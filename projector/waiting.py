@@ -174,8 +174,10 @@ def wait_for(
         if done:
             return at or wanted
         # Before any answer about the projection: a cursor no write returned is the caller's mistake,
-        # whatever state the projection is in.
-        if wanted.transaction_id >= store.committed_so_far().transaction_id:
+        # whatever state the projection is in. "Committed so far" is itself a cursor callers are given
+        # (an existing run's start answers with it), and it stays where it is until a transaction
+        # begins: only a cursor past it lies beyond every committed write.
+        if wanted.transaction_id > store.committed_so_far().transaction_id:
             raise InvalidInputError(
                 f"cursor {wanted} lies beyond every committed write; use the cursor an append returned"
             )

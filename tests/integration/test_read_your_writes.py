@@ -90,6 +90,22 @@ def test_the_timeout_names_the_projection_its_position_and_the_cursor(store: Eve
     assert isinstance(caught.value, TimeoutError)
 
 
+def test_the_committed_so_far_cursor_is_waited_for_not_refused(store: EventStore) -> None:
+    """An existing run's start answers with `committed_so_far()`; with the projection behind and no
+    transaction begun since, that cursor was refused as lying beyond every write (a 422 under load)."""
+    counter = make_counter()
+    worker = ProjectorWorker(store, [counter], FAST)
+    worker.run_until_caught_up()
+    worker.release_all()
+    store.append("late-2", [NewEvent("Add", {"amount": 1})])
+    now = store.committed_so_far()
+    assert store.committed_so_far() == now  # nothing began in between: the case that was refused
+    with pytest.raises(ProjectionBehindError):
+        wait_for(store, counter, now, timeout=0)
+    worker.run_until_caught_up()
+    assert wait_for(store, counter, now, timeout=5) >= now
+
+
 def test_a_waiter_wakes_when_the_projector_commits(store: EventStore) -> None:
     """The waiter is woken by the cursor's advance, not by its own periodic look."""
     counter = make_counter()
