@@ -205,22 +205,41 @@ def _drop_database(admin_url: str, name: str) -> None:
 
 
 class _Dropper:
-    """Drops the tests' databases in the background. A DROP DATABASE waits for a checkpoint (0.5-1 s, more
-    on a busy machine), which no test needs to wait for: each database has a name of its own and nothing
-    reads it again. Up to four drops run at once, so that drops queued together can share a checkpoint.
-    The session waits for every drop at its end, and a drop that failed fails the session there."""
+    """Drops the tests' databases in batches, in the background. Each DROP DATABASE asks for an immediate
+    checkpoint, which writes every dirty page of every test database then open: dropped one by one, 284
+    API tests on three processes asked for 267 checkpoints and took 189 s, against 15 checkpoints and
+    144 s with drops in batches (and every page touched after a checkpoint goes to the WAL again whole).
+    No test waits for a drop (each database has a name of its own and nothing reads it again), so drops
+    wait until `BATCH` have queued and then go together, on as many threads: their checkpoint requests
+    share a few checkpoints, and the pages of the databases they drop are thrown away unwritten. At most
+    `BATCH` finished tests' databases wait on disk per process. The session drops what is left and waits
+    for every drop at its end; a drop that failed fails the session there."""
+
+    #: Drops per batch, each on its own connection while it waits for the checkpoint (the server's 100
+    #: connections are shared with the tests of three processes).
+    BATCH = 12
 
     def __init__(self) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="test-db-drop")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.BATCH, thread_name_prefix="test-db-drop"
+        )
+        self._queued: list[tuple[str, str]] = []
         self._pending: list[concurrent.futures.Future[None]] = []
 
     def drop(self, admin_url: str, name: str) -> None:
+        self._queued.append((admin_url, name))
+        if len(self._queued) >= self.BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
         # Drops that ended well are forgotten; a failed one stays to be reported at the end.
         self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
-        self._pending.append(self._pool.submit(_drop_database, admin_url, name))
+        self._pending += [self._pool.submit(_drop_database, url, name) for url, name in self._queued]
+        self._queued.clear()
 
     def close(self, timeout: float = 300.0) -> list[str]:
-        """Wait for the queued drops (bounded); return what failed or is still pending."""
+        """Drop what is queued and wait for every drop (bounded); return what failed or is still pending."""
+        self._flush()
         done, pending = concurrent.futures.wait(self._pending, timeout=timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
         failures = [repr(f.exception()) for f in done if f.exception() is not None]
