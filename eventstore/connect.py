@@ -26,7 +26,9 @@ def open_store(
     """An EventStore ready to use; close it (or use it as a context manager) when done.
 
     The URL is, in order: `url`, LEDGERFLOW_DATABASE_URL, else an embedded PostgreSQL started for it.
-    Pending migrations are applied first unless `migrate=False`. Without `types`, the store uses the
+    Pending migrations are applied first unless `migrate=False`. A database that cannot be reached raises
+    DatabaseUnavailableError; one that refuses the connection (no such database, a refused login),
+    DatabaseRefusedError. Without `types`, the store uses the
     types declared with the module-level decorators, after importing the modules `settings.event_types`
     names.
     """

@@ -31,6 +31,7 @@ from eventstore.errors import (
     WrongExpectedVersionError,
 )
 from eventstore.pooling import Pool
+from eventstore.refusals import connection_failed
 
 if TYPE_CHECKING:
     # Only named here: a program that never reads settings from the environment does not load
@@ -49,6 +50,9 @@ APPEND_ONLY = "LF003"
 #: again (which starts a new attempt at once). Its back-off doubles from 1 s, so with psycopg_pool's
 #: default (300 s) a failover of 10 s was noticed at its attempt after 15 s; this bounds the wait.
 RECONNECT_TIMEOUT = 3.0
+
+#: A connection, as the packages above name it in annotations (through `eventstore.spi`).
+Connection = psycopg.Connection[Any]
 
 #: The pipeline each connection in `pipelined` runs, for `synced`.
 _pipelines: weakref.WeakKeyDictionary[psycopg.Connection[Any], psycopg.Pipeline] = weakref.WeakKeyDictionary()
@@ -348,9 +352,7 @@ def translate(exc: psycopg.Error) -> LedgerflowError:
             f"the database is read-only (a failover in progress?): {exc}; retry once the primary answers"
         )
     if isinstance(exc, psycopg.OperationalError):
-        return DatabaseUnavailableError(
-            f"the database connection failed: {exc}; retry once PostgreSQL answers"
-        )
+        return connection_failed(exc)
     return LedgerflowError(f"unexpected database error ({state}): {exc}")
 
 

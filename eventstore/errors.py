@@ -1,14 +1,14 @@
 """The typed errors of ledgerflow.
 
-Every error raised on purpose derives from `LedgerflowError`. Driver errors are translated once, at
-`eventstore.db.wrap_exceptions`, so callers never catch psycopg exceptions. Errors also subclass the
-fitting builtin (`ValueError` for bad input, `ConnectionError` for an unreachable database) so generic
-handlers work. Each message says what happened and, where there is one, what to do next.
+Every error raised on purpose derives from `LedgerflowError`. Driver errors are translated once, by
+`eventstore.db.wrap_exceptions` in the modules that run SQL, so callers never catch psycopg exceptions.
+Errors also subclass the fitting builtin (`ValueError` for bad input, `ConnectionError` for an unreachable
+database) so generic handlers work. Each message says what happened and, where there is one, what to do next.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 
 class LedgerflowError(Exception):
@@ -26,8 +26,57 @@ class ConfigurationError(LedgerflowError):
     code = "configuration_error"
 
 
+#: Why a connection to PostgreSQL failed, as far as the driver's report tells (`eventstore.refusals`):
+#: the server refused it for good (no such database, a refused login, a login the server's rules do not
+#: permit, a setting libpq rejects), or it could not be had for now (the server cannot be reached, has no
+#: free connection slot, or is stopping, restarting or recovering), or something else.
+ConnectFailure = Literal[
+    "no_database",
+    "login_refused",
+    "not_permitted",
+    "bad_setting",
+    "unreachable",
+    "no_free_slot",
+    "restarting",
+    "other",
+]
+
+
 class DatabaseUnavailableError(LedgerflowError, ConnectionError):
+    """The database cannot be used now: retry once it answers. Translated from a driver error, it says
+    why, as data: `reason` (the driver's own words, one line) and `failure` (what kind of failure)."""
+
     code = "database_unavailable"
+
+    def __init__(self, message: str, *, reason: str | None = None, failure: ConnectFailure = "other") -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.failure: ConnectFailure = failure
+
+
+class DatabaseRefusedError(DatabaseUnavailableError):
+    """The server answered and refused the connection: no such database (`database` names it), a refused
+    login, a login its rules do not permit, a connection setting libpq rejects. No wait fixes that unless
+    someone changes the set-up, so a process starting up stops at once on it. Still a
+    DatabaseUnavailableError: a running worker whose database is dropped or whose password is changed
+    waits for the fix as it waits out an outage."""
+
+    def __init__(
+        self, message: str, *, reason: str, failure: ConnectFailure, database: str | None = None
+    ) -> None:
+        super().__init__(message, reason=reason, failure=failure)
+        self.database = database
+
+
+class MisconfiguredDatabaseError(ConfigurationError):
+    """The database set-up is wrong in a way no wait will fix (a malformed URL, a refused connection):
+    `what` went wrong and what to do about it (`todo`)."""
+
+    code = "database_misconfigured"
+
+    def __init__(self, what: str, todo: str) -> None:
+        super().__init__(f"{what}; {todo}")
+        self.what, self.todo = what, todo
 
 
 class MigrationError(LedgerflowError):

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import structlog
 
+from eventstore.db import wrap_exceptions
 from eventstore.errors import MigrationError
 
 log = structlog.get_logger(__name__)
@@ -96,10 +97,15 @@ def pending_migrations(conn: psycopg.Connection[Any]) -> list[Migration]:
 
 
 def migrate(url: str) -> list[Migration]:
-    """Apply every pending migration; return the ones this call applied (empty when up to date)."""
+    """Apply every pending migration; return the ones this call applied (empty when up to date). Often
+    the first connection a process makes: one refused or failed comes out typed (DatabaseRefusedError,
+    DatabaseUnavailableError)."""
     applied: list[Migration] = []
     migrations = load_migrations()
-    with psycopg.connect(url, autocommit=True, application_name="ledgerflow-migrate") as conn:
+    with (
+        wrap_exceptions(),
+        psycopg.connect(url, autocommit=True, application_name="ledgerflow-migrate") as conn,
+    ):
         # Every role and CLI call migrates at start-up, and almost always finds nothing to do: one read
         # says so, where the locked walk below costs six round trips per file. A pending or changed file
         # takes the walk, which applies it under the lock or names the change.

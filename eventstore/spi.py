@@ -1,15 +1,19 @@
 """What eventstore offers the packages built on it (projector, workflows, ops) and no application needs:
-connections and pooling, error translation, SQL files, outage handling, keepalives, array parameters and
-input checks. Applications use `eventstore` itself; its siblings use this module and `eventstore`, never
-another of its modules (an import contract holds them to it), so the store's insides can move freely."""
+connections and pooling, connections of their own, the type of a connection and row factories (so that no
+package above names the driver), error translation, the check of a database URL, SQL files, outage
+handling, keepalives, array parameters and input checks. Applications use `eventstore` itself; its
+siblings use this module and `eventstore`, never another of its modules (an import contract holds them to
+it), so the store's insides can move freely."""
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from psycopg.rows import class_row, kwargs_row
+
     from eventstore._guard import require_ledgerflow_packages
     from eventstore._validation import check_idempotency_key, check_tenant, dump_json_object
     from eventstore.arrays import FloatArray, IntArray, TextArray
-    from eventstore.db import Translation, connect, pipelined, synced, translate, wrap_exceptions
+    from eventstore.db import Connection, Translation, connect, pipelined, synced, translate, wrap_exceptions
     from eventstore.frozen import end_frozen_sessions
     from eventstore.importing import import_object
     from eventstore.jsonvalue import dumps as json_dumps
@@ -26,7 +30,9 @@ if TYPE_CHECKING:
         through_outages,
         wait_until_available,
     )
+    from eventstore.own_connection import OwnConnection, try_connect
     from eventstore.pooling import bounded_once_stopping, bounded_waits
+    from eventstore.refusals import check_database_url
     from eventstore.sqlfile import load_queries
     from eventstore.telemetry import span_if_traced
 else:
@@ -47,6 +53,7 @@ else:
                 "TextArray",
             ),
             "eventstore.db": (
+                "Connection",
                 "Translation",
                 "connect",
                 "pipelined",
@@ -75,29 +82,42 @@ else:
                 "through_outages",
                 "wait_until_available",
             ),
+            "eventstore.own_connection": (
+                "OwnConnection",
+                "try_connect",
+            ),
             "eventstore.pooling": (
                 "bounded_once_stopping",
                 "bounded_waits",
             ),
+            "eventstore.refusals": ("check_database_url",),
             "eventstore.sqlfile": ("load_queries",),
             "eventstore.telemetry": ("span_if_traced",),
+            "psycopg.rows": (
+                "class_row",
+                "kwargs_row",
+            ),
         },
     )
 
 __all__ = [
     "Beat",
+    "Connection",
     "FloatArray",
     "IntArray",
     "Keepalive",
     "Outage",
     "OutageState",
+    "OwnConnection",
     "TextArray",
     "Translation",
     "backoff",
     "bounded_once_stopping",
     "bounded_waits",
+    "check_database_url",
     "check_idempotency_key",
     "check_tenant",
+    "class_row",
     "connect",
     "dump_json_object",
     "end_frozen_sessions",
@@ -105,6 +125,7 @@ __all__ = [
     "is_unavailable",
     "json_dumps",
     "json_loads",
+    "kwargs_row",
     "load_queries",
     "pipelined",
     "require_ledgerflow_packages",
@@ -115,6 +136,7 @@ __all__ = [
     "synced",
     "through_outages",
     "translate",
+    "try_connect",
     "wait_until_available",
     "wrap_exceptions",
 ]

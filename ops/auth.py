@@ -24,11 +24,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
 import structlog
-from psycopg import Connection
-from psycopg.rows import kwargs_row
 
 from eventstore import EventStore, InvalidInputError, LedgerflowError, check_tenant
-from eventstore.spi import load_queries
+from eventstore.spi import Connection, kwargs_row, load_queries
 
 __all__ = [
     "SCOPES",
@@ -275,10 +273,11 @@ def authenticate(store: EventStore, secret: str) -> Principal:
         return look_up_token(conn, secret)[0]
 
 
-def look_up_token(conn: Connection[Any], secret: str) -> tuple[Principal, datetime | None]:
+def look_up_token(conn: Connection, secret: str) -> tuple[Principal, datetime | None]:
     """The principal a bearer secret stands for and when its token expires (None: never), looked up on
     `conn`; AuthenticationError if it is not a live token's. For callers that keep a connection of their
-    own for lookups (`ops.api.token_lookups`); psycopg errors are the caller's to translate."""
+    own for lookups (`ops.api.token_lookups`), whose connection translates driver errors
+    (`eventstore.spi.OwnConnection`), as `store.connection()` does."""
     match = check_secret_format(secret)
     token_hash = hash_secret(secret)
     row = conn.execute(Q["authenticate"], {"id": match[1], "token_hash": token_hash}).fetchone()

@@ -252,7 +252,7 @@ def _review(store: EventStore, extraction_run: uuid.UUID, *, approve_after: floa
 
 
 def _triggered_run(store: EventStore, event_id: uuid.UUID) -> uuid.UUID | None:
-    with store.pool.connection() as conn:
+    with store.connection() as conn:
         return run_started_by(conn, "ontology_review", event_id)
 
 

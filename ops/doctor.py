@@ -123,7 +123,7 @@ def diagnose(
         else:
             found.append(Finding(f"projection {p.name}", "ok", f"{p.state}, {p.lag_events} events behind"))
 
-    with store.pool.connection() as conn:
+    with store.connection() as conn:
         summary = queue_summary(conn)
         unserved = versions_without_worker(conn)
         namesakes = shared_worker_names(conn)

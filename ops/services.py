@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING
 import structlog
 import tenacity
 
-from eventstore import EventStore, open_store, redact
-from eventstore.spi import Outage, backoff, is_unavailable, sleeper, wrap_exceptions
+from eventstore import DatabaseRefusedError, EventStore, MisconfiguredDatabaseError, open_store, redact
+from eventstore.spi import Outage, backoff, check_database_url, is_unavailable, sleeper
 from ops.cli.errors import explain_connect_failure
 from ops.settings import Settings
-from ops.startup import MisconfiguredDatabaseError, check_database_url, is_permanent
 from projector import Projection, load_projections
 from workflows import Engine, Quota, TenantQuotas, WorkflowRegistry, load_workflows, workflow_tables
 
@@ -93,13 +92,12 @@ def open_store_when_available(
     for attempt in retrying:
         with attempt:
             try:
-                with wrap_exceptions():
-                    store = open_store(attempt_settings, name=name)
+                store = open_store(attempt_settings, name=name)
+            except DatabaseRefusedError as exc:
+                # A mistake, not an outage: say so at once rather than wait for ever.
+                what, todo = explain_connect_failure(exc, settings.database_url)
+                raise MisconfiguredDatabaseError(what, todo) from exc
             except Exception as exc:
-                if is_permanent(exc):
-                    # A mistake, not an outage: say so at once rather than wait for ever.
-                    what, todo = explain_connect_failure(exc, settings.database_url)
-                    raise MisconfiguredDatabaseError(what, todo) from exc
                 if is_unavailable(exc):
                     outage.failed(exc)
                 raise

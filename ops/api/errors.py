@@ -1,8 +1,9 @@
 """Every error the API returns, as one JSON shape with a stable code:
 `{"error": {"code", "message", "next", "details"}}`.
 
-Typed ledgerflow errors map to statuses by kind; driver errors that escaped a lower layer untranslated are
-translated here with `eventstore.db.translate`, so a lost database is a 503 and never a 500.
+Typed ledgerflow errors map to statuses by kind. Driver errors never get here: the modules that run SQL
+translate them (a lost database is a DatabaseUnavailableError, so a 503); one that did would be a bug
+below, answered as any unexpected error (a 500, logged with its traceback).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import psycopg
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,7 +27,6 @@ from eventstore import (
     NotFoundError,
     QuotaExceededError,
 )
-from eventstore.spi import translate
 from ops.api.jobs import JobQueueFullError
 from ops.auth import AuthenticationError, PermissionDeniedError
 from workflows import PayloadTooLargeError
@@ -171,13 +170,6 @@ async def _on_ledgerflow_error(request: Request, exc: Exception) -> JSONResponse
     return ledgerflow_error_response(exc)
 
 
-async def _on_driver_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, psycopg.Error)
-    translated = translate(exc)
-    translated.__cause__ = exc  # the driver's error stays in the logs
-    return ledgerflow_error_response(translated)
-
-
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     # Only where and what: echoing the input back could echo megabytes, or values JSON cannot carry.
@@ -216,7 +208,6 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every failure into the one error shape."""
     app.add_exception_handler(LedgerflowError, _on_ledgerflow_error)
-    app.add_exception_handler(psycopg.Error, _on_driver_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(HTTPException, _on_http_error)
     app.add_exception_handler(Exception, _on_unexpected)

@@ -7,9 +7,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-import psycopg
 import structlog
 
 from eventstore import (
@@ -20,8 +18,7 @@ from eventstore import (
     pending_migrations,
     shipped_migrations,
 )
-from eventstore.spi import connect as open_connection
-from eventstore.spi import load_queries, translate, wrap_exceptions
+from eventstore.spi import Connection, OwnConnection, load_queries
 
 log = structlog.get_logger(__name__)
 Q = load_queries("ops.api")
@@ -50,9 +47,7 @@ class Readiness:
     workers: list[str]
 
 
-def read_readiness(
-    conn: psycopg.Connection[Any], projections: Sequence[str], *, recent_seconds: float
-) -> Readiness:
+def read_readiness(conn: Connection, projections: Sequence[str], *, recent_seconds: float) -> Readiness:
     """Reads what `/api/readyz` reports on `conn`. With migrations pending, the tables the activity
     probes read may not exist yet: no activity is read then."""
     migrations = MigrationStatus(sorted(applied_versions(conn)), pending_migrations(conn))
@@ -135,9 +130,9 @@ class DatabaseMonitor:
         answers, why = known
         return self._ready if answers else why
 
-    def _read_readiness(self, conn: psycopg.Connection[Any]) -> None:
+    def _read_readiness(self, own: OwnConnection) -> None:
         try:
-            with wrap_exceptions():
+            with own.use() as conn:
                 self._ready = read_readiness(conn, self._projections, recent_seconds=self._recent_seconds)
         except LedgerflowError as exc:  # the database answers, but not this read: readyz says why
             if not isinstance(self._ready, str):
@@ -145,28 +140,20 @@ class DatabaseMonitor:
             self._ready = str(exc)
 
     def _run(self) -> None:
-        conn: psycopg.Connection[Any] | None = None
+        own = OwnConnection(
+            self._url, name="ledgerflow-health", connect_timeout=max(1, math.ceil(self._timeout))
+        )
         while not self._stopping.is_set():
             try:
-                if conn is None or conn.closed:
-                    conn = open_connection(
-                        self._url,
-                        autocommit=True,
-                        application_name="ledgerflow-health",
-                        connect_timeout=max(1, math.ceil(self._timeout)),
-                    )
-                with wrap_exceptions():
+                with own.use() as conn:
                     conn.execute(Q["ping"]).fetchone()
-                self._read_readiness(conn)
+                self._read_readiness(own)
                 self._last_ok, self._error = time.monotonic(), None
-            except (psycopg.Error, LedgerflowError) as exc:
+            except LedgerflowError as exc:
                 if self._error is None:
                     log.warning("api_health_check_failed", error=str(exc))
-                self._error = str(translate(exc)) if isinstance(exc, psycopg.Error) else str(exc)
-                if conn is not None:
-                    conn.close()
-                conn = None
+                self._error = str(exc)
+                own.close()
             self._checked.set()
             self._stopping.wait(self._interval)
-        if conn is not None:
-            conn.close()
+        own.close()

@@ -23,14 +23,12 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-import psycopg
 import structlog
 
 from eventstore import DatabaseUnavailableError, EventStore
-from eventstore.spi import connect as open_connection
-from eventstore.spi import translate
+from eventstore.spi import OwnConnection
 from ops.auth import AuthenticationError, Principal, check_secret_format, hash_secret, look_up_token
 
 log = structlog.get_logger(__name__)
@@ -72,14 +70,15 @@ class TokenLookups:
     def __init__(
         self, store: EventStore, *, ttl: float, size: int, name: str = "ledgerflow-api-auth"
     ) -> None:
-        self._store, self._ttl, self._name = store, ttl, name
+        self._store, self._ttl = store, ttl
         self._live: _Bounded[Principal] = _Bounded(size)
         self._refused: _Bounded[AuthenticationError] = _Bounded(size)
         self._pending: dict[str, asyncio.Future[tuple[Principal, datetime | None]]] = {}
         self._thread_name = name
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._executor_stopped = False
-        self._conn: psycopg.Connection[Any] | None = None  # only ever used on the executor's thread
+        # Only ever used on the executor's thread.
+        self._conn = OwnConnection(store.url, name=name, connect_timeout=_CONNECT_TIMEOUT)
         # Until `start` (the app's lifespan, which also stops it), a lookup's connection is not kept.
         self._keep = False
 
@@ -131,33 +130,22 @@ class TokenLookups:
         if self._store.pool.closed:  # the server is stopping (or its database was closed): as every request
             raise DatabaseUnavailableError("the server's database connections are closed")
         # One retry on a fresh connection: the kept one may have been ended (a restart, a partition).
+        # A failed use closes it (OwnConnection), so the retry opens another.
         for attempt in (1, 2):
             try:
-                if self._conn is None or self._conn.closed:
-                    self._conn = open_connection(
-                        self._store.url,
-                        autocommit=True,
-                        application_name=self._name,
-                        connect_timeout=_CONNECT_TIMEOUT,
-                    )
-                try:
-                    return look_up_token(self._conn, secret)
-                finally:
-                    if not self._keep:
-                        self._close()
-            except psycopg.OperationalError as exc:
-                self._close()
+                with self._conn.use() as conn:
+                    return look_up_token(conn, secret)
+            except DatabaseUnavailableError as exc:
                 if attempt == 2:
                     log.warning("api_token_lookup_failed", error=str(exc))
-                    raise translate(exc) from exc
-            except psycopg.Error as exc:
-                raise translate(exc) from exc
+                    raise
+            finally:
+                if not self._keep:
+                    self._close()
         raise AssertionError("unreachable")
 
     def _close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._conn.close()
 
     async def stop(self) -> None:
         if self._executor_stopped:

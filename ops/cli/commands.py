@@ -388,16 +388,15 @@ def doctor(ctx: click.Context) -> None:
 def _check_reachable(settings: Settings) -> None:
     """One quick connection attempt with the driver's own reason, before the pool, which would retry for
     the whole connect timeout and then only say that it timed out."""
-    import psycopg
-
     from eventstore import DatabaseUnavailableError, resolve_database_url
-    from ops.cli.errors import explain
+    from eventstore.spi import try_connect
+    from ops.cli.errors import explain_connect_failure
 
     url = resolve_database_url(settings)
     try:
-        psycopg.connect(url, connect_timeout=max(1, int(settings.connect_timeout / 3))).close()
-    except psycopg.OperationalError as exc:
-        what, todo = explain(exc, url) or (str(exc), "")
+        try_connect(url, timeout=max(1, int(settings.connect_timeout / 3)))
+    except DatabaseUnavailableError as exc:
+        what, todo = explain_connect_failure(exc, url)
         raise DatabaseUnavailableError(f"{what}; {todo}") from exc
 
 

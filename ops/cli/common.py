@@ -58,8 +58,8 @@ def settings_of(ctx: click.Context) -> Settings:
 
 
 def _start() -> Settings:
+    from eventstore.spi import check_database_url
     from ops.settings import Settings
-    from ops.startup import check_database_url
     from ops.telemetry import configure_logging
 
     settings = Settings()

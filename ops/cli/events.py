@@ -28,7 +28,7 @@ def types_command(ctx: click.Context, tenant: str | None, as_json: bool) -> None
     from ops.cli.common import console
     from projector import event_type_catalogue, type_counts
 
-    with open_store(settings_of(ctx)) as store, store.pool.connection() as conn:
+    with open_store(settings_of(ctx)) as store, store.connection() as conn:
         counts = type_counts(conn, tenant)
     declared = {d.name: d for d in DEFAULT_TYPES.declarations()}
     per_type: dict[str, dict[int, int]] = {}

@@ -6,19 +6,30 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ops.cli.common import emit_json, settings_of
 
+if TYPE_CHECKING:
+    from eventstore import EventStore
+
 
 @contextmanager
-def _url(ctx: click.Context) -> Iterator[str]:
-    """The log's database URL, for as long as the command runs. Opening the store applies pending
-    migrations, and keeps the embedded server running when no URL is set."""
+def _store(ctx: click.Context) -> Iterator[EventStore]:
+    """The event store, for as long as the command runs. Opening it applies pending migrations, and keeps
+    the embedded server running when no URL is set."""
     from eventstore import open_store
 
     with open_store(settings_of(ctx)) as store:
+        yield store
+
+
+@contextmanager
+def _url(ctx: click.Context) -> Iterator[str]:
+    """The log's database URL, for as long as the command runs (see `_store`)."""
+    with _store(ctx) as store:
         yield store.url
 
 
@@ -43,13 +54,12 @@ def log_group() -> None:
 @click.pass_context
 def log_partitions(ctx: click.Context, as_json: bool) -> None:
     """List the partitions with their position ranges, sizes, and whether attached or archived."""
-    import psycopg
     from rich.table import Table
 
     from eventstore import list_partitions
     from ops.cli.common import console
 
-    with _url(ctx) as url, psycopg.connect(url, autocommit=True) as conn:
+    with _store(ctx) as store, store.connection() as conn:
         parts = list_partitions(conn)
     if as_json:
         emit_json([dataclasses.asdict(p) for p in parts])

@@ -149,7 +149,7 @@ def _with_progress(store: EventStore, run: PendingRun, description: str) -> tupl
     from ops.cli.common import err_console
     from projector import get_run
 
-    with store.pool.connection() as conn:
+    with store.connection() as conn:
         recorded = get_run(conn, run.run_id)
     total = recorded.events_total if recorded else None
     bar = Progress(
@@ -290,7 +290,7 @@ def runs_command(ctx: click.Context, name: str | None, limit: int, as_json: bool
     from ops.cli.common import console
     from projector import list_runs
 
-    with open_store(settings_of(ctx)) as store, store.pool.connection() as conn:
+    with open_store(settings_of(ctx)) as store, store.connection() as conn:
         runs = list_runs(conn, name, limit)
     if as_json:
         emit_json([_run_dict(r) for r in runs])
@@ -332,7 +332,7 @@ def failures_list(ctx: click.Context, projection: str | None, include_closed: bo
     from ops.cli.common import console
     from projector import list_failures
 
-    with open_store(settings_of(ctx)) as store, store.pool.connection() as conn:
+    with open_store(settings_of(ctx)) as store, store.connection() as conn:
         found = list_failures(conn, projection, include_closed=include_closed)
     if as_json:
         emit_json(
@@ -367,7 +367,7 @@ def _act(ctx: click.Context, failure_id: int, action: str) -> None:
     from ops.cli.common import console
     from projector import default_actor, request_failure_retry, request_failure_skip
 
-    with open_store(settings_of(ctx)) as store, store.pool.connection() as conn:
+    with open_store(settings_of(ctx)) as store, store.connection() as conn:
         request = request_failure_retry if action == "retry" else request_failure_skip
         if not request(conn, failure_id, default_actor()):
             raise NotFoundError(f"no open failure {failure_id}; see `ledgerflow failures list`")
