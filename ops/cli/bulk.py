@@ -17,8 +17,8 @@ import click
 from eventstore import DatabaseUnavailableError, EventStore, InvalidInputError, open_store
 from eventstore.spi import Outage, through_outages
 from ops.cli.common import console, emit_json, settings_of
+from ops.cli.run_args import registry_of
 from ops.cli.run_search import filter_options, run_filter
-from ops.cli.workflows import registry_of
 from workflows import (
     BULK_KINDS,
     BulkAction,

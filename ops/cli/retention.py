@@ -10,7 +10,7 @@ import uuid
 import click
 
 from ops.cli.common import emit_json, settings_of
-from ops.cli.workflows import registry_of
+from ops.cli.run_args import registry_of
 
 
 @click.command("retention")
