@@ -62,7 +62,12 @@ def _wait_for_end(
 ) -> RunState:
     """The run once it has ended, or as it is when `timeout` runs out; with `follow`, the last run of its
     continue_as_new chain once that has ended (one deadline for the chain). Reading a run's stream now and
-    then is cheap (workers only read newer events), and needs no listener of its own."""
+    then is cheap (workers only read newer events), and needs no listener of its own.
+
+    Not the API's wait (ops/api/run_waits.py, `workflows.run_end_watch`): that one is woken by the run
+    table, which only a projector keeps (`ledgerflow projector` or `serve`); next to a lone `ledgerflow
+    worker`, as in docs/first-workflow.md, nothing would announce the end and this command would answer
+    only at its timeout. The stream has the end as soon as it is recorded."""
     deadline = time.monotonic() + timeout
     delay = 0.05
     while True:
