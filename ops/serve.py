@@ -70,7 +70,7 @@ def serve(settings: Settings, *, api: bool, projector: bool, worker: bool, host:
     if projector:
         own.append(ProjectorWorker.dedicated_connections())
     if worker:
-        from ops.cli.workflows import worker_settings
+        from ops.cli.worker import worker_settings
 
         own.append(WorkflowWorker.dedicated_connections(services.registry, worker_settings(settings)))
     log_connection_budget(budget("serve", settings, *own))
@@ -115,7 +115,7 @@ def _projector(services: Services) -> ProjectorWorker:
 
 
 def _workflow_worker(services: Services) -> WorkflowWorker:
-    from ops.cli.workflows import worker_settings
+    from ops.cli.worker import worker_settings
 
     settings = services.settings
     # An engine without quotas: triggers, schedules and the starts of nodes are the server's own work.

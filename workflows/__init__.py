@@ -40,7 +40,7 @@ from workflows.definition import (  # noqa: E402
 )
 from workflows.demo import ONTOLOGY_EXTRACTED, sample_schema  # noqa: E402
 from workflows.demo import registry as demo_registry  # noqa: E402
-from workflows.engine import Engine, Started  # noqa: E402
+from workflows.engine import Engine  # noqa: E402
 from workflows.errors import (  # noqa: E402
     ContinueAsNew,
     NodeLeaseLost,
@@ -93,13 +93,15 @@ from workflows.retention import RetentionPlan, plan_retention, retention_pass  #
 from workflows.retention_worker import RetentionWorker  # noqa: E402
 from workflows.run_ends import RunEnd, run_end_watch  # noqa: E402
 from workflows.run_search import RunFilter, RunPage, search_runs, tag_filter  # noqa: E402
+from workflows.run_starts import Started  # noqa: E402
 from workflows.run_state import NodeState, RunState  # noqa: E402
 from workflows.scheduler import NodeStatus  # noqa: E402
 from workflows.schedules import ScheduleRow, list_schedules, next_tick  # noqa: E402
 from workflows.tags import TagLimitError, TagLimits  # noqa: E402
 from workflows.triggers import run_started_by  # noqa: E402
 from workflows.versions import VersionWait, versions_without_worker  # noqa: E402
-from workflows.worker import WorkerSettings, WorkflowWorker  # noqa: E402
+from workflows.worker import WorkflowWorker  # noqa: E402
+from workflows.worker_settings import WorkerSettings  # noqa: E402
 
 __ledgerflow_package__ = True
 

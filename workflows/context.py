@@ -51,7 +51,7 @@ from workflows import events as ev
 from workflows import new_events as new
 from workflows import node_queue
 from workflows.definition import NodeSpec
-from workflows.engine import Engine, advance, fingerprint
+from workflows.engine import Engine
 from workflows.errors import (
     ContinueAsNew,
     NodeSuspended,
@@ -61,9 +61,11 @@ from workflows.errors import (
     SignalTimeout,
     WorkerStopping,
 )
-from workflows.lifecycle import fenced_writes
 from workflows.limits import step_slots
+from workflows.node_end_writes import fenced_writes
 from workflows.node_queue import Claim
+from workflows.run_advance import advance
+from workflows.run_starts import fingerprint
 from workflows.run_state import NodeState, RunState
 
 T = TypeVar("T")

@@ -13,7 +13,7 @@ every way a node stops running frees it by itself. A node that waits for a slot 
 queue, due again shortly (or, under a per-minute limit, when the oldest start in the window is a minute
 old): it holds no thread and no connection, and the walk of the ready index passes it by meanwhile.
 
-A node's successor handed to the worker that ends the node (see workflows/lifecycle.py) is admitted in
+A node's successor handed to the worker that ends the node (see workflows/node_end_writes.py) is admitted in
 the same way, by ledgerflow.wf_end_node; refused, it is queued ready instead, and the worker that
 expected it finds at its start that it holds no claim (`check_slots`) and lets it go. A step can need
 slots too (`ctx.step(key, fn, limits=[...])`, `step_slots`): a row holds each from its admission until

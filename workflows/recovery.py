@@ -33,7 +33,8 @@ from workflows import new_events as new
 from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeStuckError
-from workflows.lifecycle import Lifecycle, claimed_event
+from workflows.lifecycle import Lifecycle
+from workflows.node_end_writes import claimed_event
 from workflows.node_queue import Claim, Claimant, WorkflowVersion
 
 log = structlog.get_logger(__name__)

@@ -30,7 +30,8 @@ from psycopg.rows import class_row
 from eventstore import EventStore
 from eventstore.spi import Outage, is_unavailable, load_queries, wait_until_available
 from workflows.definition import Schedule, Workflow, WorkflowRegistry
-from workflows.engine import Engine, Started
+from workflows.engine import Engine
+from workflows.run_starts import Started
 
 log = structlog.get_logger(__name__)
 _meter = metrics.get_meter("ledgerflow.workflows")

@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.run_state import RunState
-from workflows.worker import WorkerSettings, WorkflowWorker
+from workflows.worker import WorkflowWorker
+from workflows.worker_settings import WorkerSettings
 
 #: Settings for a worker inside a test: quick to find work and quick to stop.
 TEST_SETTINGS = WorkerSettings(

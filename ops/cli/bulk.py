@@ -16,9 +16,10 @@ import click
 
 from eventstore import DatabaseUnavailableError, EventStore, InvalidInputError, open_store
 from eventstore.spi import Outage, through_outages
+from ops.cli.bulk_reports import print_action, print_progress
 from ops.cli.common import console, emit_json, settings_of
+from ops.cli.run_args import registry_of
 from ops.cli.run_search import filter_options, run_filter
-from ops.cli.workflows import registry_of
 from workflows import (
     BULK_KINDS,
     BulkAction,
@@ -70,7 +71,7 @@ def _kind_command(kind: str) -> click.Command:
             )
             click.echo(f"bulk action {action.id}: {kind} of {action.matched} runs", err=True)
             ended = _work(Engine(store, registry_of(settings)), action, settings)
-        _report(ended, as_json)
+        print_action(ended, as_json)
 
     command.help = (
         f"{kind.capitalize()} every run the filters keep, as one recorded action (see `bulk show`); "
@@ -88,7 +89,7 @@ def show(ctx: click.Context, action_id: str, tenant: str, as_json: bool) -> None
     """A bulk action's record and progress."""
     with open_store(settings_of(ctx)) as store:
         action = bulk_action(store, _action_id(action_id), tenant=tenant)
-    _report(action, as_json, exit_on_failure=False)
+    print_action(action, as_json, exit_on_failure=False)
 
 
 @bulk_group.command("continue")
@@ -103,7 +104,7 @@ def continue_action(ctx: click.Context, action_id: str, tenant: str, as_json: bo
     with open_store(settings) as store:
         action = bulk_action(store, _action_id(action_id), tenant=tenant)
         ended = _work(Engine(store, registry_of(settings)), action, settings)
-    _report(ended, as_json)
+    print_action(ended, as_json)
 
 
 def _work(engine: Engine, action: BulkAction, settings: Settings) -> BulkAction:
@@ -112,7 +113,7 @@ def _work(engine: Engine, action: BulkAction, settings: Settings) -> BulkAction:
 
     def progress(now: BulkAction) -> None:
         last[0] = now
-        _progress(now)
+        print_progress(now)
 
     def stopped() -> str:
         return (
@@ -166,31 +167,6 @@ def _reason(exc: DatabaseUnavailableError) -> str:
         cause = cause.__cause__
     lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
-
-
-def _progress(action: BulkAction) -> None:
-    click.echo(
-        f"{action.processed}/{action.matched} runs: {action.done} done, {action.failed} failed, "
-        f"{action.skipped} skipped",
-        err=True,
-    )
-
-
-def _report(action: BulkAction, as_json: bool, exit_on_failure: bool = True) -> None:
-    if as_json:
-        emit_json(dataclasses.asdict(action))
-    else:
-        console.print(
-            f"bulk action {action.id} ({action.kind}, by {action.actor}): {action.state}; "
-            f"{action.matched} matched, {action.done} done, {action.failed} failed, {action.skipped} skipped",
-            highlight=False,
-        )
-        if action.last_error:
-            console.print(f"last error: {action.last_error}", highlight=False)
-        if action.state == "running":
-            console.print(f"still running: see it with `ledgerflow workflows bulk show {action.id}`")
-    if exit_on_failure and action.failed:
-        raise SystemExit(1)
 
 
 def _action_id(text: str) -> uuid.UUID:

@@ -10,7 +10,7 @@ from ops.cli.lazy import LazyCommand
 #: `ledgerflow`'s commands defined outside ops.cli.commands.
 COMMANDS = {
     "demo": LazyCommand(
-        "ops.cli.workflows:demo",
+        "ops.cli.demo:demo",
         "Run the six-node extraction pipeline with live progress; kill its worker mid-node and watch the "
         "run resume at the right item. Then an event starts a review run, which waits for an approval.",
     ),
@@ -35,7 +35,7 @@ COMMANDS = {
         "ops.cli.quotas:quotas_group", "Per-tenant quotas: runs in flight, starts and appends per second."
     ),
     "recover": LazyCommand(
-        "ops.cli.workflows:recover",
+        "ops.cli.worker:recover",
         "Reclaim orphaned nodes now (workers also do this continuously) and show recent recoveries.",
     ),
     "subjects": LazyCommand(
@@ -47,7 +47,7 @@ COMMANDS = {
         "API tokens: each bound to one tenant and to scopes (append, read, operate, admin).",
     ),
     "worker": LazyCommand(
-        "ops.cli.workflows:worker_command",
+        "ops.cli.worker:worker_command",
         "Run a workflow worker until SIGTERM or Ctrl-C; start as many as you like.",
     ),
     "workflows": LazyCommand(
@@ -62,6 +62,7 @@ WORKFLOWS_COMMANDS = {
         "ops.cli.bulk:bulk_group",
         "Act on every run a filter keeps (the filters of `workflows list`), as one recorded action.",
     ),
+    "cancel": LazyCommand("ops.cli.run_actions:cancel", ""),
     "history": LazyCommand(
         "ops.cli.run_search:history",
         "Every event of a run, oldest first, from its own stream: time, node, attempt, worker and a summary "
@@ -85,5 +86,31 @@ WORKFLOWS_COMMANDS = {
         "actions (see `workflows bulk show`), at most LEDGERFLOW_RETENTION_BATCH runs per workflow a pass. "
         "A pass first finishes what a killed pass left, and waits out a restart of the database "
         "(LEDGERFLOW_OUTAGE_WAIT). Released runs are still found by id and can be restored.",
+    ),
+    "pause": LazyCommand(
+        "ops.cli.run_actions:pause",
+        "Pause a run: it starts no new node until `workflows resume`; its running nodes finish.",
+    ),
+    "refresh": LazyCommand(
+        "ops.cli.run_actions:refresh",
+        "Re-run a completed run with new input: only what changed, and what depends on it.",
+    ),
+    "resume": LazyCommand(
+        "ops.cli.run_actions:resume",
+        "Resume a paused run where it was; completed nodes and memoized steps are not run again.",
+    ),
+    "retry": LazyCommand(
+        "ops.cli.run_actions:retry", "Resume a failed run from its failed nodes; completed nodes are kept."
+    ),
+    "signal": LazyCommand(
+        "ops.cli.run_actions:signal_run",
+        "Send signal NAME to a run: the node waiting for it (`ctx.wait_for_signal`) gets --data; sent before "
+        "a node waits, it is kept for the first that does.",
+    ),
+    "wait": LazyCommand(
+        "ops.cli.run_wait:wait",
+        "Wait until a run ends; exit status 0 if it succeeded, 1 if it failed or was cancelled, 2 on "
+        "timeout, 3 if it continued as a new run (its successor is printed; `--follow` waits for the "
+        "chain's last run).",
     ),
 }

@@ -10,7 +10,7 @@ import uuid
 import click
 
 from ops.cli.common import emit_json, settings_of
-from ops.cli.workflows import registry_of
+from ops.cli.run_args import registry_of
 
 
 @click.command("retention")
@@ -25,9 +25,8 @@ def retention(ctx: click.Context, tenant: str, dry_run: bool, as_json: bool) -> 
     finishes what a killed pass left, and waits out a restart of the database (LEDGERFLOW_OUTAGE_WAIT).
     Released runs are still found by id and can be restored."""
     from eventstore import open_store
-    from ops.cli.bulk import _progress as progress_line
-    from ops.cli.bulk import _report as report_action
     from ops.cli.bulk import through_outages_said
+    from ops.cli.bulk_reports import print_action, print_progress
     from ops.cli.common import console
     from workflows import BulkAction, Engine, RetentionSettings, plan_retention, retention_pass
 
@@ -55,7 +54,7 @@ def retention(ctx: click.Context, tenant: str, dry_run: bool, as_json: bool) -> 
 
         def progress(action: BulkAction) -> None:
             seen[action.id] = action
-            progress_line(action)
+            print_progress(action)
 
         def one_pass() -> None:
             for action in retention_pass(engine, tenant=tenant, settings=kept, progress=progress):
@@ -76,7 +75,7 @@ def retention(ctx: click.Context, tenant: str, dry_run: bool, as_json: bool) -> 
         emit_json([dataclasses.asdict(a) for a in actions])
         return
     for action in actions:
-        report_action(action, False, exit_on_failure=False)
+        print_action(action, False, exit_on_failure=False)
     if not actions:
         console.print(f"no run of tenant {tenant!r} is due for release", highlight=False)
     if any(a.failed for a in actions):

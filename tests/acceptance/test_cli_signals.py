@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 import pytest
 
 from eventstore import EventStore
-from ops.cli.workflows import waiting_note
+from ops.cli.run_views import waiting_note
 from tests.acceptance.cli_runs import cli_env, invoke_cli, run_cli
 from tests.flows import registry
 from tests.waiting import wait_until

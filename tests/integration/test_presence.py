@@ -29,7 +29,7 @@ from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, WorkerSettings, WorkflowWorker, shared_worker_names
 from workflows import events as ev
-from workflows.lifecycle import fence
+from workflows.node_end_writes import fence
 from workflows.node_queue import Claimant
 from workflows.presence import Presence, PresenceMode
 from workflows.recovery import sweep, take_back

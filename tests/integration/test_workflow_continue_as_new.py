@@ -29,7 +29,7 @@ from workflows import (
     workflow_tables,
 )
 from workflows import events as ev
-from workflows.engine import run_id_for
+from workflows.run_starts import run_id_for
 from workflows.run_state import RunState
 from workflows.testing import running_worker, wait_for_run
 

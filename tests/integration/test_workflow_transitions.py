@@ -23,7 +23,7 @@ from tests.waiting import joined
 from workflows import Engine, WorkerSettings, WorkflowWorker, node_queue
 from workflows import events as ev
 from workflows.errors import wrap_exceptions
-from workflows.lifecycle import claimed_event
+from workflows.node_end_writes import claimed_event
 from workflows.node_queue import Claim, Successor
 from workflows.run_state import RunState
 
