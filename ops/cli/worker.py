@@ -92,7 +92,7 @@ def recover(ctx: click.Context, as_json: bool) -> None:
             instance=uuid.uuid4().hex[:12],
             trigger="operator",
         )
-        with store.pool.connection() as conn:
+        with store.connection() as conn:
             summary = queue_summary(conn)
             recent = recent_recoveries(conn, 10)
     if as_json:
