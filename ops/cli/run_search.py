@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ops.cli.common import emit_json, settings_of
+from ops.cli.run_args import run_id_arg
 
 if TYPE_CHECKING:
     from workflows import HistoryEntry, RunFilter
@@ -41,16 +42,7 @@ def when(text: str | None, option: str) -> datetime | None:
 
 
 def _run_id(text: str | None) -> uuid.UUID | None:
-    from eventstore import InvalidInputError
-
-    if text is None:
-        return None
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise InvalidInputError(
-            f"{text!r} is not a run id (a UUID); see `ledgerflow workflows list`"
-        ) from None
+    return None if text is None else run_id_arg(text)
 
 
 def filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
