@@ -1,7 +1,8 @@
 """What eventstore offers the packages built on it (projector, workflows, ops) and no application needs:
-connections and pooling, error translation, SQL files, outage handling, keepalives, array parameters and
-input checks. Applications use `eventstore` itself; its siblings use this module and `eventstore`, never
-another of its modules (an import contract holds them to it), so the store's insides can move freely."""
+connections and pooling, error translation, SQL files, named rows, outage handling, keepalives, array
+parameters and input checks. Applications use `eventstore` itself; its siblings use this module and
+`eventstore`, never another of its modules (an import contract holds them to it), so the store's insides
+can move freely."""
 
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,7 @@ if TYPE_CHECKING:
     from eventstore._validation import check_idempotency_key, check_tenant, dump_json_object
     from eventstore.arrays import FloatArray, IntArray, TextArray
     from eventstore.db import Translation, connect, pipelined, synced, translate, wrap_exceptions
+    from eventstore.event_rows import EventRow, checked_rows
     from eventstore.frozen import end_frozen_sessions
     from eventstore.importing import import_object
     from eventstore.jsonvalue import dumps as json_dumps
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
         wait_until_available,
     )
     from eventstore.pooling import bounded_once_stopping, bounded_waits
+    from eventstore.rows import fetch_all, fetch_one, fetch_value, fetch_values, sent
     from eventstore.sqlfile import load_queries
     from eventstore.telemetry import span_if_traced
 else:
@@ -45,6 +48,10 @@ else:
                 "FloatArray",
                 "IntArray",
                 "TextArray",
+            ),
+            "eventstore.event_rows": (
+                "EventRow",
+                "checked_rows",
             ),
             "eventstore.db": (
                 "Translation",
@@ -79,6 +86,13 @@ else:
                 "bounded_once_stopping",
                 "bounded_waits",
             ),
+            "eventstore.rows": (
+                "fetch_all",
+                "fetch_one",
+                "fetch_value",
+                "fetch_values",
+                "sent",
+            ),
             "eventstore.sqlfile": ("load_queries",),
             "eventstore.telemetry": ("span_if_traced",),
         },
@@ -86,6 +100,7 @@ else:
 
 __all__ = [
     "Beat",
+    "EventRow",
     "FloatArray",
     "IntArray",
     "Keepalive",
@@ -98,9 +113,14 @@ __all__ = [
     "bounded_waits",
     "check_idempotency_key",
     "check_tenant",
+    "checked_rows",
     "connect",
     "dump_json_object",
     "end_frozen_sessions",
+    "fetch_all",
+    "fetch_one",
+    "fetch_value",
+    "fetch_values",
     "import_object",
     "is_unavailable",
     "json_dumps",
@@ -109,6 +129,7 @@ __all__ = [
     "pipelined",
     "require_ledgerflow_packages",
     "retry_delay",
+    "sent",
     "sleeper",
     "slots_full",
     "span_if_traced",

@@ -37,7 +37,7 @@ import structlog
 from psycopg.rows import class_row
 
 from eventstore import InvalidInputError
-from eventstore.spi import load_queries
+from eventstore.spi import fetch_value, load_queries
 from workflows.definition import DefinitionError, Limit, WorkflowRegistry
 from workflows.errors import NodeLeaseLost, NodeSuspended, wrap_exceptions
 
@@ -140,8 +140,8 @@ def read_usage(pool: Any) -> list[LimitUsage]:
 
 def holds_claim(conn: Conn, run_id: uuid.UUID, node: str, token: int) -> bool:
     with wrap_exceptions():
-        row = conn.execute(Q["holds_claim"], {"run_id": run_id, "node": node, "token": token}).fetchone()
-    return bool(row and row[0])
+        held = fetch_value(conn, Q["holds_claim"], {"run_id": run_id, "node": node, "token": token})
+    return bool(held)
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from eventstore import (
     shipped_migrations,
 )
 from eventstore.spi import connect as open_connection
-from eventstore.spi import load_queries, translate, wrap_exceptions
+from eventstore.spi import fetch_values, load_queries, translate, wrap_exceptions
 
 log = structlog.get_logger(__name__)
 Q = load_queries("ops.api")
@@ -58,9 +58,9 @@ def read_readiness(
     migrations = MigrationStatus(sorted(applied_versions(conn)), pending_migrations(conn))
     if migrations.pending:
         return Readiness(migrations, [], [])
-    owners = conn.execute(Q["live_projection_owners"], {"projections": list(projections)}).fetchall()
-    workers = conn.execute(Q["live_workflow_workers"], {"recent_seconds": recent_seconds}).fetchall()
-    return Readiness(migrations, [str(r[0]) for r in owners], [str(r[0]) for r in workers])
+    owners = fetch_values(conn, Q["live_projection_owners"], {"projections": list(projections)})
+    workers = fetch_values(conn, Q["live_workflow_workers"], {"recent_seconds": recent_seconds})
+    return Readiness(migrations, owners, workers)
 
 
 def readiness(
