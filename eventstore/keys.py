@@ -144,6 +144,21 @@ class Forgotten:
 
 
 @dataclass(frozen=True, slots=True)
+class _StoredKey:
+    """A row of create_key (keys.sql): the subject's key, the one just created or the one already kept;
+    a forgotten subject's has neither wrapped key nor master key."""
+
+    key_id: uuid.UUID
+    wrapped_key: bytes | None
+    master_key_id: str | None
+
+
+def _master_keys(*, master_key_id: str, keys: int) -> tuple[str, int]:
+    """A row of key_counts: a master key id ('' for forgotten subjects) and how many data keys it wraps."""
+    return master_key_id, keys
+
+
+@dataclass(frozen=True, slots=True)
 class _LiveKey:
     """A row of keys_for_read (keys.sql): a subject's live key, its secret wrapped by a master key."""
 
@@ -212,13 +227,14 @@ class SubjectKeys:
             # caller's transaction while an append path still holds it. Twice at most: the second
             # statement sees the row of an insert that won while the first waited.
             for _ in range(2):
-                row = conn.execute(Q["create_key"], params).fetchone()
+                row = fetch_one(conn, _StoredKey, Q["create_key"], params)
                 if row is not None:
                     break
         if row is None:
             raise ConfigurationError(f"the data key of subject {subject!r} could not be read back")
-        found_id, found_wrapped, found_master = row
-        if found_wrapped is None:
+        found_id, found_wrapped, found_master = row.key_id, row.wrapped_key, row.master_key_id
+        # The table's check holds both None together: a forgotten subject's row keeps neither.
+        if found_wrapped is None or found_master is None:
             key = SubjectKey(found_id, None)
         elif found_id == key_id:
             key = SubjectKey(key_id, secret)
@@ -299,11 +315,11 @@ class SubjectKeys:
                             "master_key_id": master.key_id,
                         },
                     )
-            counts = {str(m): int(n) for m, n in conn.execute(Q["key_counts"]).fetchall()}
+            counts = dict(fetch_all(conn, _master_keys, Q["key_counts"]))
         remaining = sum(n for m, n in counts.items() if m not in ("", master.key_id))
         return RotationProgress(len(rows), remaining)
 
     def key_counts(self) -> dict[str, int]:
         """Data keys per master key id ('' for forgotten subjects)."""
         with wrap_exceptions(), self.pool.connection() as conn:
-            return {str(m): int(n) for m, n in conn.execute(Q["key_counts"]).fetchall()}
+            return dict(fetch_all(conn, _master_keys, Q["key_counts"]))

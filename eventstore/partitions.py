@@ -219,14 +219,13 @@ def _copy_out(conn: psycopg.Connection[Any], part: Partition, data_path: Path) -
 
 def _check_archivable(conn: psycopg.Connection[Any], part: Partition) -> None:
     bounds = {"from": part.from_position, "to": part.to_position}
-    last = conn.execute(Q["last_position"]).fetchone()
-    if last is None or last[0] < part.to_position - 1:
+    last = fetch_value(conn, Q["last_position"]) or 0
+    if last < part.to_position - 1:
         raise ArchiveRefusedError(
             f"partition {part.name} still receives appends (positions up to {part.to_position - 1}; "
-            f"the log has reached {last[0] if last else 0}): only a full partition can be archived"
+            f"the log has reached {last}): only a full partition can be archived"
         )
-    running = conn.execute(Q["beyond_horizon"], bounds).fetchone()
-    if running and running[0]:
+    if fetch_value(conn, Q["beyond_horizon"], bounds):
         raise ArchiveRefusedError(
             f"partition {part.name} holds events of a transaction still running: try again when it "
             "has ended (`ledgerflow horizon` names it)"

@@ -37,6 +37,7 @@ from psycopg.rows import class_row
 
 from eventstore.spi import (
     connect,
+    fetch_all,
     fetch_value,
     fetch_values,
     is_unavailable,
@@ -283,4 +284,9 @@ class Presence:
 
 def shared_worker_names(conn: psycopg.Connection[Any]) -> dict[str, int]:
     """Names under which more than one live worker process is registered, with how many."""
-    return {str(name): int(n) for name, n in conn.execute(Q["shared_worker_names"]).fetchall()}
+    return dict(fetch_all(conn, _named_processes, Q["shared_worker_names"]))
+
+
+def _named_processes(*, worker_name: str, processes: int) -> tuple[str, int]:
+    """A row of shared_worker_names."""
+    return worker_name, processes
