@@ -25,6 +25,7 @@ from eventstore.events import AppendedEvent, AppendResult, ExpectedState, Expect
 from eventstore.notify import Notifier
 from eventstore.partitions import ensure_partitions
 from eventstore.pinning import Pin, PinnedConnections
+from eventstore.rows import fetch_value
 from eventstore.sqlfile import load_queries
 
 if TYPE_CHECKING:
@@ -212,10 +213,9 @@ def _no_partition(exc: LedgerflowError) -> bool:
 
 def _wrong_version(executor: Executor, tenant: str, stream_id: str, expected: ExpectedVersion) -> None:
     """A single-stream statement inserted nothing: the expected version does not hold; say which it is."""
-    row = synced(executor.execute(Q["stream_version"], {"tenant": tenant, "stream_id": stream_id})).fetchone()
-    raise WrongExpectedVersionError(
-        tenant, stream_id, _describe(expected), None if row is None else int(row[0])
-    )
+    conn = executor if isinstance(executor, psycopg.Connection) else executor.connection
+    version = fetch_value(conn, Q["stream_version"], {"tenant": tenant, "stream_id": stream_id})
+    raise WrongExpectedVersionError(tenant, stream_id, _describe(expected), version)
 
 
 def _describe(expected: ExpectedVersion) -> str:

@@ -12,7 +12,7 @@ import urllib.parse
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -57,6 +57,8 @@ Connection = psycopg.Connection[Any]
 #: The pipeline each connection in `pipelined` runs, for `synced`.
 _pipelines: weakref.WeakKeyDictionary[psycopg.Connection[Any], psycopg.Pipeline] = weakref.WeakKeyDictionary()
 
+_Row = TypeVar("_Row")
+
 
 @contextmanager
 def pipelined(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Pipeline]:
@@ -69,7 +71,7 @@ def pipelined(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Pipeline]:
             _pipelines.pop(conn, None)
 
 
-def synced(cursor: psycopg.Cursor[Any]) -> psycopg.Cursor[Any]:
+def synced(cursor: psycopg.Cursor[_Row]) -> psycopg.Cursor[_Row]:
     """`cursor`, its answer in. In a `pipelined` block, when the answer has not come yet, a Sync goes out
     with the statements sent so far, so that the server has finished them and, inside a transaction, waits
     "idle in transaction" while the client works on the answer, which idle_in_transaction_session_timeout

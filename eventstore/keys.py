@@ -24,6 +24,7 @@ from eventstore.arrays import TextArray
 from eventstore.db import wrap_exceptions
 from eventstore.errors import ConfigurationError, ConflictError, InvalidInputError
 from eventstore.masterkeys import KEY_BYTES, MasterKeys, aes_gcm
+from eventstore.rows import fetch_all, fetch_one
 from eventstore.sqlfile import load_queries
 
 if TYPE_CHECKING:
@@ -143,6 +144,40 @@ class Forgotten:
 
 
 @dataclass(frozen=True, slots=True)
+class _StoredKey:
+    """A row of create_key (keys.sql): the subject's key, the one just created or the one already kept;
+    a forgotten subject's has neither wrapped key nor master key."""
+
+    key_id: uuid.UUID
+    wrapped_key: bytes | None
+    master_key_id: str | None
+
+
+def _master_keys(*, master_key_id: str, keys: int) -> tuple[str, int]:
+    """A row of key_counts: a master key id ('' for forgotten subjects) and how many data keys it wraps."""
+    return master_key_id, keys
+
+
+@dataclass(frozen=True, slots=True)
+class _LiveKey:
+    """A row of keys_for_read (keys.sql): a subject's live key, its secret wrapped by a master key."""
+
+    tenant: str
+    subject: str
+    key_id: uuid.UUID
+    wrapped_key: bytes
+    master_key_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _ForgottenKey:
+    """A row of forget_key, forget_keyless and forgotten (keys.sql)."""
+
+    key_id: uuid.UUID
+    forgotten_at: Any
+
+
+@dataclass(frozen=True, slots=True)
 class RotationProgress:
     rewrapped: int
     remaining: int
@@ -192,13 +227,14 @@ class SubjectKeys:
             # caller's transaction while an append path still holds it. Twice at most: the second
             # statement sees the row of an insert that won while the first waited.
             for _ in range(2):
-                row = conn.execute(Q["create_key"], params).fetchone()
+                row = fetch_one(conn, _StoredKey, Q["create_key"], params)
                 if row is not None:
                     break
         if row is None:
             raise ConfigurationError(f"the data key of subject {subject!r} could not be read back")
-        found_id, found_wrapped, found_master = row
-        if found_wrapped is None:
+        found_id, found_wrapped, found_master = row.key_id, row.wrapped_key, row.master_key_id
+        # The table's check holds both None together: a forgotten subject's row keeps neither.
+        if found_wrapped is None or found_master is None:
             key = SubjectKey(found_id, None)
         elif found_id == key_id:
             key = SubjectKey(key_id, secret)
@@ -217,20 +253,24 @@ class SubjectKeys:
         absent. Which keys live is never taken from memory: a forgotten key must not decrypt anything
         after its forgetting, whichever process forgot it."""
         pairs = sorted(set(wanted))
-        rows = conn.execute(
+        rows = fetch_all(
+            conn,
+            _LiveKey,
             Q["keys_for_read"],
             {"tenants": TextArray(t for t, _ in pairs), "subjects": TextArray(s for _, s in pairs)},
-        ).fetchall()
+        )
         found: dict[tuple[str, str], SubjectKey] = {}
         # Live now (the rows above): a key's secret, the same for ever under one key id (a key is never
         # changed, only re-wrapped or forgotten), may come from an earlier unwrapping.
-        unwrapped = self.unwrapped.get_many([(r[0], r[1], r[2]) for r in rows])
-        for (tenant, subject, key_id, wrapped, master_id), known in zip(rows, unwrapped, strict=True):
+        unwrapped = self.unwrapped.get_many([(r.tenant, r.subject, r.key_id) for r in rows])
+        for row, known in zip(rows, unwrapped, strict=True):
             if known is None:
-                secret = self.masters.unwrap(tenant, subject, key_id, bytes(wrapped), master_id)
-                known = SubjectKey(key_id, secret)
-                self.unwrapped.put(tenant, subject, known)
-            found[(tenant, subject)] = known
+                secret = self.masters.unwrap(
+                    row.tenant, row.subject, row.key_id, bytes(row.wrapped_key), row.master_key_id
+                )
+                known = SubjectKey(row.key_id, secret)
+                self.unwrapped.put(row.tenant, row.subject, known)
+            found[(row.tenant, row.subject)] = known
         return found
 
     def forget_txn(self, conn: psycopg.Connection[Any], tenant: str, subject: str, by: str) -> Forgotten:
@@ -244,12 +284,12 @@ class SubjectKeys:
         params = {"tenant": tenant, "subject": subject, "by": by}
         for _ in range(3):
             for name in ("forget_key", "forget_keyless"):
-                row = conn.execute(Q[name], params).fetchone()
-                if row is not None:
-                    return Forgotten(tenant, subject, row[0], row[1], already=False)
-            row = conn.execute(Q["forgotten"], params).fetchone()
-            if row is not None:
-                return Forgotten(tenant, subject, row[0], row[1], already=True)
+                key = fetch_one(conn, _ForgottenKey, Q[name], params)
+                if key is not None:
+                    return Forgotten(tenant, subject, key.key_id, key.forgotten_at, already=False)
+            key = fetch_one(conn, _ForgottenKey, Q["forgotten"], params)
+            if key is not None:
+                return Forgotten(tenant, subject, key.key_id, key.forgotten_at, already=True)
         raise ConflictError(
             f"subject {subject!r} (tenant {tenant!r}) had its key created and changed while being "
             "forgotten; nothing was forgotten. Run the forgetting again."
@@ -275,11 +315,11 @@ class SubjectKeys:
                             "master_key_id": master.key_id,
                         },
                     )
-            counts = {str(m): int(n) for m, n in conn.execute(Q["key_counts"]).fetchall()}
+            counts = dict(fetch_all(conn, _master_keys, Q["key_counts"]))
         remaining = sum(n for m, n in counts.items() if m not in ("", master.key_id))
         return RotationProgress(len(rows), remaining)
 
     def key_counts(self) -> dict[str, int]:
         """Data keys per master key id ('' for forgotten subjects)."""
         with wrap_exceptions(), self.pool.connection() as conn:
-            return {str(m): int(n) for m, n in conn.execute(Q["key_counts"]).fetchall()}
+            return dict(fetch_all(conn, _master_keys, Q["key_counts"]))

@@ -64,6 +64,6 @@ UPDATE ledgerflow.subject_keys
  WHERE tenant = %(tenant)s AND subject = %(subject)s AND wrapped_key IS NOT NULL
 
 -- name: key_counts
-SELECT coalesce(master_key_id, ''), count(*)::bigint
+SELECT coalesce(master_key_id, '') AS master_key_id, count(*)::bigint AS keys
   FROM ledgerflow.subject_keys
  GROUP BY 1

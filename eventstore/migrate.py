@@ -21,6 +21,7 @@ import structlog
 
 from eventstore.db import wrap_exceptions
 from eventstore.errors import MigrationError
+from eventstore.rows import fetch_value
 
 log = structlog.get_logger(__name__)
 
@@ -77,8 +78,7 @@ def _ensure_bookkeeping(conn: psycopg.Connection[Any]) -> None:
 
 def applied_versions(conn: psycopg.Connection[Any]) -> dict[int, str]:
     """Version -> checksum of every applied migration (empty on a fresh database)."""
-    exists = conn.execute("SELECT to_regclass('ledgerflow.schema_migrations') IS NOT NULL").fetchone()
-    if not exists or not exists[0]:
+    if not fetch_value(conn, "SELECT to_regclass('ledgerflow.schema_migrations') IS NOT NULL"):
         return {}
     rows = conn.execute("SELECT version, checksum FROM ledgerflow.schema_migrations").fetchall()
     return {int(v): str(c) for v, c in rows}
@@ -117,12 +117,13 @@ def migrate(url: str) -> list[Migration]:
                 # Serialises concurrent migrators; CREATE SCHEMA IF NOT EXISTS is not race-free alone.
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK_ID,))
                 _ensure_bookkeeping(conn)
-                row = conn.execute(
+                checksum = fetch_value(
+                    conn,
                     "SELECT checksum FROM ledgerflow.schema_migrations WHERE version = %s",
                     (migration.version,),
-                ).fetchone()
-                if row is not None:
-                    if row[0] != migration.checksum:
+                )
+                if checksum is not None:
+                    if checksum != migration.checksum:
                         raise MigrationError(
                             f"migration {migration.version:04d}_{migration.name} was changed after it was "
                             "applied; migrations are forward-only: add a new numbered file instead"

@@ -24,6 +24,7 @@ from psycopg import sql
 
 from eventstore.db import wrap_exceptions
 from eventstore.errors import ArchiveRefusedError, InvalidInputError, NotFoundError
+from eventstore.rows import fetch_all, fetch_one, fetch_value
 from eventstore.sqlfile import load_queries
 
 log = structlog.get_logger(__name__)
@@ -102,21 +103,21 @@ def ensure_partitions(conn: psycopg.Connection[Any], *, headroom: int | None = N
     """Create partitions until the last one reaches `headroom` positions (default: one partition) past
     the last position handed out. Cheap when nothing is missing (one statement, no lock)."""
     with wrap_exceptions():
-        row = conn.execute(Q["ensure"], {"headroom": headroom}).fetchone()
-    assert row is not None
-    return LogEnd(int(row[0]), int(row[1]))
+        end = fetch_one(conn, LogEnd, Q["ensure"], {"headroom": headroom})
+    assert end is not None
+    return end
 
 
 def list_partitions(conn: psycopg.Connection[Any]) -> list[Partition]:
     with wrap_exceptions():
-        return [Partition(*row) for row in conn.execute(Q["list"]).fetchall()]
+        return fetch_all(conn, Partition, Q["list"])
 
 
 def _partition(conn: psycopg.Connection[Any], name: str) -> Partition:
-    row = conn.execute(Q["partition"], {"name": name}).fetchone()
-    if row is None:
+    found = fetch_one(conn, Partition, Q["partition"], {"name": name})
+    if found is None:
         raise NotFoundError(f"the log has no partition {name!r} (`ledgerflow log partitions` lists them)")
-    return Partition(*row)
+    return found
 
 
 def _table(name: str) -> sql.Identifier:
@@ -165,19 +166,19 @@ def archive_partition(url: str, name: str, directory: Path) -> Manifest:
         # lock proves the file holds every row the partition had.
         with conn.transaction():
             conn.execute(Q["lock_timeout"], {"timeout": _LOCK_TIMEOUT})
-            locked = conn.execute(Q["partition_for_update"], {"name": name}).fetchone()
-            if locked is None or locked[3] == "archived":
+            locked = fetch_one(conn, Partition, Q["partition_for_update"], {"name": name})
+            if locked is None or locked.state == "archived":
                 # Another archive of it committed while this one copied: one archive stands.
                 raise ArchiveRefusedError(
                     f"partition {name} was archived by another archive while this one copied it; "
                     f"{data_path} and {manifest_path} are a second copy of the same rows"
                 )
             conn.execute(sql.SQL("ALTER TABLE ledgerflow.events DETACH PARTITION {}").format(_table(name)))
-            row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_table(name))).fetchone()
-            if row is None or row[0] != events:
+            now = fetch_value(conn, sql.SQL("SELECT count(*) FROM {}").format(_table(name)))
+            if now != events:
                 raise ArchiveRefusedError(
                     f"partition {name} changed while it was archived ({events} rows written, "
-                    f"{row[0] if row else '?'} now); nothing was dropped: run the archive again"
+                    f"{now} now); nothing was dropped: run the archive again"
                 )
             conn.execute(sql.SQL("DROP TABLE {}").format(_table(name)))
             conn.execute(
@@ -218,14 +219,13 @@ def _copy_out(conn: psycopg.Connection[Any], part: Partition, data_path: Path) -
 
 def _check_archivable(conn: psycopg.Connection[Any], part: Partition) -> None:
     bounds = {"from": part.from_position, "to": part.to_position}
-    last = conn.execute(Q["last_position"]).fetchone()
-    if last is None or last[0] < part.to_position - 1:
+    last = fetch_value(conn, Q["last_position"]) or 0
+    if last < part.to_position - 1:
         raise ArchiveRefusedError(
             f"partition {part.name} still receives appends (positions up to {part.to_position - 1}; "
-            f"the log has reached {last[0] if last else 0}): only a full partition can be archived"
+            f"the log has reached {last}): only a full partition can be archived"
         )
-    running = conn.execute(Q["beyond_horizon"], bounds).fetchone()
-    if running and running[0]:
+    if fetch_value(conn, Q["beyond_horizon"], bounds):
         raise ArchiveRefusedError(
             f"partition {part.name} holds events of a transaction still running: try again when it "
             "has ended (`ledgerflow horizon` names it)"
@@ -260,13 +260,16 @@ def restore_partition(url: str, manifest_path: Path) -> Partition:
     name = manifest.partition
     with wrap_exceptions(), psycopg.connect(url) as conn, conn.transaction():
         conn.execute(Q["lock_timeout"], {"timeout": _LOCK_TIMEOUT})
-        row = conn.execute(Q["partition_for_update"], {"name": name}).fetchone()
-        if row is None or (row[1], row[2]) != (manifest.from_position, manifest.to_position):
+        row = fetch_one(conn, Partition, Q["partition_for_update"], {"name": name})
+        if row is None or (row.from_position, row.to_position) != (
+            manifest.from_position,
+            manifest.to_position,
+        ):
             raise ArchiveRefusedError(
                 f"this log has no archived partition {name} for positions "
                 f"{manifest.from_position}..{manifest.to_position - 1}: the archive belongs to another log"
             )
-        if row[3] != "archived":
+        if row.state != "archived":
             raise ArchiveRefusedError(f"partition {name} is attached: there is nothing to restore")
         conn.execute(
             Q["restore_table"], {"name": name, "from": manifest.from_position, "to": manifest.to_position}

@@ -4,8 +4,8 @@
 -- name: ensure
 -- Creates partitions until the last one ends at least %(headroom)s positions (NULL: one partition) past
 -- the last position handed out; answers where the last partition ends and how wide new ones are.
-SELECT ledgerflow.events_ensure_partitions(%(headroom)s::bigint),
-       (SELECT partition_size FROM ledgerflow.event_partitioning)
+SELECT ledgerflow.events_ensure_partitions(%(headroom)s::bigint) AS "end",
+       (SELECT partition_size FROM ledgerflow.event_partitioning) AS partition_size
 
 -- name: list
 -- Sizes of attached partitions come from the catalogue (estimated row counts: exact counts would read
@@ -13,19 +13,22 @@ SELECT ledgerflow.events_ensure_partitions(%(headroom)s::bigint),
 SELECT p.name, p.from_position, p.to_position, p.state,
        CASE WHEN p.state = 'archived' THEN p.events
             ELSE (SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c
-                   WHERE c.oid = to_regclass('ledgerflow.' || quote_ident(p.name))) END,
+                   WHERE c.oid = to_regclass('ledgerflow.' || quote_ident(p.name))) END AS events,
        CASE WHEN p.state = 'attached'
-            THEN pg_total_relation_size(to_regclass('ledgerflow.' || quote_ident(p.name))) END,
+            THEN pg_total_relation_size(to_regclass('ledgerflow.' || quote_ident(p.name))) END AS bytes,
        p.sha256, p.archived_to, p.archived_at
   FROM ledgerflow.event_partitions p
  ORDER BY p.from_position
 
 -- name: partition
-SELECT name, from_position, to_position, state, events, NULL::bigint, sha256, archived_to, archived_at
+SELECT name, from_position, to_position, state, events, NULL::bigint AS bytes, sha256, archived_to,
+       archived_at
   FROM ledgerflow.event_partitions WHERE name = %(name)s
 
 -- name: partition_for_update
-SELECT name, from_position, to_position, state FROM ledgerflow.event_partitions WHERE name = %(name)s
+SELECT name, from_position, to_position, state, events, NULL::bigint AS bytes, sha256, archived_to,
+       archived_at
+  FROM ledgerflow.event_partitions WHERE name = %(name)s
    FOR UPDATE
 
 -- name: last_position

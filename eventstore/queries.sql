@@ -175,24 +175,26 @@ WITH RECURSIVE firsts AS MATERIALIZED (
      WHERE p.n < %(limit)s AND (%(max_bytes)s::bigint IS NULL OR p.bytes < %(max_bytes)s::bigint)
        AND (e.position IS NOT NULL OR NOT p.wide)
 )
-SELECT h.xmin::text::bigint, h.ended, p.bytes, p.position, p.transaction_id::text::bigint, p.tenant, p.stream_id,
-       p.stream_version, p.event_id, p.event_type, p.data, p.metadata, p.correlation_id, p.causation_id,
-       p.recorded_at
+SELECT h.xmin::text::bigint AS xmin, h.ended, p.bytes, p.position,
+       p.transaction_id::text::bigint AS transaction_id, p.tenant, p.stream_id, p.stream_version, p.event_id,
+       p.event_type, p.data, p.metadata, p.correlation_id, p.causation_id, p.recorded_at
   FROM horizon h
   LEFT JOIN page p ON p.n > 0 AND p.event_id IS NOT NULL
  ORDER BY p.n
 
 -- name: read_stream_forward
-SELECT 0::bigint, position, transaction_id::text::bigint, tenant, stream_id, stream_version, event_id,
-       event_type, data::text, metadata::text, correlation_id, causation_id, recorded_at
+SELECT 0::bigint AS bytes, position, transaction_id::text::bigint AS transaction_id, tenant, stream_id,
+       stream_version, event_id, event_type, data::text AS data, metadata::text AS metadata, correlation_id,
+       causation_id, recorded_at
   FROM ledgerflow.events
  WHERE tenant = %(tenant)s AND stream_id = %(stream_id)s AND stream_version >= %(version)s
  ORDER BY stream_version
  LIMIT %(limit)s
 
 -- name: read_stream_backward
-SELECT 0::bigint, position, transaction_id::text::bigint, tenant, stream_id, stream_version, event_id,
-       event_type, data::text, metadata::text, correlation_id, causation_id, recorded_at
+SELECT 0::bigint AS bytes, position, transaction_id::text::bigint AS transaction_id, tenant, stream_id,
+       stream_version, event_id, event_type, data::text AS data, metadata::text AS metadata, correlation_id,
+       causation_id, recorded_at
   FROM ledgerflow.events
  WHERE tenant = %(tenant)s AND stream_id = %(stream_id)s AND stream_version <= %(version)s
  ORDER BY stream_version DESC
@@ -238,8 +240,9 @@ e.stream_version < p.stream_version ORDER BY e.stream_version DESC
 
 -- name: read_streams
 -- Several whole streams in one query (a worker loading every run it just claimed).
-SELECT 0::bigint, position, transaction_id::text::bigint, tenant, stream_id, stream_version, event_id,
-       event_type, data::text, metadata::text, correlation_id, causation_id, recorded_at
+SELECT 0::bigint AS bytes, position, transaction_id::text::bigint AS transaction_id, tenant, stream_id,
+       stream_version, event_id, event_type, data::text AS data, metadata::text AS metadata, correlation_id,
+       causation_id, recorded_at
   FROM ledgerflow.events
  WHERE tenant = %(tenant)s AND stream_id = ANY (%(stream_ids)s::text[])
  ORDER BY stream_id, stream_version
@@ -258,7 +261,8 @@ SELECT k.key FROM ledgerflow.idempotency_keys k WHERE k.tenant = %(tenant)s AND 
 -- name: earlier_append
 -- What an append under an idempotency key answered (see ledgerflow.append_events), read without writing:
 -- one row per event, each with the key's request hash. No row if no committed append used the key.
-SELECT k.request_hash, r->>0, (r->>1)::bigint, (r->>2)::bigint, (r->>3)::bigint
+SELECT k.request_hash, r->>0 AS stream_id, (r->>1)::bigint AS stream_version, (r->>2)::bigint AS position,
+       (r->>3)::bigint AS transaction_id
   FROM ledgerflow.idempotency_keys k, jsonb_array_elements(k.result) AS r
  WHERE k.tenant = %(tenant)s AND k.key = %(idempotency_key)s
 
@@ -286,9 +290,9 @@ FROM STDIN
 -- The safe horizon (ledgerflow.log_horizon), the log's head, and how many committed events wait beyond
 -- the horizon because an older writer of the log is still running.
 WITH h AS MATERIALIZED (SELECT ledgerflow.log_horizon() AS xmin)
-SELECT h.xmin::text::bigint,
-       (SELECT max(position) FROM ledgerflow.events),
-       (SELECT count(*) FROM ledgerflow.events WHERE transaction_id >= h.xmin)
+SELECT h.xmin::text::bigint AS xmin,
+       coalesce((SELECT max(position) FROM ledgerflow.events), 0) AS head_position,
+       (SELECT count(*) FROM ledgerflow.events WHERE transaction_id >= h.xmin) AS waiting_events
   FROM h
 
 -- name: horizon_holders
@@ -296,10 +300,10 @@ SELECT h.xmin::text::bigint,
 -- can act on them; a prepared transaction shows as pid 0 with its global id.
 WITH holders AS MATERIALIZED (SELECT h::xid AS xid FROM ledgerflow.log_holders() AS h)
 SELECT * FROM (
-    SELECT a.pid, coalesce(a.application_name, ''), coalesce(a.datname, ''), coalesce(a.state, ''),
-           a.backend_xid::text::bigint, a.xact_start,
-           extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
-           left(coalesce(a.query, ''), 300)
+    SELECT a.pid, coalesce(a.application_name, '') AS application, coalesce(a.datname, '') AS database,
+           coalesce(a.state, '') AS state, a.backend_xid::text::bigint AS transaction_id,
+           a.xact_start AS started_at, extract(epoch FROM clock_timestamp() - a.xact_start)::float8 AS age_seconds,
+           left(coalesce(a.query, ''), 300) AS query
       FROM pg_stat_activity a JOIN holders h ON h.xid = a.backend_xid
     UNION ALL
     SELECT 0, 'prepared transaction ' || p.gid, p.database, 'prepared', p.transaction::text::bigint, p.prepared,

@@ -4,6 +4,7 @@ horizon. For `EventStore`, whose read methods these are; every read's events pas
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from eventstore import _validation as check
 from eventstore import jsonvalue
 from eventstore.db import wrap_exceptions
 from eventstore.errors import InvalidInputError
+from eventstore.event_rows import EventRow, LogRow, checked_rows
 from eventstore.events import (
     START,
     Cursor,
@@ -30,6 +32,7 @@ from eventstore.events import (
 from eventstore.eventtypes import EventTypes
 from eventstore.jsonvalue import loads
 from eventstore.personal import Shredder
+from eventstore.rows import Query, fetch_all, fetch_one, fetch_value, fetch_values
 from eventstore.sqlfile import load_queries
 
 Q = load_queries("eventstore")
@@ -66,7 +69,7 @@ class Horizon:
     head_position: int
     #: Committed events not yet readable because an older transaction is still running.
     waiting_events: int
-    holders: tuple[HorizonHolder, ...]
+    holders: tuple[HorizonHolder, ...] = ()
 
     @property
     def age_seconds(self) -> float:
@@ -74,7 +77,8 @@ class Horizon:
 
 
 def _encoded(row: Sequence[Any]) -> EncodedEvent:
-    """An event from a read query's row: its running page size, then the event's columns in order."""
+    """An event from a read's row in `EventRow`'s order: its running page size, then the event's
+    columns."""
     if type(row[8]) is dict:  # revealed personal fields, decoded (eventstore.personal)
         columns = list(row[1:])
         columns[7] = jsonvalue.dumps(row[8])
@@ -85,6 +89,8 @@ def _encoded(row: Sequence[Any]) -> EncodedEvent:
 def _recorded(row: Sequence[Any], types: EventTypes | None = None) -> RecordedEvent:
     """`_encoded(row).decode()`, without the intermediate object; in its type's latest shape when given
     `types` (built once either way)."""
+    # In `EventRow`'s order, which `checked_rows` held the statement to; unpacked at once, the cheapest
+    # way through thousands of rows.
     _, position, tx, tenant, stream_id, version, event_id, type_, data, metadata, corr, cause, at = row
     decoded = loads(data) if type(data) is str else data  # a dict: revealed personal fields
     meta = loads(metadata)
@@ -114,8 +120,8 @@ class LogReading:
 
     @staticmethod
     def recorded(rows: Iterable[Sequence[Any]]) -> list[RecordedEvent]:
-        """Events from rows in a stream read's columns (see read_stream_forward in queries.sql), for a
-        statement of its own that also reads a stream (see ledgerflow.wf_record_run_end)."""
+        """Events from rows in `EventRow`'s order, for a statement of its own that also reads a stream
+        (see ledgerflow.wf_record_run_end)."""
         return [_recorded(r) for r in rows]
 
     def read_stream(
@@ -137,10 +143,8 @@ class LogReading:
         version = from_version if from_version is not None else (_END if backward else _FORWARD_FROM_START)
         query = Q["read_stream_backward"] if backward else Q["read_stream_forward"]
         with wrap_exceptions(), self.pool.connection() as conn:
-            rows = conn.execute(
-                query, {"tenant": tenant, "stream_id": stream_id, "version": version, "limit": limit}
-            ).fetchall()
-            rows = self.personal.reveal(conn, rows, 0)
+            params = {"tenant": tenant, "stream_id": stream_id, "version": version, "limit": limit}
+            rows = self.personal.reveal(conn, _events(conn, query, params), 0)
         return self._shaped(rows, upcast)
 
     def read_stream_page(
@@ -173,9 +177,9 @@ class LogReading:
             "max_bytes": budget,
         }
         with wrap_exceptions(), self.pool.connection() as conn:
-            rows = self.personal.reveal(conn, conn.execute(_STREAM_PAGE[backward], params).fetchall(), 0)
+            rows = self.personal.reveal(conn, _events(conn, _STREAM_PAGE[backward], params), 0)
         events = self._shaped_encoded(tuple(_encoded(r) for r in rows), upcast)
-        if not events or (len(events) < limit and int(rows[-1][0]) < budget):
+        if not events or (len(events) < limit and EventRow._make(rows[-1]).bytes < budget):
             return StreamPage(events, None)
         last = events[-1].stream_version
         following = last - 1 if backward else last + 1
@@ -190,10 +194,8 @@ class LogReading:
             check.check_stream_id(stream_id)
         found: dict[str, list[RecordedEvent]] = {s: [] for s in stream_ids}
         with wrap_exceptions(), self.pool.connection() as conn:
-            rows = conn.execute(
-                Q["read_streams"], {"tenant": tenant, "stream_ids": list(stream_ids)}
-            ).fetchall()
-            rows = self.personal.reveal(conn, rows, 0)
+            params = {"tenant": tenant, "stream_ids": list(stream_ids)}
+            rows = self.personal.reveal(conn, _events(conn, Q["read_streams"], params), 0)
         for event in self._shaped(rows, upcast):
             found[event.stream_id].append(event)
         return found
@@ -203,8 +205,10 @@ class LogReading:
         check.check_tenant(tenant)
         check.check_stream_id(stream_id)
         with wrap_exceptions(), self.pool.connection() as conn:
-            row = conn.execute(Q["stream_version"], {"tenant": tenant, "stream_id": stream_id}).fetchone()
-        return None if row is None else int(row[0])
+            version: int | None = fetch_value(
+                conn, Q["stream_version"], {"tenant": tenant, "stream_id": stream_id}
+            )
+        return version
 
     def idempotency_key_used(self, idempotency_key: str, *, tenant: str = DEFAULT_TENANT) -> bool:
         """Whether a committed append used `idempotency_key` (whatever its content): a read, nothing is
@@ -223,8 +227,7 @@ class LogReading:
         for key in keys:
             check.check_idempotency_key(key)
         with wrap_exceptions(), self.pool.connection() as conn:
-            rows = conn.execute(Q["idempotency_keys_used"], {"tenant": tenant, "keys": list(keys)}).fetchall()
-        return {str(row[0]) for row in rows}
+            return set(fetch_values(conn, Q["idempotency_keys_used"], {"tenant": tenant, "keys": list(keys)}))
 
     def read_all(
         self,
@@ -252,7 +255,7 @@ class LogReading:
         rows, cursor, caught_up = self._read_all(
             after, limit, tenant, types, categories, max_bytes, conn, segment
         )
-        return ReadPage(tuple(self._shaped((r[2:] for r in rows), upcast)), cursor, caught_up)
+        return ReadPage(tuple(self._shaped((r[_LOG_EVENT:] for r in rows), upcast)), cursor, caught_up)
 
     def read_all_encoded(
         self,
@@ -269,7 +272,7 @@ class LogReading:
         """`read_all`, with each event's data and metadata left as JSON text (stored shape, unless
         `upcast`)."""
         rows, cursor, caught_up = self._read_all(after, limit, tenant, types, categories, max_bytes, conn)
-        events = self._shaped_encoded(tuple(_encoded(r[2:]) for r in rows), upcast)
+        events = self._shaped_encoded(tuple(_encoded(r[_LOG_EVENT:]) for r in rows), upcast)
         return EncodedPage(events, cursor, caught_up)
 
     def _read_all(
@@ -283,8 +286,8 @@ class LogReading:
         conn: psycopg.Connection[Any] | None,
         segment: tuple[int, int] | None = None,
     ) -> tuple[list[Any], Cursor, bool]:
-        """The page's event rows (horizon, whether its transaction had ended, running size, then the
-        event's columns), where to resume, and whether the reader is caught up."""
+        """The page's event rows (in `LogRow`'s order), where to resume, and whether the reader is caught
+        up."""
         if tenant is not None:
             check.check_tenant(tenant)
         _check_limit(limit)
@@ -301,13 +304,15 @@ class LogReading:
             "partitions": None if segment is None else segment[1],
         }
         with wrap_exceptions(), self._connection(conn) as c:
-            rows = c.execute(Q["read_all"], params).fetchall()
-            xmin, ended = int(rows[0][0]), bool(rows[0][1])
-            rows = [] if rows[0][3] is None else self.personal.reveal(c, rows, 2)
-        if rows and (len(rows) == limit or int(rows[-1][2]) >= budget):
+            with c.cursor(row_factory=_LOG_ROWS) as cur:
+                rows = cur.execute(Q["read_all"], params).fetchall()
+            first = LogRow._make(rows[0])
+            xmin, ended = first.xmin, first.ended
+            rows = [] if first.position is None else self.personal.reveal(c, rows, _LOG_EVENT)
+        last = LogRow._make(rows[-1]) if rows else None
+        if last is not None and (len(rows) == limit or last.bytes >= budget):
             # Stopped at the count or the byte budget: more may follow at once.
-            last = rows[-1]
-            return rows, Cursor(int(last[4]), int(last[3])), False
+            return rows, Cursor(last.transaction_id, last.position), False
         # Everything below the horizon that matches has been read: resume at the horizon. If the
         # transaction it stopped at has ended meanwhile, more may be readable at once.
         return rows, max(after, Cursor(xmin, 0)), not ended
@@ -335,29 +340,23 @@ class LogReading:
     def horizon(self, *, holders: int = 5) -> Horizon:
         """The safe horizon, and which writers of the log hold it back (pid, application, age)."""
         with wrap_exceptions(), self.pool.connection() as conn:
-            xmin, head, waiting = conn.execute(Q["horizon"]).fetchone() or (0, 0, 0)
-            found = conn.execute(Q["horizon_holders"], {"limit": holders}).fetchall()
-        return Horizon(
-            xmin=int(xmin),
-            head_position=int(head or 0),
-            waiting_events=int(waiting),
-            holders=tuple(HorizonHolder(*row) for row in found),
-        )
+            found = fetch_one(conn, Horizon, Q["horizon"])
+            held = fetch_all(conn, HorizonHolder, Q["horizon_holders"], {"limit": holders})
+        assert found is not None  # the statement answers one row
+        return dataclasses.replace(found, holders=tuple(held))
 
     def committed_so_far(self) -> Cursor:
         """A cursor that every event committed before this call lies below: a reader whose cursor reaches
         it has seen all of them (used to wait for a reader to catch up with "now")."""
         with wrap_exceptions(), self.pool.connection() as conn:
-            row = conn.execute(Q["snapshot_xmax"]).fetchone()
-        assert row is not None
-        return Cursor(int(row[0]), 0)
+            xmax = fetch_value(conn, Q["snapshot_xmax"])
+        return Cursor(int(xmax), 0)
 
     def events_beyond_horizon(self) -> bool:
         """True when committed events wait for an older writer of the log to finish before they can be
         read."""
         with wrap_exceptions(), self.pool.connection() as conn:
-            row = conn.execute(Q["events_beyond_horizon"]).fetchone()
-        return bool(row and row[0])
+            return bool(fetch_value(conn, Q["events_beyond_horizon"]))
 
     @contextmanager
     def _connection(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
@@ -366,6 +365,18 @@ class LogReading:
         else:
             with self.pool.connection() as own:
                 yield own
+
+
+_EVENT_ROWS = checked_rows(EventRow)
+_LOG_ROWS = checked_rows(LogRow)
+#: Where a `LogRow`'s `EventRow` begins: its horizon columns come first.
+_LOG_EVENT = len(LogRow._fields) - len(EventRow._fields)
+
+
+def _events(conn: psycopg.Connection[Any], query: Query, params: dict[str, Any]) -> list[Any]:
+    """The rows of a stream read, in `EventRow`'s order."""
+    with conn.cursor(row_factory=_EVENT_ROWS) as cur:
+        return cur.execute(query, params).fetchall()
 
 
 def _check_limit(limit: int) -> None:

@@ -1,9 +1,9 @@
 """What eventstore offers the packages built on it (projector, workflows, ops) and no application needs:
-connections and pooling, connections of their own, the type of a connection and row factories (so that no
-package above names the driver), error translation, the check of a database URL, SQL files, outage
-handling, keepalives, array parameters and input checks. Applications use `eventstore` itself; its
-siblings use this module and `eventstore`, never another of its modules (an import contract holds them to
-it), so the store's insides can move freely."""
+connections and pooling, connections of their own, the type of a connection, row factories and named
+rows (so that no package above names the driver), error translation, the check of a database URL, SQL
+files, outage handling, keepalives, array parameters and input checks. Applications use `eventstore`
+itself; its siblings use this module and `eventstore`, never another of its modules (an import contract
+holds them to it), so the store's insides can move freely."""
 
 from typing import TYPE_CHECKING
 
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from eventstore._validation import check_idempotency_key, check_tenant, dump_json_object
     from eventstore.arrays import FloatArray, IntArray, TextArray
     from eventstore.db import Connection, Translation, connect, pipelined, synced, translate, wrap_exceptions
+    from eventstore.event_rows import EventRow, checked_rows
     from eventstore.frozen import end_frozen_sessions
     from eventstore.importing import import_object
     from eventstore.jsonvalue import dumps as json_dumps
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from eventstore.own_connection import OwnConnection, try_connect
     from eventstore.pooling import bounded_once_stopping, bounded_waits
     from eventstore.refusals import check_database_url
+    from eventstore.rows import fetch_all, fetch_one, fetch_value, fetch_values, sent
     from eventstore.sqlfile import load_queries
     from eventstore.telemetry import span_if_traced
 else:
@@ -51,6 +53,10 @@ else:
                 "FloatArray",
                 "IntArray",
                 "TextArray",
+            ),
+            "eventstore.event_rows": (
+                "EventRow",
+                "checked_rows",
             ),
             "eventstore.db": (
                 "Connection",
@@ -91,6 +97,13 @@ else:
                 "bounded_waits",
             ),
             "eventstore.refusals": ("check_database_url",),
+            "eventstore.rows": (
+                "fetch_all",
+                "fetch_one",
+                "fetch_value",
+                "fetch_values",
+                "sent",
+            ),
             "eventstore.sqlfile": ("load_queries",),
             "eventstore.telemetry": ("span_if_traced",),
             "psycopg.rows": (
@@ -103,6 +116,7 @@ else:
 __all__ = [
     "Beat",
     "Connection",
+    "EventRow",
     "FloatArray",
     "IntArray",
     "Keepalive",
@@ -117,10 +131,15 @@ __all__ = [
     "check_database_url",
     "check_idempotency_key",
     "check_tenant",
+    "checked_rows",
     "class_row",
     "connect",
     "dump_json_object",
     "end_frozen_sessions",
+    "fetch_all",
+    "fetch_one",
+    "fetch_value",
+    "fetch_values",
     "import_object",
     "is_unavailable",
     "json_dumps",
@@ -130,6 +149,7 @@ __all__ = [
     "pipelined",
     "require_ledgerflow_packages",
     "retry_delay",
+    "sent",
     "sleeper",
     "slots_full",
     "span_if_traced",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -39,6 +40,7 @@ from eventstore.personal import Shredder
 from eventstore.pinning import PinnedConnections
 from eventstore.pooling import Pool
 from eventstore.reading import DEFAULT_TENANT, Horizon, HorizonHolder, LogReading
+from eventstore.rows import fetch_all
 from eventstore.sqlfile import load_queries
 
 if TYPE_CHECKING:
@@ -244,12 +246,29 @@ class EventStore(AppendStatements, AppendPath, LogReading):
         committed append used the key; other content under the key raises IdempotencyConflictError."""
         params = self._append_params(appends, idempotency_key, tenant)
         with wrap_exceptions(), self.pool.connection() as conn:
-            rows = conn.execute(
-                Q["earlier_append"], {"tenant": tenant, "idempotency_key": idempotency_key}
-            ).fetchall()
+            rows = fetch_all(
+                conn,
+                _EarlierEvent,
+                Q["earlier_append"],
+                {"tenant": tenant, "idempotency_key": idempotency_key},
+            )
         if not rows:
             return None
-        if rows[0][0] != params["request_hash"]:
+        if rows[0].request_hash != params["request_hash"]:
             raise IdempotencyConflictError(tenant, idempotency_key)
-        rows.sort(key=lambda r: r[3])  # by position, as append_many orders its result
-        return AppendResult(events=tuple(AppendedEvent(r[1], r[2], r[3], r[4]) for r in rows), duplicate=True)
+        rows.sort(key=lambda r: r.position)  # by position, as append_many orders its result
+        events = tuple(
+            AppendedEvent(r.stream_id, r.stream_version, r.position, r.transaction_id) for r in rows
+        )
+        return AppendResult(events=events, duplicate=True)
+
+
+@dataclass(frozen=True, slots=True)
+class _EarlierEvent:
+    """A row of earlier_append (queries.sql): the key's request hash, and one event the append wrote."""
+
+    request_hash: str
+    stream_id: str
+    stream_version: int
+    position: int
+    transaction_id: int

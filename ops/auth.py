@@ -26,7 +26,7 @@ from typing import Any, Final, Literal
 import structlog
 
 from eventstore import EventStore, InvalidInputError, LedgerflowError, check_tenant
-from eventstore.spi import Connection, kwargs_row, load_queries
+from eventstore.spi import Connection, class_row, kwargs_row, load_queries
 
 __all__ = [
     "SCOPES",
@@ -280,17 +280,32 @@ def look_up_token(conn: Connection, secret: str) -> tuple[Principal, datetime | 
     (`eventstore.spi.OwnConnection`), as `store.connection()` does."""
     match = check_secret_format(secret)
     token_hash = hash_secret(secret)
-    row = conn.execute(Q["authenticate"], {"id": match[1], "token_hash": token_hash}).fetchone()
+    with conn.cursor(row_factory=class_row(_TokenRow)) as cur:
+        row = cur.execute(Q["authenticate"], {"id": match[1], "token_hash": token_hash}).fetchone()
     # compare_digest: the answer takes as long whichever character of the hash differs.
-    if row is None or not hmac.compare_digest(str(row[2]), token_hash):
+    if row is None or not hmac.compare_digest(row.token_hash, token_hash):
         raise AuthenticationError("the bearer token is not valid")
-    tenant, scopes, _, revoked, role, expires_at, expired = row
-    if revoked:
+    if row.revoked:
         raise AuthenticationError("the bearer token was revoked")
-    if expired:
+    if row.expired:
+        assert row.expires_at is not None  # only a token with an expiry expires
         raise AuthenticationError(
-            f"the bearer token expired at {expires_at.isoformat(timespec='seconds')}; "
+            f"the bearer token expired at {row.expires_at.isoformat(timespec='seconds')}; "
             "create a new one with `ledgerflow tokens create`"
         )
-    principal = Principal(match[1], str(tenant), frozenset(scopes), server_admin=role == "server")
-    return principal, expires_at
+    principal = Principal(match[1], row.tenant, frozenset(row.scopes), server_admin=row.role == "server")
+    return principal, row.expires_at
+
+
+@dataclass(frozen=True, slots=True)
+class _TokenRow:
+    """A row of authenticate: the token's tenant, scopes, hash, role and expiry, and whether it was
+    revoked or has expired."""
+
+    tenant: str
+    scopes: list[str]
+    token_hash: str
+    revoked: bool
+    role: str
+    expires_at: datetime | None
+    expired: bool

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from eventstore import EventStore, LedgerflowError, pending_migrations
-from eventstore.spi import load_queries
+from eventstore.spi import fetch_all, fetch_one, load_queries
 from projector import Projection, projection_health
 from workflows import queue_summary, shared_worker_names, versions_without_worker
 
@@ -47,8 +47,8 @@ def diagnose(
         with store.connection() as conn:
             conn.execute(Q["ping"])
             pending = pending_migrations(conn)
-            listeners = {str(app): int(n) for app, n in conn.execute(Q["listeners"]).fetchall()}
-            slots = conn.execute(Q["connection_slots"]).fetchone() or (0, 1)
+            listeners = dict(fetch_all(conn, _connections_of, Q["listeners"]))
+            slots = fetch_one(conn, _Slots, Q["connection_slots"]) or _Slots(0, 1)
     except LedgerflowError as exc:
         return [unreachable(str(exc))]
     found.append(Finding("database", "ok", f"answers in {(time.monotonic() - began) * 1000:.0f} ms"))
@@ -78,7 +78,7 @@ def diagnose(
             "else start `ledgerflow projector`, `ledgerflow worker` or `ledgerflow serve`",
         )
     )
-    used, usable = int(slots[0]), int(slots[1])
+    used, usable = slots.used, slots.usable
     found.append(
         Finding("connection slots", "warn", f"{used} of {usable} in use", "workers needing one wait for it")
         if used >= 0.9 * usable
@@ -169,3 +169,16 @@ def diagnose(
             )
         )
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class _Slots:
+    """A row of connection_slots: the server's client connections, and how many it takes in all."""
+
+    used: int
+    usable: int
+
+
+def _connections_of(*, application_name: str, connections: int) -> tuple[str, int]:
+    """A row of listeners."""
+    return application_name, connections

@@ -16,7 +16,7 @@ import psycopg
 from psycopg.rows import class_row
 
 from eventstore import Cursor, RecordedEvent
-from eventstore.spi import load_queries
+from eventstore.spi import fetch_all, fetch_one, fetch_value, fetch_values, load_queries
 
 Q = load_queries("projector")
 Conn = psycopg.Connection[Any]
@@ -105,21 +105,36 @@ def ensure_cursor(conn: Conn, projection: str, version: int, partitions: int = 1
     return state
 
 
+def _cursor_state(
+    *, cursor_tx: int, cursor_position: int, version: int, events_applied: int, partitions: int
+) -> CursorState:
+    """A row of get_cursor."""
+    return CursorState(Cursor(cursor_tx, cursor_position), version, events_applied, partitions)
+
+
 def get_cursor(conn: Conn, projection: str) -> CursorState | None:
-    row = conn.execute(Q["get_cursor"], {"projection": projection}).fetchone()
-    return None if row is None else CursorState(Cursor(row[0], row[1]), row[2], row[3], row[4])
+    return fetch_one(conn, _cursor_state, Q["get_cursor"], {"projection": projection})
+
+
+@dataclass(frozen=True, slots=True)
+class _SegmentCursor:
+    """A row of segment_cursors and lock_segment_cursors."""
+
+    segment: int
+    cursor_tx: int
+    cursor_position: int
 
 
 def segment_cursors(conn: Conn, projection: str) -> dict[int, Cursor]:
     """The cursor of each segment of a partitioned projection, by segment."""
-    rows = conn.execute(Q["segment_cursors"], {"projection": projection}).fetchall()
-    return {int(r[0]): Cursor(r[1], r[2]) for r in rows}
+    rows = fetch_all(conn, _SegmentCursor, Q["segment_cursors"], {"projection": projection})
+    return {r.segment: Cursor(r.cursor_tx, r.cursor_position) for r in rows}
 
 
 def lock_segment_cursors(conn: Conn, projection: str) -> dict[int, Cursor]:
     """As `segment_cursors`, each row locked until the caller's transaction ends (after `lock_cursor`)."""
-    rows = conn.execute(Q["lock_segment_cursors"], {"projection": projection}).fetchall()
-    return {int(r[0]): Cursor(r[1], r[2]) for r in rows}
+    rows = fetch_all(conn, _SegmentCursor, Q["lock_segment_cursors"], {"projection": projection})
+    return {r.segment: Cursor(r.cursor_tx, r.cursor_position) for r in rows}
 
 
 def set_partitions(conn: Conn, projection: str, partitions: int) -> None:
@@ -139,10 +154,15 @@ def reset_segments(conn: Conn, projection: str, partitions: int, cursor: Cursor,
 
 
 def lock_cursor(conn: Conn, projection: str) -> tuple[Cursor, int]:
-    row = conn.execute(Q["lock_cursor"], {"projection": projection}).fetchone()
-    if row is None:
+    locked = fetch_one(conn, _locked_cursor, Q["lock_cursor"], {"projection": projection})
+    if locked is None:
         raise LookupError(f"projection {projection!r} has no cursor yet")
-    return Cursor(row[0], row[1]), int(row[2])
+    return locked
+
+
+def _locked_cursor(*, cursor_tx: int, cursor_position: int, version: int) -> tuple[Cursor, int]:
+    """A row of lock_cursor."""
+    return Cursor(cursor_tx, cursor_position), version
 
 
 def advance_cursor(conn: Conn, projection: str, old: Cursor, new: Cursor, applied: int) -> bool:
@@ -176,14 +196,15 @@ def set_cursor(conn: Conn, projection: str, cursor: Cursor, version: int) -> Non
 
 
 def acquire_lease(conn: Conn, projection: str, owner: str, ttl: float) -> int | None:
-    row = conn.execute(Q["acquire_lease"], {"projection": projection, "owner": owner, "ttl": ttl}).fetchone()
-    return None if row is None or row[0] is None else int(row[0])
+    epoch: int | None = fetch_value(
+        conn, Q["acquire_lease"], {"projection": projection, "owner": owner, "ttl": ttl}
+    )
+    return epoch
 
 
 def renew_lease(conn: Conn, projection: str, owner: str, epoch: int, ttl: float) -> bool:
     params = {"projection": projection, "owner": owner, "epoch": epoch, "ttl": ttl}
-    row = conn.execute(Q["renew_lease"], params).fetchone()
-    return row is not None and bool(row[0])
+    return bool(fetch_value(conn, Q["renew_lease"], params))
 
 
 def release_lease(conn: Conn, projection: str, owner: str, epoch: int) -> None:
@@ -210,8 +231,7 @@ class LeaseInfo:
 
 
 def lease_of(conn: Conn, projection: str) -> LeaseInfo | None:
-    row = conn.execute(Q["lease_of"], {"projection": projection}).fetchone()
-    return None if row is None else LeaseInfo(*row)
+    return fetch_one(conn, LeaseInfo, Q["lease_of"], {"projection": projection})
 
 
 @dataclass(frozen=True)
@@ -224,13 +244,12 @@ class SegmentLease:
 
 
 def segment_leases(conn: Conn, projection: str) -> dict[int, SegmentLease]:
-    rows = conn.execute(Q["segment_leases"], {"projection": projection}).fetchall()
-    return {int(r[0]): SegmentLease(int(r[0]), str(r[1]), bool(r[2]), float(r[3])) for r in rows}
+    leases = fetch_all(conn, SegmentLease, Q["segment_leases"], {"projection": projection})
+    return {lease.segment: lease for lease in leases}
 
 
 def live_workers(conn: Conn, application_name: str) -> int:
-    row = conn.execute(Q["live_workers"], {"application_name": application_name}).fetchone()
-    return int(row[0]) if row else 0
+    return int(fetch_value(conn, Q["live_workers"], {"application_name": application_name}) or 0)
 
 
 # -- runs -------------------------------------------------------------------------------------------
@@ -250,7 +269,8 @@ def count_run_events(
     types: Sequence[str] | None,
 ) -> int:
     """Count the events (of `types`; all with None) run `run_id` goes through; record it on the run."""
-    row = conn.execute(
+    counted = fetch_value(
+        conn,
         Q["count_run_events"],
         {
             "run_id": run_id,
@@ -261,8 +281,8 @@ def count_run_events(
             "target_tx": target.transaction_id if target else None,
             "target_position": target.position if target else None,
         },
-    ).fetchone()
-    return int(row[0]) if row else 0
+    )
+    return int(counted or 0)
 
 
 def start_run(
@@ -277,7 +297,8 @@ def start_run(
     target: Cursor | None = None,
     tenant: str | None = None,
 ) -> int:
-    row = conn.execute(
+    run_id = fetch_value(
+        conn,
         Q["start_run"],
         {
             "projection": projection,
@@ -291,9 +312,9 @@ def start_run(
             "target_tx": target.transaction_id if target else None,
             "target_position": target.position if target else None,
         },
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
+    )
+    assert run_id is not None
+    return int(run_id)
 
 
 def run_progress(conn: Conn, run_id: int, cursor: Cursor, events: int) -> None:
@@ -337,16 +358,21 @@ def get_run(conn: Conn, run_id: int) -> Run | None:
 
 def running_operator_run(conn: Conn, projection: str, tenant: str | None) -> tuple[int, str] | None:
     """(id, kind) of the rebuild, replay or verify holding this scope, if one runs."""
-    row = conn.execute(Q["running_operator_run"], {"projection": projection, "tenant": tenant}).fetchone()
-    return None if row is None else (int(row[0]), str(row[1]))
+    params = {"projection": projection, "tenant": tenant}
+    return fetch_one(conn, _run_and_kind, Q["running_operator_run"], params)
+
+
+def _run_and_kind(*, id: int, kind: str) -> tuple[int, str]:
+    """A row of running_operator_run."""
+    return id, kind
 
 
 def scratch_schemas(conn: Conn) -> list[str]:
-    return [str(r[0]) for r in conn.execute(Q["scratch_schemas"]).fetchall()]
+    return fetch_values(conn, Q["scratch_schemas"])
 
 
 def running_run_ids(conn: Conn) -> set[int]:
-    return {int(r[0]) for r in conn.execute(Q["running_run_ids"]).fetchall()}
+    return set(fetch_values(conn, Q["running_run_ids"]))
 
 
 # -- failures ---------------------------------------------------------------------------------------
@@ -355,7 +381,8 @@ def running_run_ids(conn: Conn) -> set[int]:
 def record_failure(
     conn: Conn, projection: str, event: RecordedEvent, policy: str, error: BaseException, attempts: int
 ) -> int:
-    row = conn.execute(
+    failure_id = fetch_value(
+        conn,
         Q["record_failure"],
         {
             "projection": projection,
@@ -371,9 +398,9 @@ def record_failure(
             "error_message": str(error)[:4000],
             "attempts": attempts,
         },
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
+    )
+    assert failure_id is not None
+    return int(failure_id)
 
 
 def open_failures(conn: Conn, projection: str) -> list[Failure]:
@@ -396,13 +423,12 @@ def get_failure(conn: Conn, failure_id: int, tenant: str | None = None) -> Failu
 
 
 def skipped_positions(conn: Conn, projection: str) -> set[int]:
-    return {int(r[0]) for r in conn.execute(Q["skipped_positions"], {"projection": projection}).fetchall()}
+    return set(fetch_values(conn, Q["skipped_positions"], {"projection": projection}))
 
 
 def projection_skipped_positions(conn: Conn, projection: str) -> set[int]:
     """Skipped events of the projection and of all its segments."""
-    rows = conn.execute(Q["projection_skipped_positions"], {"projection": projection}).fetchall()
-    return {int(r[0]) for r in rows}
+    return set(fetch_values(conn, Q["projection_skipped_positions"], {"projection": projection}))
 
 
 def projection_open_failures(conn: Conn, projection: str) -> list[Failure]:
@@ -435,7 +461,7 @@ def failure_events(conn: Conn, failure: Failure, from_version: int, until: Curso
         "tx": str(until.transaction_id),
         "position": until.position,
     }
-    return [RecordedEvent(*r) for r in conn.execute(Q["failure_events"], params).fetchall()]
+    return fetch_all(conn, RecordedEvent, Q["failure_events"], params)
 
 
 @dataclass(frozen=True)
@@ -449,19 +475,24 @@ class Lag:
 def lag(conn: Conn, cursor: Cursor, types: Sequence[str] | None = None) -> Lag:
     """How far a reader at `cursor` of events of `types` (all, with None) trails."""
     params = {"tx": str(cursor.transaction_id), "position": cursor.position, "types": _types(types)}
-    row = conn.execute(Q["lag"], params).fetchone()
-    assert row is not None
-    return Lag(int(row[0]), int(row[1]), float(row[2] or 0.0), int(row[3]))
+    found = fetch_one(conn, Lag, Q["lag"], params)
+    assert found is not None  # the statement answers one row
+    return found
 
 
 def active_run(conn: Conn, projection: str, kind: RunKind) -> tuple[int, Cursor | None] | None:
-    row = conn.execute(Q["active_run"], {"projection": projection, "kind": kind}).fetchone()
-    if row is None:
-        return None
-    target = Cursor(row[1], row[2]) if row[1] is not None else None
-    return int(row[0]), target
+    return fetch_one(conn, _run_and_target, Q["active_run"], {"projection": projection, "kind": kind})
+
+
+def _run_and_target(
+    *,
+    id: int,
+    target_tx: int | None,
+    target_position: int | None,
+) -> tuple[int, Cursor | None]:
+    """A row of active_run."""
+    return id, None if target_tx is None or target_position is None else Cursor(target_tx, target_position)
 
 
 def first_cursor_since(conn: Conn, since: datetime) -> Cursor | None:
-    row = conn.execute(Q["first_cursor_since"], {"since": since}).fetchone()
-    return None if row is None else Cursor(row[0], row[1])
+    return fetch_one(conn, Cursor, Q["first_cursor_since"], {"since": since})

@@ -9,20 +9,31 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from eventstore.spi import fetch_one, fetch_values
 from projector.projection import Projection
 
 # `%(tenant)s` NULL: every row; else only that tenant's rows (of a per-tenant projection).
 _TABLE_DIGEST = sql.SQL(
-    "SELECT count(*), coalesce(sum(hashtextextended(t::text, 0)::numeric), 0) FROM {} t {}"
+    "SELECT count(*) AS rows, coalesce(sum(hashtextextended(t::text, 0)::numeric), 0) AS hash_sum"
+    " FROM {} t {}"
 )
 _ONLY_IN = sql.SQL(
     "SELECT t::text FROM {} t {} EXCEPT ALL SELECT t::text FROM {} t {} ORDER BY 1 LIMIT %(limit)s"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class _TableSum:
+    """A row of _TABLE_DIGEST: the table's row count and the sum of its rows' hashes."""
+
+    rows: int
+    hash_sum: Decimal
 
 
 def _rows_of(tenant: str | None) -> sql.Composable:
@@ -36,9 +47,9 @@ def projection_digest(
     parts: list[str] = []
     for name in sorted(projection.table_names):
         query = _TABLE_DIGEST.format(sql.Identifier(schema, name), _rows_of(tenant))
-        row = conn.execute(query, {"tenant": tenant}).fetchone()
-        assert row is not None
-        parts.append(f"{name}:{row[0]}:{row[1]}")
+        table = fetch_one(conn, _TableSum, query, {"tenant": tenant})
+        assert table is not None  # an aggregate answers one row
+        parts.append(f"{name}:{table.rows}:{table.hash_sum}")
     return hashlib.sha256(";".join(parts).encode()).hexdigest()
 
 
@@ -64,8 +75,8 @@ def differing_rows(
     params = {"tenant": tenant, "limit": limit}
     for name in sorted(projection.table_names):
         a, b = sql.Identifier(live, name), sql.Identifier(rebuilt, name)
-        only_live = [r[0] for r in conn.execute(_ONLY_IN.format(a, rows, b, rows), params).fetchall()]
-        only_rebuilt = [r[0] for r in conn.execute(_ONLY_IN.format(b, rows, a, rows), params).fetchall()]
+        only_live = fetch_values(conn, _ONLY_IN.format(a, rows, b, rows), params)
+        only_rebuilt = fetch_values(conn, _ONLY_IN.format(b, rows, a, rows), params)
         if only_live or only_rebuilt:
             found.append(TableDifference(name, only_live, only_rebuilt))
     return found

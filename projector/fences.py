@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 
 from eventstore import Cursor, EventStore, RecordedEvent
-from eventstore.spi import load_queries
+from eventstore.spi import fetch_all, fetch_value, load_queries
 from projector.projection import ApplyContext, Projection
 from projector.segments import Unit
 
@@ -41,9 +41,19 @@ class Fence:
     run_running: bool
 
 
-def _fence(row: tuple[Any, ...]) -> Fence:
-    tenant, run_id, tx, position, running = row
-    return Fence(tenant, run_id, Cursor(tx, position), bool(running))
+def _fence(*, tenant: str, run_id: int, cursor_tx: int, cursor_position: int, running: bool) -> Fence:
+    """A row of fences_of."""
+    return Fence(tenant, run_id, Cursor(cursor_tx, cursor_position), running)
+
+
+def _keyed_cursor(*, projection: str, cursor_tx: int, cursor_position: int) -> tuple[str, Cursor]:
+    """A row of lock_run_fences: the fence's key and its cursor."""
+    return projection, Cursor(cursor_tx, cursor_position)
+
+
+def _tenant_run(*, tenant: str, run_id: int) -> tuple[str, int]:
+    """A row of take_fences."""
+    return tenant, run_id
 
 
 def fence(conn: Conn, key: str, tenant: str, run_id: int, at: Cursor) -> None:
@@ -64,16 +74,14 @@ def fence(conn: Conn, key: str, tenant: str, run_id: int, at: Cursor) -> None:
 def fences_of(conn: Conn, key: str) -> list[Fence]:
     """The fences of `key` (a projection's or a segment's); read by a live batch after its compare-and-set
     of that key's cursor."""
-    return [_fence(r) for r in conn.execute(Q["fences_of"], {"key": key}).fetchall()]
+    return fetch_all(conn, _fence, Q["fences_of"], {"key": key})
 
 
 def lock_run_fences(conn: Conn, projection: str, tenant: str, run_id: int) -> dict[str, Cursor]:
     """The run's fences on `tenant` (one per cursor row: the projection's, or each segment's), by key,
     with their cursors, locked until the caller's transaction ends; empty if it holds none."""
-    rows = conn.execute(
-        Q["lock_run_fences"], {"projection": projection, "tenant": tenant, "run_id": run_id}
-    ).fetchall()
-    return {r[0]: Cursor(r[1], r[2]) for r in rows}
+    params = {"projection": projection, "tenant": tenant, "run_id": run_id}
+    return dict(fetch_all(conn, _keyed_cursor, Q["lock_run_fences"], params))
 
 
 def reset_fences(conn: Conn, projection: str, keys: list[str], to: Cursor) -> None:
@@ -82,7 +90,7 @@ def reset_fences(conn: Conn, projection: str, keys: list[str], to: Cursor) -> No
     tenant's rows stand at `to` too, so its fences are put there, one per key. (Were the number of
     partitions changed, the replacement finds other fences than it set, and fails; the live batches then
     lift them, each segment's from `to`.)"""
-    taken = {(r[0], r[1]) for r in conn.execute(Q["take_fences"], {"projection": projection}).fetchall()}
+    taken = set(fetch_all(conn, _tenant_run, Q["take_fences"], {"projection": projection}))
     for tenant, run_id in sorted(taken):
         for key in keys:
             fence(conn, key, tenant, run_id, to)
@@ -93,8 +101,7 @@ def lock_fences(conn: Conn, projection: str) -> None:
 
 
 def any_fence(conn: Conn, projection: str) -> bool:
-    row = conn.execute(Q["any_fence"], {"projection": projection}).fetchone()
-    return bool(row and row[0])
+    return bool(fetch_value(conn, Q["any_fence"], {"projection": projection}))
 
 
 def lift(

@@ -13,7 +13,7 @@ VALUES (%(key)s, %(tenant)s, %(run_id)s, %(cursor_tx)s, %(cursor_position)s)
 -- name: fences_of
 -- Read by every live batch after its compare-and-set (so under its key's cursor row lock): the tenants
 -- whose events it leaves, and whether each fence's run still runs (a fence whose run ended is lifted).
-SELECT f.tenant, f.run_id, f.cursor_tx, f.cursor_position, coalesce(r.status = 'running', false)
+SELECT f.tenant, f.run_id, f.cursor_tx, f.cursor_position, coalesce(r.status = 'running', false) AS running
   FROM ledgerflow.projection_tenant_fences f
   LEFT JOIN ledgerflow.projection_runs r ON r.id = f.run_id
  WHERE f.projection = %(key)s

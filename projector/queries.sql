@@ -89,12 +89,12 @@ SELECT 1 FROM ledgerflow.projection_leases, set_config('idle_in_transaction_sess
    FOR SHARE OF projection_leases
 
 -- name: lease_of
-SELECT owner, epoch, expires_at > clock_timestamp(), heartbeat_at, expires_at
+SELECT owner, epoch, expires_at > clock_timestamp() AS alive, heartbeat_at, expires_at
   FROM ledgerflow.projection_leases WHERE projection = %(projection)s
 
 -- name: segment_leases
-SELECT split_part(projection, '#', 2)::integer, owner, expires_at > clock_timestamp(),
-       extract(epoch FROM clock_timestamp() - expires_at)::float8
+SELECT split_part(projection, '#', 2)::integer AS segment, owner, expires_at > clock_timestamp() AS alive,
+       extract(epoch FROM clock_timestamp() - expires_at)::float8 AS lapsed_for
   FROM ledgerflow.projection_leases
  WHERE left(projection, length(%(projection)s) + 1) = %(projection)s || '#'
  ORDER BY 1
@@ -251,8 +251,8 @@ UPDATE ledgerflow.projection_failures SET status = %(status)s, resolved_at = now
 -- name: failure_events
 -- The events a resolution applies: the failed event (unless skipped) and the stream's later events that
 -- were parked behind it, up to the projection's cursor.
-SELECT position, transaction_id::text::bigint, tenant, stream_id, stream_version, event_id, event_type,
-       data, metadata, correlation_id, causation_id, recorded_at
+SELECT position, transaction_id::text::bigint AS transaction_id, tenant, stream_id, stream_version, event_id,
+       event_type AS type, data, metadata, correlation_id, causation_id, recorded_at
   FROM ledgerflow.events
  WHERE tenant = %(tenant)s AND stream_id = %(stream_id)s AND stream_version >= %(from_version)s
    AND (transaction_id, position) <= (%(tx)s::text::xid8, %(position)s::bigint)
@@ -271,10 +271,11 @@ behind AS (
      ORDER BY e.transaction_id, e.position
      LIMIT 1000000
 )
-SELECT (SELECT count(*) FROM behind, h WHERE behind.transaction_id < h.xmin),
-       (SELECT count(*) FROM behind),
-       (SELECT extract(epoch FROM clock_timestamp() - min(recorded_at))::float8 FROM behind),
-       (SELECT xmin::text::bigint FROM h)
+SELECT (SELECT count(*) FROM behind, h WHERE behind.transaction_id < h.xmin) AS behind_horizon,
+       (SELECT count(*) FROM behind) AS behind_head,
+       coalesce((SELECT extract(epoch FROM clock_timestamp() - min(recorded_at))::float8 FROM behind), 0.0)
+           AS oldest_seconds,
+       (SELECT xmin::text::bigint FROM h) AS horizon_xmin
 
 -- name: active_run
 SELECT id, target_tx, target_position FROM ledgerflow.projection_runs
@@ -290,6 +291,6 @@ SELECT id, kind FROM ledgerflow.projection_runs
 
 -- name: first_cursor_since
 -- The cursor just before the first event recorded at or after a time, for replays "from a time".
-SELECT transaction_id::text::bigint, position - 1 FROM ledgerflow.events
+SELECT transaction_id::text::bigint AS transaction_id, position - 1 AS position FROM ledgerflow.events
  WHERE recorded_at >= %(since)s
  ORDER BY transaction_id, position LIMIT 1

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from eventstore.spi import fetch_value
 from projector.projection import Projection
 
 
@@ -41,10 +42,8 @@ def run_of_scratch_schema(schema: str) -> int | None:
 def missing_tables(conn: psycopg.Connection[Any], projection: Projection, schema: str) -> list[str]:
     missing = []
     for name in projection.table_names:
-        row = conn.execute(
-            "SELECT to_regclass(%s)", (sql.Identifier(schema, name).as_string(conn),)
-        ).fetchone()
-        if row is None or row[0] is None:
+        found = fetch_value(conn, "SELECT to_regclass(%s)", (sql.Identifier(schema, name).as_string(conn),))
+        if found is None:
             missing.append(name)
     return missing
 

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 
 from eventstore import UPCAST_FROM_KEY, VERSION_KEY, RecordedEvent
-from eventstore.spi import load_queries
+from eventstore.spi import fetch_value, load_queries
 from projector.projection import ApplyContext, Projection, Table
 
 Q = load_queries("projector", "type_catalogue.sql")
@@ -70,8 +70,7 @@ class TypeCount:
 def type_counts(conn: psycopg.Connection[Any], tenant: str | None) -> list[TypeCount] | None:
     """Events per type and stored version (one tenant's, or every tenant's), from the catalogue: a read
     of a few rows per type, whatever the log's size. None when the catalogue has never run."""
-    exists = conn.execute(Q["catalogue_exists"]).fetchone()
-    if not exists or not exists[0]:
+    if not fetch_value(conn, Q["catalogue_exists"]):
         return None
     rows = conn.execute(Q["type_counts"], {"tenant": tenant}).fetchall()
     return [TypeCount(str(t), int(v), int(n)) for t, v, n in rows]

@@ -35,7 +35,6 @@ from typing import Any, Literal
 
 import psycopg
 import structlog
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from eventstore import (
@@ -46,7 +45,7 @@ from eventstore import (
     NotFoundError,
     WrongExpectedVersionError,
 )
-from eventstore.spi import check_tenant, load_queries
+from eventstore.spi import check_tenant, fetch_all, fetch_one, fetch_value, load_queries
 from workflows import releases
 from workflows.cancelling import cancel_batch
 from workflows.engine import Engine
@@ -310,25 +309,25 @@ def create_bulk_action(
         "top_created_at": top[0] if top else None,
         "top_run_id": top[1] if top else None,
     }
-    with wrap_exceptions(), store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q["insert"], params).fetchone()
+    with wrap_exceptions(), store.pool.connection() as conn:
+        row = fetch_one(conn, _action_row, Q["insert"], params)
     assert row is not None
-    action = _action(row)
+    action = row.action
     log.info("bulk_action_recorded", bulk_id=str(action.id), kind=kind, tenant=tenant, matched=matched)
     return action
 
 
 def bulk_action(store: EventStore, action_id: uuid.UUID, *, tenant: str) -> BulkAction:
     """An action's record and progress; another tenant's action is not found."""
-    return _action(_row(store, action_id, tenant))
+    return _row(store, action_id, tenant).action
 
 
 def unfinished_bulk_actions(store: EventStore, *, idle_seconds: float, limit: int = 100) -> list[BulkAction]:
     """Running actions of every tenant that nothing has advanced for `idle_seconds` (a server administrator's
     view, for the process that resumes them): oldest first, at most `limit`."""
     params = {"idle_seconds": idle_seconds, "limit": limit}
-    with wrap_exceptions(), store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        return [_action(row) for row in cur.execute(Q["unfinished"], params).fetchall()]
+    with wrap_exceptions(), store.pool.connection() as conn:
+        return [row.action for row in fetch_all(conn, _action_row, Q["unfinished"], params)]
 
 
 def run_bulk_action(
@@ -342,8 +341,8 @@ def run_bulk_action(
     While another process works it, this returns its record as it stands (state `running`)."""
     store = engine.store
     row = _row(store, action_id, tenant)
-    if row["state"] != "running":
-        return _action(row)
+    if row.action.state != "running":
+        return row.action
     with _sole_worker(store, action_id) as sole:
         if not sole:
             log.info("bulk_action_busy", bulk_id=str(action_id))
@@ -351,24 +350,24 @@ def run_bulk_action(
         return _work(engine, _row(store, action_id, tenant), progress)
 
 
-def _work(engine: Engine, row: dict[str, Any], progress: Callable[[BulkAction], None] | None) -> BulkAction:
-    store, tenant, action_id = engine.store, row["tenant"], row["id"]
-    if row["state"] != "running":  # ended while this process waited for its turn
-        return _action(row)
-    act, wanted, actor = KINDS[row["kind"]], filter_from_json(row["filter"]), f"bulk:{action_id}"
-    top = (row["top_created_at"], row["top_run_id"])
-    processed = row["done"] + row["failed"] + row["skipped"]
+def _work(engine: Engine, row: _ActionRow, progress: Callable[[BulkAction], None] | None) -> BulkAction:
+    store, tenant, action_id = engine.store, row.action.tenant, row.action.id
+    if row.action.state != "running":  # ended while this process waited for its turn
+        return row.action
+    act, wanted, actor = KINDS[row.action.kind], filter_from_json(row.action.filter), f"bulk:{action_id}"
+    top = (row.top_created_at, row.top_run_id)
+    processed = row.action.done + row.action.failed + row.action.skipped
     after = (
-        cursor_at(tenant, wanted, row["last_created_at"], row["last_run_id"])
-        if row["last_run_id"] is not None
+        cursor_at(tenant, wanted, row.last_created_at, row.action.last_run_id)
+        if row.last_created_at is not None and row.action.last_run_id is not None
         else None
     )
-    while top[1] is not None and processed < row["max_runs"]:
+    while top[1] is not None and processed < row.action.max_runs:
         page = search_runs(store, tenant=tenant, filter=wanted, limit=_PAGE, after=after)
         # Its runs on this page: none started after the action was recorded, at most `max_runs` in all.
         batch = [(r["created_at"], r["run_id"]) for r in page.runs if (r["created_at"], r["run_id"]) <= top]
-        batch = batch[: row["max_runs"] - processed]
-        many = BATCHES.get(row["kind"])
+        batch = batch[: row.action.max_runs - processed]
+        many = BATCHES.get(row.action.kind)
         counted = _batch(engine, many, row, batch, actor) if many is not None and batch else None
         if counted is not None:
             row = counted
@@ -378,7 +377,7 @@ def _work(engine: Engine, row: dict[str, Any], progress: Callable[[BulkAction], 
                 row = _progress(store, action_id, tenant, position, outcome, error)
         processed += len(batch)
         if progress is not None:
-            progress(_action(row))
+            progress(row.action)
         if page.next is None:
             break
         after = page.next
@@ -386,8 +385,8 @@ def _work(engine: Engine, row: dict[str, Any], progress: Callable[[BulkAction], 
 
 
 def _batch(
-    engine: Engine, many: ActMany, row: dict[str, Any], batch: list[tuple[datetime, uuid.UUID]], actor: str
-) -> dict[str, Any] | None:
+    engine: Engine, many: ActMany, row: _ActionRow, batch: list[tuple[datetime, uuid.UUID]], actor: str
+) -> _ActionRow | None:
     """Act on a page's runs in one transaction (`many`, the kind's entry of BATCHES), which also counts
     them: a crash before it commits leaves the whole batch to the resumed action, one after it none. Runs
     already acted on under their key (by a one-run pass of this action before a crash) count as done, as
@@ -398,15 +397,15 @@ def _batch(
         counted = _batch_once(engine, many, row, batch, actor)
         if counted is not False:
             return counted
-    log.info("bulk_action_batch_changed", bulk_id=str(row["id"]), runs=len(batch))
+    log.info("bulk_action_batch_changed", bulk_id=str(row.action.id), runs=len(batch))
     return None
 
 
 def _batch_once(
-    engine: Engine, many: ActMany, row: dict[str, Any], batch: list[tuple[datetime, uuid.UUID]], actor: str
-) -> dict[str, Any] | Literal[False] | None:
+    engine: Engine, many: ActMany, row: _ActionRow, batch: list[tuple[datetime, uuid.UUID]], actor: str
+) -> _ActionRow | Literal[False] | None:
     """One try of `_batch`: False when a run changed after it was read (nothing was written)."""
-    store, tenant, action_id = engine.store, row["tenant"], row["id"]
+    store, tenant, action_id = engine.store, row.action.tenant, row.action.id
     keys = {run_id: f"bulk:{action_id}:{run_id}" for _, run_id in batch}
     used = store.idempotency_keys_used(list(keys.values()), tenant=tenant)
     pending = [run_id for run_id, key in keys.items() if key not in used]
@@ -414,8 +413,8 @@ def _batch_once(
     if len(runs) != len(pending):
         return None  # a run is gone (not found): the one-run path says so per run
     try:
-        with wrap_exceptions(), engine.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
-            outcome = many(engine, conn, runs, tenant, actor, filter_from_json(row["filter"]))
+        with wrap_exceptions(), engine.transaction() as conn:
+            outcome = many(engine, conn, runs, tenant, actor, filter_from_json(row.action.filter))
             skipped = [why for why in outcome.values() if why is not None]
             params = {
                 "id": action_id,
@@ -429,7 +428,7 @@ def _batch_once(
                 "first_run_id": batch[0][1],
                 "error": None,
             }
-            counted = cur.execute(Q["progress"], params).fetchone()
+            counted = fetch_one(conn, _action_row, Q["progress"], params)
             if counted is None:
                 raise _NotCounted  # rolls the page back: it was counted already, or the action ended
     except _NotCounted:
@@ -446,12 +445,12 @@ class _NotCounted(Exception):
     """The action's progress refused a page's or a run's count (see `_counted_elsewhere`)."""
 
 
-def _counted_elsewhere(store: EventStore, action_id: uuid.UUID, tenant: str, runs: int) -> dict[str, Any]:
+def _counted_elsewhere(store: EventStore, action_id: uuid.UUID, tenant: str, runs: int) -> _ActionRow:
     """The action's record when its progress refused to count `runs` runs: another process working the
     action counted them first (the page this one worked is rolled back; its runs were acted on once, by
     the other), or the action ended meanwhile (NotFoundError)."""
     row = _row(store, action_id, tenant)
-    if row["state"] != "running":
+    if row.action.state != "running":
         raise NotFoundError(f"bulk action {action_id} is no longer running")
     log.warning("bulk_action_counted_elsewhere", bulk_id=str(action_id), runs=runs)
     return row
@@ -488,7 +487,7 @@ def _progress(
     position: tuple[datetime, uuid.UUID],
     outcome: str,
     error: str | None,
-) -> dict[str, Any]:
+) -> _ActionRow:
     params = {
         "id": action_id,
         "tenant": tenant,
@@ -501,8 +500,8 @@ def _progress(
         "first_run_id": position[1],
         "error": error if outcome == "failed" else None,
     }
-    with wrap_exceptions(), store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q["progress"], params).fetchone()
+    with wrap_exceptions(), store.pool.connection() as conn:
+        row = fetch_one(conn, _action_row, Q["progress"], params)
     if row is None:
         return _counted_elsewhere(store, action_id, tenant, 1)
     return row
@@ -512,9 +511,9 @@ def _finish(
     store: EventStore, action_id: uuid.UUID, tenant: str, state: str, error: str | None
 ) -> BulkAction:
     params = {"id": action_id, "tenant": tenant, "state": state, "error": error}
-    with wrap_exceptions(), store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q["finish"], params).fetchone()
-    action = _action(row) if row is not None else bulk_action(store, action_id, tenant=tenant)
+    with wrap_exceptions(), store.pool.connection() as conn:
+        row = fetch_one(conn, _action_row, Q["finish"], params)
+    action = row.action if row is not None else bulk_action(store, action_id, tenant=tenant)
     log.info(
         "bulk_action_ended",
         bulk_id=str(action_id),
@@ -529,8 +528,7 @@ def _finish(
 @contextmanager
 def _sole_worker(store: EventStore, action_id: uuid.UUID) -> Iterator[bool]:
     with wrap_exceptions(), store.pool.connection() as conn:
-        row = conn.execute(Q["try_lock"], {"id": action_id}).fetchone()
-        held = bool(row and row[0])
+        held = bool(fetch_value(conn, Q["try_lock"], {"id": action_id}))
         try:
             yield held
         finally:
@@ -562,10 +560,10 @@ def _check(kind: str, tenant: str, limit: int) -> None:
         raise InvalidInputError("a bulk action's limit is a count of at least 1")
 
 
-def _row(store: EventStore, action_id: uuid.UUID, tenant: str) -> dict[str, Any]:
+def _row(store: EventStore, action_id: uuid.UUID, tenant: str) -> _ActionRow:
     check_tenant(tenant)
-    with wrap_exceptions(), store.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q["get"], {"id": action_id, "tenant": tenant}).fetchone()
+    with wrap_exceptions(), store.pool.connection() as conn:
+        row = fetch_one(conn, _action_row, Q["get"], {"id": action_id, "tenant": tenant})
     if row is None:
         raise NotFoundError(
             f"no bulk action {action_id} for tenant {tenant!r}; an action is read by the tenant that made it"
@@ -573,6 +571,23 @@ def _row(store: EventStore, action_id: uuid.UUID, tenant: str) -> dict[str, Any]
     return row
 
 
-def _action(row: Mapping[str, Any]) -> BulkAction:
-    names = {f.name for f in fields(BulkAction)}
-    return BulkAction(**{k: v for k, v in row.items() if k in names})
+@dataclass(frozen=True, slots=True)
+class _ActionRow:
+    """A row of ledgerflow.bulk_actions: the action's record, and where its work stands (the newest run it
+    may act on, and the creation time of the last run it counted, with `action.last_run_id`)."""
+
+    action: BulkAction
+    top_created_at: datetime | None
+    top_run_id: uuid.UUID | None
+    last_created_at: datetime | None
+
+
+def _action_row(
+    *,
+    top_created_at: datetime | None,
+    top_run_id: uuid.UUID | None,
+    last_created_at: datetime | None,
+    **columns: Any,
+) -> _ActionRow:
+    """Each of the table's other columns is a field of `BulkAction`: a column added without one fails here."""
+    return _ActionRow(BulkAction(**columns), top_created_at, top_run_id, last_created_at)

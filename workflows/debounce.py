@@ -26,7 +26,16 @@ import structlog
 from psycopg.rows import class_row
 
 from eventstore import EventStore, InvalidInputError, QuotaExceededError
-from eventstore.spi import Outage, is_unavailable, json_dumps, json_loads, load_queries, wait_until_available
+from eventstore.spi import (
+    Outage,
+    fetch_one,
+    fetch_value,
+    is_unavailable,
+    json_dumps,
+    json_loads,
+    load_queries,
+    wait_until_available,
+)
 from workflows.errors import wrap_exceptions
 from workflows.quotas import TenantQuotas
 
@@ -119,9 +128,9 @@ def record_start(store: EventStore, tenant: str, workflow: str, input: Any, debo
         "max_wait": None if debounce.max_wait is None else float(debounce.max_wait),
     }
     with wrap_exceptions(), store.pool.connection() as conn:
-        row = conn.execute(Q["debounce"], params).fetchone()
-    assert row is not None
-    return Burst(row[0], row[1], row[2])
+        burst = fetch_one(conn, Burst, Q["debounce"], params)
+    assert burst is not None  # the upsert answers its row
+    return burst
 
 
 def pending(store: EventStore) -> list[PendingBurst]:
@@ -185,10 +194,10 @@ def _fields(row: _DueRow) -> dict[str, Any]:
 
 def seconds_to_next_due(engine: Engine, workflows: list[str]) -> float:
     with wrap_exceptions(), engine.store.pool.connection() as conn:
-        row = conn.execute(Q["next_due"], {"workflows": workflows}).fetchone()
-    if row is None or row[0] is None:
+        seconds = fetch_value(conn, Q["next_due"], {"workflows": workflows})
+    if seconds is None:
         return _LONGEST_WAIT
-    return min(_LONGEST_WAIT, max(0.0, float(row[0])))
+    return min(_LONGEST_WAIT, max(0.0, float(seconds)))
 
 
 class DebounceKeeper:

@@ -37,7 +37,7 @@ import structlog
 from psycopg.rows import class_row
 
 from eventstore import InvalidInputError
-from eventstore.spi import load_queries
+from eventstore.spi import fetch_one, fetch_value, load_queries
 from workflows.definition import DefinitionError, Limit, WorkflowRegistry
 from workflows.errors import NodeLeaseLost, NodeSuspended, wrap_exceptions
 
@@ -140,8 +140,8 @@ def read_usage(pool: Any) -> list[LimitUsage]:
 
 def holds_claim(conn: Conn, run_id: uuid.UUID, node: str, token: int) -> bool:
     with wrap_exceptions():
-        row = conn.execute(Q["holds_claim"], {"run_id": run_id, "node": node, "token": token}).fetchone()
-    return bool(row and row[0])
+        held = fetch_value(conn, Q["holds_claim"], {"run_id": run_id, "node": node, "token": token})
+    return bool(held)
 
 
 @contextmanager
@@ -164,9 +164,9 @@ def step_slots(ctx: Any, key: str, needed: Sequence[str]) -> Iterator[None]:
     claim = ctx._claim  # the node's own claim: the context is this package's
     held = {"run_id": claim.run_id, "node": claim.node, "token": claim.token, "keys": keys}
     with wrap_exceptions(), ctx._engine.store.pool.connection() as conn:
-        row = conn.execute(Q["hold_slots"], held).fetchone()
-    assert row is not None
-    admitted, wake_at = row
+        hold = fetch_one(conn, _Hold, Q["hold_slots"], held)
+    assert hold is not None  # the function answers one row
+    admitted, wake_at = hold.admitted, hold.wake_at
     if not admitted:
         waited = sum(1 for k in ctx._state.waits if k.startswith(f"limit:{key}#"))
         backoff = timedelta(seconds=min(_STEP_FIRST_WAIT * 2**waited, _STEP_LONGEST_WAIT))
@@ -197,3 +197,12 @@ def check_slots(ctx: Any) -> None:
             f"run {claim.run_id}: node {claim.node!r} got no slot of its limits when handed over; "
             "it waits, ready, for one"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Hold:
+    """A row of hold_slots (ledgerflow.wf_limits_hold): whether the node was admitted, and else when the
+    slot it waits for may be free."""
+
+    admitted: bool
+    wake_at: datetime

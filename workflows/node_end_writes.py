@@ -32,6 +32,7 @@ from eventstore import (
     StreamAppend,
     WrongExpectedVersionError,
 )
+from eventstore.spi import EventRow
 from workflows import events as ev
 from workflows import new_events as new
 from workflows import node_queue, snapshots
@@ -261,7 +262,7 @@ class NodeEndWriter:
         written = WrittenJson(append["data"], append["metadata"])
         return successor, outcome, self.store.appended(rows, claim.tenant, began), written
 
-    def _with_run(self, claim: Claim, snapshot: tuple[int, str] | None, rows: list[tuple[Any, ...]]) -> Claim:
+    def _with_run(self, claim: Claim, snapshot: tuple[int, str] | None, rows: list[EventRow]) -> Claim:
         """`claim` with its run's state: its snapshot with the events the claiming statement read after it
         folded in; without it if more events follow the snapshot than that read takes, or the snapshot is
         of a format this code does not read (the worker loads the run when the node starts: nothing here

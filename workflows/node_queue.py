@@ -17,8 +17,22 @@ from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
+from psycopg.rows import kwargs_row, scalar_row
 
-from eventstore.spi import FloatArray, IntArray, TextArray, load_queries, pipelined, synced
+from eventstore.spi import (
+    EventRow,
+    FloatArray,
+    IntArray,
+    TextArray,
+    fetch_all,
+    fetch_one,
+    fetch_value,
+    fetch_values,
+    load_queries,
+    pipelined,
+    sent,
+    synced,
+)
 from workflows.definition import NodeSpec
 from workflows.run_state import RunState
 
@@ -173,7 +187,9 @@ def claim_later(
     and the rows of their NodeClaimed events, which the statement appends to the runs' streams (recorded
     as claimed by `worker_id`, by default `<worker_name>/<instance>`: see ledgerflow.wf_record_claims).
     Only nodes of runs started with one of `workflows`' (name, version) pairs are claimed."""
-    cursor = conn.execute(
+    cursor = sent(
+        conn,
+        kwargs_row(_claimed),
         Q["claim"],
         {
             "worker_name": worker_name,
@@ -188,9 +204,30 @@ def claim_later(
 
     def claimed() -> tuple[list[Claim], AppendedRows]:
         rows = synced(cursor).fetchall()
-        return [Claim(*r[:9]) for r in rows], [r[9:] for r in rows]
+        return [claim for claim, _ in rows], [appended for _, appended in rows]
 
     return claimed
+
+
+def _claimed(
+    *,
+    run_id: uuid.UUID,
+    node: str,
+    tenant: str,
+    workflow: str,
+    attempt: int,
+    token: int,
+    cancel_requested: bool,
+    crashes: int,
+    version: str,
+    stream_id: str,
+    stream_version: int,
+    position: int,
+    transaction_id: int,
+) -> tuple[Claim, tuple[Any, ...]]:
+    """A row of claim: the claim, and the row of its NodeClaimed event."""
+    claim = Claim(run_id, node, tenant, workflow, attempt, token, cancel_requested, crashes, version)
+    return claim, (stream_id, stream_version, position, transaction_id)
 
 
 class FencingTokens:
@@ -207,8 +244,7 @@ class FencingTokens:
     def take(self, conn: Conn) -> int:
         with self._lock:
             if not self._tokens:
-                rows = synced(conn.execute(Q["fencing_tokens"], {"count": self._block})).fetchall()
-                self._tokens.extend(int(r[0]) for r in rows)
+                self._tokens.extend(fetch_values(conn, Q["fencing_tokens"], {"count": self._block}))
             return self._tokens.popleft()
 
 
@@ -256,14 +292,13 @@ def fence_at(
 ) -> Callable[[], datetime]:
     """`fence`, sent without waiting for its answer (in a pipeline); the returned call gives the
     transaction's timestamp, the recorded_at of events appended with it."""
-    cursor = conn.execute(
-        Q["fence_at"], {"run_id": run_id, "node": node, "token": token, "check_cancel": check_cancel}
-    )
+    params = {"run_id": run_id, "node": node, "token": token, "check_cancel": check_cancel}
+    cursor: psycopg.Cursor[datetime] = sent(conn, scalar_row, Q["fence_at"], params)
 
     def recorded_at() -> datetime:
-        row = synced(cursor).fetchone()
-        assert row is not None
-        return row[0]  # type: ignore[no-any-return]
+        at = synced(cursor).fetchone()
+        assert at is not None
+        return at
 
     return recorded_at
 
@@ -298,14 +333,13 @@ def end_node(
     node's row gone (or ready again after `retry_in` seconds), the `ready` nodes queued, the first of them
     claimed by `successor`. Sent without waiting for its answer, so that the run-stream append follows it
     in the same round trip; the returned call gives the outcome once the answer is in."""
-    cursor = conn.execute(
-        Q["end_node"], _end_params(claim, retry_in, ready, attempts, successor, check_cancel)
-    )
+    params = _end_params(claim, retry_in, ready, attempts, successor, check_cancel)
+    cursor = sent(conn, kwargs_row(NodeEnded), Q["end_node"], params)
 
     def outcome() -> NodeEnded:
-        row = synced(cursor).fetchone()
-        assert row is not None
-        return NodeEnded(int(row[0]), row[1])
+        ended = synced(cursor).fetchone()
+        assert ended is not None
+        return ended
 
     return outcome
 
@@ -325,8 +359,25 @@ def record_node_end(
     `EventStore.one_stream_params`), as one statement on an autocommit connection, so in one transaction
     and one round trip (see ledgerflow.wf_record_node_end). Returns the outcome and the append's rows."""
     params = {**_end_params(claim, retry_in, ready, attempts, successor, check_cancel), **append}
-    rows = conn.execute(Q["record_node_end"], params).fetchall()
-    return NodeEnded(int(rows[0][0]), rows[0][1]), [r[2:] for r in rows]
+    rows = fetch_all(conn, _NodeEndRow, Q["record_node_end"], params)
+    return NodeEnded(rows[0].crashes, rows[0].recorded_at), [r.appended for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeEndRow:
+    """A row of record_node_end: the end's outcome (the same on every row) and one appended event's row."""
+
+    crashes: int
+    recorded_at: datetime
+    stream_id: str
+    stream_version: int
+    position: int
+    transaction_id: int
+
+    @property
+    def appended(self) -> tuple[Any, ...]:
+        """In the columns `EventStore.appended` takes."""
+        return (self.stream_id, self.stream_version, self.position, self.transaction_id)
 
 
 @dataclass(frozen=True)
@@ -340,7 +391,7 @@ class RunEnded:
     appended: list[tuple[Any, ...]]
     claims: list[Claim]
     claims_appended: AppendedRows
-    next_run_events: list[tuple[Any, ...]]
+    next_run_events: list[EventRow]
     next_run_snapshot: tuple[int, str] | None = None
 
 
@@ -372,22 +423,108 @@ def record_run_end(
         "claim_ttl": next_run.ttl,
         "read_limit": read_limit,
     }
-    rows = conn.execute(Q["record_run_end"], params).fetchall()
-    ended = [r for r in rows if r[6] is None]
-    taken = [r for r in rows if r[6] is not None and r[15] is None and r[7] is not None]
-    snapshot = next(
-        ((r[3], r[17]) for r in rows if r[6] is not None and r[15] is None and r[7] is None), None
-    )
-    # In a stream read's columns (see read_stream_forward in eventstore's queries).
-    events = [(0, r[4], r[5], r[8], r[2], r[3], *r[15:]) for r in rows if r[15] is not None]
+    rows = fetch_all(conn, _RunEndRow, Q["record_run_end"], params)
+    ended = [r for r in rows if r.kind == "appended"]
+    taken = [r for r in rows if r.kind == "claimed"]
+    snapshot = next((r.snapshot for r in rows if r.kind == "snapshot"), None)
     return RunEnded(
-        NodeEnded(int(ended[0][0]), ended[0][1]),
-        [r[2:6] for r in ended],
-        [Claim(*r[6:15]) for r in taken],
-        [r[2:6] for r in taken],
-        events,
+        ended[0].outcome,
+        [r.appended for r in ended],
+        [r.claim for r in taken],
+        [r.appended for r in taken],
+        [r.event for r in rows if r.kind == "event"],
         snapshot,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _RunEndRow:
+    """A row of record_run_end (see ledgerflow.wf_record_run_end), one of four kinds (see `kind`)."""
+
+    crashes: int | None
+    recorded_at: datetime | None
+    stream_id: str | None
+    stream_version: int | None
+    position: int | None
+    transaction_id: int | None
+    run_id: uuid.UUID | None
+    node: str | None
+    tenant: str | None
+    workflow: str | None
+    attempt: int | None
+    token: int | None
+    cancel_requested: bool | None
+    claim_crashes: int | None
+    version: str | None
+    event_id: uuid.UUID | None
+    event_type: str | None
+    data: str | None
+    metadata: str | None
+    correlation_id: uuid.UUID | None
+    causation_id: uuid.UUID | None
+    event_recorded_at: datetime | None
+
+    @property
+    def kind(self) -> str:
+        """ "appended": an event the end appended (with the end's outcome); "claimed": the claim of a node
+        of another run (with its NodeClaimed event's row); "snapshot": that run's snapshot (its version,
+        its JSON in `data`); "event": one of that run's events after the snapshot."""
+        if self.run_id is None:
+            return "appended"
+        if self.event_id is not None:
+            return "event"
+        return "claimed" if self.node is not None else "snapshot"
+
+    @property
+    def appended(self) -> tuple[Any, ...]:
+        """In the columns `EventStore.appended` takes."""
+        return (self.stream_id, self.stream_version, self.position, self.transaction_id)
+
+    @property
+    def outcome(self) -> NodeEnded:
+        """An "appended" row's outcome of the end, which every such row carries."""
+        return NodeEnded(self.crashes, self.recorded_at)  # type: ignore[arg-type]
+
+    @property
+    def snapshot(self) -> tuple[int, str]:
+        """A "snapshot" row's snapshot: its version and its JSON."""
+        return self.stream_version, self.data  # type: ignore[return-value]
+
+    @property
+    def claim(self) -> Claim:
+        """A "claimed" row's claim: every column of a claim is set on such a row."""
+        return Claim(
+            self.run_id,  # type: ignore[arg-type]
+            self.node,  # type: ignore[arg-type]
+            self.tenant,  # type: ignore[arg-type]
+            self.workflow,  # type: ignore[arg-type]
+            self.attempt,  # type: ignore[arg-type]
+            self.token,  # type: ignore[arg-type]
+            self.cancel_requested,  # type: ignore[arg-type]
+            self.claim_crashes,  # type: ignore[arg-type]
+            self.version,  # type: ignore[arg-type]
+        )
+
+    @property
+    def event(self) -> EventRow:
+        """An "event" row's event, as a stream read gives it (`EventStore.recorded` takes it): every column
+        of an event is set on such a row."""
+        row: Any = self
+        return EventRow(
+            0,
+            row.position,
+            row.transaction_id,
+            row.tenant,
+            row.stream_id,
+            row.stream_version,
+            row.event_id,
+            row.event_type,
+            row.data,
+            row.metadata,
+            row.correlation_id,
+            row.causation_id,
+            row.event_recorded_at,
+        )
 
 
 def _end_params(
@@ -426,7 +563,9 @@ def suspend_node(
     """The node's row is ready again at `until` (None: only when `signal` wakes it), or at once with
     `now`, under the claim's fence. Sent without waiting for its answer (the run-stream append follows it
     in the same round trip); the returned call gives the transaction's timestamp."""
-    cursor = conn.execute(
+    cursor: psycopg.Cursor[datetime] = sent(
+        conn,
+        scalar_row,
         Q["suspend_node"],
         {
             "run_id": claim.run_id,
@@ -439,17 +578,17 @@ def suspend_node(
     )
 
     def recorded_at() -> datetime:
-        row = synced(cursor).fetchone()
-        assert row is not None
-        return row[0]  # type: ignore[no-any-return]
+        at = synced(cursor).fetchone()
+        assert at is not None
+        return at
 
     return recorded_at
 
 
 def seconds_to_next_due(conn: Conn, workflows: Sequence[str], *, within: float) -> float | None:
     """Seconds until the next of these workflows' waiting rows comes due, if that is within `within`."""
-    row = conn.execute(Q["next_due"], {"workflows": list(workflows), "within": within}).fetchone()
-    return None if row is None or row[0] is None else float(row[0])
+    seconds: float | None = fetch_value(conn, Q["next_due"], {"workflows": list(workflows), "within": within})
+    return seconds
 
 
 def lock_run_nodes(conn: Conn, run_id: uuid.UUID, tenant: str) -> bool:
@@ -474,60 +613,70 @@ def hand_back(conn: Conn, run_id: uuid.UUID, node: str, token: int) -> bool:
 
 
 def heartbeat(conn: Conn, instance: str, tokens: Sequence[int], ttl: float) -> set[int]:
-    rows = conn.execute(Q["heartbeat"], {"instance": instance, "tokens": list(tokens), "ttl": ttl}).fetchall()
-    return {int(r[0]) for r in rows}
+    return set(fetch_values(conn, Q["heartbeat"], {"instance": instance, "tokens": list(tokens), "ttl": ttl}))
 
 
 def cancel_run(conn: Conn, run_id: uuid.UUID) -> tuple[list[str], list[str]]:
     """Flag the run's claimed nodes and drop its waiting ones; returns (running, dropped) node names."""
-    row = conn.execute(Q["cancel_run"], {"run_id": run_id}).fetchone()
-    assert row is not None
-    return list(row[0]), list(row[1])
+    found = fetch_one(conn, _Cancelled, Q["cancel_run"], {"run_id": run_id})
+    assert found is not None
+    return found.running, found.dropped
 
 
 def cancel_runs(conn: Conn, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, tuple[list[str], list[str]]]:
     """`cancel_run` for many runs in one statement; returns (running, dropped) node names per run."""
-    rows = conn.execute(Q["cancel_runs"], {"run_ids": list(run_ids)}).fetchall()
-    return {row[0]: (list(row[1]), list(row[2])) for row in rows}
+    rows = fetch_all(conn, _Cancelled, Q["cancel_runs"], {"run_ids": list(run_ids)})
+    return {r.run_id: (r.running, r.dropped) for r in rows if r.run_id is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class _Cancelled:
+    """A row of cancel_run, or of cancel_runs (which names the run): the claimed nodes flagged to stop and
+    the waiting ones dropped."""
+
+    running: list[str]
+    dropped: list[str]
+    run_id: uuid.UUID | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Paused:
+    """A row of pause_run: the claimed nodes left running and the ready ones held."""
+
+    running: list[str]
+    held: list[str]
 
 
 def pause_run(conn: Conn, run_id: uuid.UUID, tenant: str, *, interrupt: bool) -> tuple[list[str], list[str]]:
     """Pause the run's queue (after `lock_run_nodes`); returns (running, held) node names."""
-    row = conn.execute(
-        Q["pause_run"], {"run_id": run_id, "tenant": tenant, "interrupt": interrupt}
-    ).fetchone()
-    assert row is not None
-    return list(row[0]), list(row[1])
+    params = {"run_id": run_id, "tenant": tenant, "interrupt": interrupt}
+    found = fetch_one(conn, _Paused, Q["pause_run"], params)
+    assert found is not None
+    return found.running, found.held
 
 
 def pause_runs(conn: Conn, run_ids: Sequence[uuid.UUID], tenant: str) -> int:
     """`pause_run` (running nodes finish) for many runs of `tenant` in one statement, their rows locked
     first; returns how many ready rows it held."""
-    row = conn.execute(Q["pause_runs"], {"run_ids": list(run_ids), "tenant": tenant}).fetchone()
-    assert row is not None
-    return int(row[0])
+    return int(fetch_value(conn, Q["pause_runs"], {"run_ids": list(run_ids), "tenant": tenant}))
 
 
 def resume_runs(conn: Conn, run_ids: Sequence[uuid.UUID], tenant: str) -> int:
     """`resume_run` for many runs of `tenant` in one statement, their rows locked first; returns how many
     rows are ready again."""
-    row = conn.execute(Q["resume_runs"], {"run_ids": list(run_ids), "tenant": tenant}).fetchone()
-    assert row is not None
-    return int(row[0])
+    return int(fetch_value(conn, Q["resume_runs"], {"run_ids": list(run_ids), "tenant": tenant}))
 
 
 def terminate_run(conn: Conn, run_id: uuid.UUID) -> list[str]:
     """Drop every queue row of the run (after `lock_run_nodes`); returns the nodes dropped."""
-    row = conn.execute(Q["terminate_run"], {"run_id": run_id}).fetchone()
-    assert row is not None
-    return list(row[0])
+    dropped: list[str] = fetch_value(conn, Q["terminate_run"], {"run_id": run_id})
+    return dropped
 
 
 def resume_run(conn: Conn, run_id: uuid.UUID) -> list[str]:
     """Resume the run's queue (after `lock_run_nodes`); returns the nodes ready again."""
-    row = conn.execute(Q["resume_run"], {"run_id": run_id}).fetchone()
-    assert row is not None
-    return list(row[0])
+    ready: list[str] = fetch_value(conn, Q["resume_run"], {"run_id": run_id})
+    return ready
 
 
 def forget_pause(conn: Conn, run_id: uuid.UUID) -> None:
@@ -550,7 +699,7 @@ class Recovery:
 
 
 def recent_recoveries(conn: Conn, limit: int = 20) -> list[Recovery]:
-    return [Recovery(*r) for r in conn.execute(Q["recent_recoveries"], {"limit": limit}).fetchall()]
+    return fetch_all(conn, Recovery, Q["recent_recoveries"], {"limit": limit})
 
 
 @dataclass(frozen=True)
@@ -562,6 +711,6 @@ class QueueSummary:
 
 
 def summary(conn: Conn) -> QueueSummary:
-    row = conn.execute(Q["queue_summary"]).fetchone()
-    assert row is not None
-    return QueueSummary(*row)
+    found = fetch_one(conn, QueueSummary, Q["queue_summary"])
+    assert found is not None  # an aggregate answers one row
+    return found

@@ -35,7 +35,16 @@ import psycopg
 import structlog
 from psycopg.rows import class_row
 
-from eventstore.spi import connect, is_unavailable, load_queries, retry_delay, slots_full
+from eventstore.spi import (
+    connect,
+    fetch_all,
+    fetch_value,
+    fetch_values,
+    is_unavailable,
+    load_queries,
+    retry_delay,
+    slots_full,
+)
 
 log = structlog.get_logger(__name__)
 Q = load_queries("workflows", "recovery.sql")
@@ -149,8 +158,7 @@ class Presence:
         conn = self._conn
         assert conn is not None
         if self._registration is None:
-            row = conn.execute(Q["presence_watch_only"], {"instance": self._instance}).fetchone()
-            return bool(row and row[0])
+            return bool(fetch_value(conn, Q["presence_watch_only"], {"instance": self._instance}))
         with conn.cursor(row_factory=class_row(_Watch)) as cur:
             watch = cur.execute(
                 Q["presence_watch"],
@@ -220,12 +228,9 @@ class Presence:
             lock_key=registration.lock_key,
             backend_pid=registration.backend_pid,
         )
-        namesakes = [
-            str(row[0])
-            for row in conn.execute(
-                Q["presence_namesakes"], {"instance": self._instance, "worker_name": self._worker_name}
-            ).fetchall()
-        ]
+        namesakes = fetch_values(
+            conn, Q["presence_namesakes"], {"instance": self._instance, "worker_name": self._worker_name}
+        )
         if namesakes:
             log.warning(
                 "worker_name_in_use",
@@ -243,11 +248,12 @@ class Presence:
             application_name="ledgerflow-presence-check",
             connect_timeout=_CONNECT_TIMEOUT,
         ) as probe:
-            row = probe.execute(
+            seen = fetch_value(
+                probe,
                 Q["presence_seen_by_others"],
                 {"lock_key": registration.lock_key, "backend_pid": registration.backend_pid},
-            ).fetchone()
-        return bool(row and row[0])
+            )
+        return bool(seen)
 
     def _fall_back_to_leases(self, why: str) -> None:
         """Session locks do not work on this connection: deregister, so that peers wait for this
@@ -278,4 +284,9 @@ class Presence:
 
 def shared_worker_names(conn: psycopg.Connection[Any]) -> dict[str, int]:
     """Names under which more than one live worker process is registered, with how many."""
-    return {str(name): int(n) for name, n in conn.execute(Q["shared_worker_names"]).fetchall()}
+    return dict(fetch_all(conn, _named_processes, Q["shared_worker_names"]))
+
+
+def _named_processes(*, worker_name: str, processes: int) -> tuple[str, int]:
+    """A row of shared_worker_names."""
+    return worker_name, processes

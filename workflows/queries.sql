@@ -52,7 +52,7 @@ SELECT now() FROM ledgerflow.wf_fence(%(run_id)s, %(node)s, %(token)s, %(check_c
 
 -- name: end_node
 -- A node's end for the queue, in one statement; see ledgerflow.wf_end_node for the guarantees.
-SELECT crashes, recorded_at
+SELECT crashes AS successor_crashes, recorded_at
   FROM ledgerflow.wf_end_node(%(run_id)s, %(node)s, %(token)s, %(check_cancel)s, %(retry_in)s, %(tenant)s,
                               %(workflow)s, %(ready)b::text[], %(attempts)b::int[], %(max_crashes)b::int[],
                               %(progress_deadlines)b::float8[], %(on_stuck)b::text[], %(claim_token)s,
@@ -175,7 +175,8 @@ WITH flagged AS (
 ), unpaused AS (
     DELETE FROM ledgerflow.workflow_paused_runs WHERE run_id = %(run_id)s
 )
-SELECT (SELECT coalesce(array_agg(node), '{}') FROM flagged), (SELECT coalesce(array_agg(node), '{}') FROM dropped)
+SELECT (SELECT coalesce(array_agg(node), '{}') FROM flagged) AS running,
+       (SELECT coalesce(array_agg(node), '{}') FROM dropped) AS dropped
 
 -- name: cancel_runs
 -- `cancel_run` for many runs in one statement (a bulk cancel's batch), with the same effect per run. The
@@ -200,8 +201,8 @@ WITH locked AS (
     DELETE FROM ledgerflow.workflow_paused_runs WHERE run_id = ANY(%(run_ids)s::uuid[])
 )
 SELECT r.run_id,
-       coalesce((SELECT array_agg(f.node) FROM flagged f WHERE f.run_id = r.run_id), '{}'),
-       coalesce((SELECT array_agg(d.node) FROM dropped d WHERE d.run_id = r.run_id), '{}')
+       coalesce((SELECT array_agg(f.node) FROM flagged f WHERE f.run_id = r.run_id), '{}') AS running,
+       coalesce((SELECT array_agg(d.node) FROM dropped d WHERE d.run_id = r.run_id), '{}') AS dropped
   FROM unnest(%(run_ids)s::uuid[]) AS r(run_id)
 
 -- name: terminate_run
@@ -233,8 +234,8 @@ WITH paused AS (
      WHERE run_id = %(run_id)s AND status = 'claimed'
     RETURNING node
 )
-SELECT (SELECT coalesce(array_agg(node ORDER BY node), '{}') FROM running),
-       (SELECT coalesce(array_agg(node ORDER BY node), '{}') FROM held)
+SELECT (SELECT coalesce(array_agg(node ORDER BY node), '{}') FROM running) AS running,
+       (SELECT coalesce(array_agg(node ORDER BY node), '{}') FROM held) AS held
 
 -- name: resume_run
 -- In the transaction that appends RunResumed, after `lock_run_nodes`: the pause goes first, then the
@@ -304,10 +305,10 @@ SELECT id, worker, trigger, started_at, duration_ms, found, reclaimed, parked, s
 
 -- name: queue_summary
 -- What recovery would look at: nodes waiting, running, with a lapsed lease (orphans), parked.
-SELECT count(*) FILTER (WHERE status = 'ready'),
-       count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at > clock_timestamp()),
-       count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at <= clock_timestamp()),
-       count(*) FILTER (WHERE status = 'parked')
+SELECT count(*) FILTER (WHERE status = 'ready') AS ready,
+       count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at > clock_timestamp()) AS running,
+       count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at <= clock_timestamp()) AS orphaned,
+       count(*) FILTER (WHERE status = 'parked') AS parked
   FROM ledgerflow.workflow_queue
 
 

@@ -43,7 +43,7 @@ import structlog
 from psycopg.rows import class_row
 
 from eventstore import EventStore, InvalidInputError, QuotaExceededError
-from eventstore.spi import check_tenant, load_queries
+from eventstore.spi import check_tenant, fetch_one, fetch_value, load_queries
 from workflows.errors import wrap_exceptions
 
 log = structlog.get_logger(__name__)
@@ -81,6 +81,14 @@ class Quota:
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise InvalidInputError(f"{name} must be a positive number (or None: unbounded)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Taken:
+    """A row of take_rate_tokens: the tokens granted, and the seconds until the next one when none was."""
+
+    granted: int
+    retry_after: float
 
 
 @dataclass(frozen=True)
@@ -174,9 +182,9 @@ class TenantQuotas:
         params = {"tenant": tenant, "quota": quota, "rate": rate, "capacity": capacity, "want": want}
         # The caller's pinned connection (an append's, a start's): no second connection, no lost pin.
         with wrap_exceptions(), self.store.statement_connection() as conn:
-            row = conn.execute(Q["take_rate_tokens"], {**params, "at": at}).fetchone()
-        assert row is not None  # the function always answers one row
-        granted, wait = int(row[0]), float(row[1])
+            taken = fetch_one(conn, _Taken, Q["take_rate_tokens"], {**params, "at": at})
+        assert taken is not None  # the function always answers one row
+        granted, wait = taken.granted, taken.retry_after
         if granted < 1:
             raise self._refusal(tenant, quota, rate, wait)
         if granted > 1:
@@ -199,10 +207,9 @@ class TenantQuotas:
             "capacity": max(1.0, rate * self.burst),
             "at": at,
         }
-        row = conn.execute(Q["charge_rate_token"], params).fetchone()
-        assert row is not None
-        if row[0] < 0:
-            log.info("tenant_quota_in_debt", tenant=tenant, quota="starts_per_second", tokens=float(row[0]))
+        tokens = fetch_value(conn, Q["charge_rate_token"], params)
+        if tokens < 0:
+            log.info("tenant_quota_in_debt", tenant=tenant, quota="starts_per_second", tokens=float(tokens))
 
     def _spend_spare(self, tenant: str, quota: str) -> bool:
         """Spend one of the tokens this process took earlier, if it holds one that is fresh enough."""

@@ -165,7 +165,7 @@ SELECT instance FROM ledgerflow.wf_worker_presence()
 
 -- name: shared_worker_names
 -- Every name that more than one live worker process has registered under, with how many.
-SELECT worker_name, count(*)::int FROM ledgerflow.wf_worker_presence()
+SELECT worker_name, count(*)::int AS processes FROM ledgerflow.wf_worker_presence()
  WHERE alive
  GROUP BY worker_name
 HAVING count(*) > 1

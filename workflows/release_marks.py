@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from eventstore.spi import load_queries
+from eventstore.spi import fetch_all, fetch_one, fetch_value, load_queries
 from workflows import events as ev
 
 Q = load_queries("workflows", "release_marks.sql")
@@ -46,11 +46,23 @@ def last_marks(
     streams = {ev.run_stream(run_id): run_id for run_id in run_ids}
     if not streams:
         return {}
-    rows = conn.execute(Q["last_marks"], {"tenant": tenant, "streams": list(streams)}).fetchall()
-    return {
-        streams[row[0]]: Release(streams[row[0]], row[2], row[3], row[4], restored=row[1] == ev.RUN_RESTORED)
-        for row in rows
-    }
+    marks = fetch_all(conn, _Mark, Q["last_marks"], {"tenant": tenant, "streams": list(streams)})
+    return {streams[m.stream_id]: m.release(streams[m.stream_id]) for m in marks if m.stream_id is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """A row of last_marks (and of last_mark, without the stream): a run's latest release or restore."""
+
+    stream_id: str | None
+    event_type: str
+    recorded_at: datetime
+    actor: str | None
+    stream_version: int
+
+    def release(self, run_id: uuid.UUID) -> Release:
+        restored = self.event_type == ev.RUN_RESTORED
+        return Release(run_id, self.recorded_at, self.actor, self.stream_version, restored=restored)
 
 
 def last_restore(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant: str) -> datetime | None:
@@ -62,23 +74,28 @@ def last_restore(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant: str) 
 
 def last_mark(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant: str) -> Release | None:
     params = {"tenant": tenant, "stream": ev.run_stream(run_id)}
-    row = conn.execute(Q["last_mark"], params).fetchone()
-    if row is None:
-        return None
-    return Release(run_id, row[1], row[2], row[3], restored=row[0] == ev.RUN_RESTORED)
+    mark = fetch_one(conn, _Mark, Q["last_mark"], params)
+    return None if mark is None else mark.release(run_id)
 
 
 def events_missing(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant: str) -> int:
     """How many of the run's events the log does not hold now (they are in archived partitions)."""
-    row = conn.execute(Q["extent"], {"tenant": tenant, "stream": ev.run_stream(run_id)}).fetchone()
-    count, last = (row[0], row[1]) if row is not None else (0, 0)
-    return int(last) - int(count)
+    extent = fetch_one(conn, _Extent, Q["extent"], {"tenant": tenant, "stream": ev.run_stream(run_id)})
+    return 0 if extent is None else extent.last_version - extent.events
+
+
+@dataclass(frozen=True, slots=True)
+class _Extent:
+    """A row of extent: how many of a stream's events the log holds, and its last version."""
+
+    events: int
+    last_version: int
 
 
 def parent_of(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant: str) -> uuid.UUID | None:
     """The run that started this one, as the run's start names it (None for other runs)."""
-    row = conn.execute(Q["started"], {"tenant": tenant, "stream": ev.run_stream(run_id)}).fetchone()
+    parent = fetch_value(conn, Q["started"], {"tenant": tenant, "stream": ev.run_stream(run_id)})
     try:
-        return uuid.UUID(row[0]) if row is not None and row[0] is not None else None
+        return uuid.UUID(parent) if parent is not None else None
     except ValueError:
         return None

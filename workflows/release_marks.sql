@@ -3,7 +3,7 @@
 
 -- name: last_mark
 -- The run's latest release or restore, if any (a run's stream is bounded: workflows.caps).
-SELECT event_type, recorded_at, data ->> 'actor', stream_version
+SELECT NULL::text AS stream_id, event_type, recorded_at, data ->> 'actor' AS actor, stream_version
   FROM ledgerflow.events
  WHERE tenant = %(tenant)s AND stream_id = %(stream)s
    AND event_type IN ('wf.RunReleased', 'wf.RunRestored')
@@ -13,7 +13,7 @@ SELECT event_type, recorded_at, data ->> 'actor', stream_version
 -- name: extent
 -- How many of the stream's events the log holds now, and its last version: fewer events than versions
 -- means some of them are in archived partitions.
-SELECT count(*), coalesce(max(stream_version), 0)
+SELECT count(*) AS events, coalesce(max(stream_version), 0) AS last_version
   FROM ledgerflow.events
  WHERE tenant = %(tenant)s AND stream_id = %(stream)s
 
@@ -25,7 +25,7 @@ SELECT data -> 'parent' ->> 'run_id'
 
 -- name: last_marks
 -- `last_mark` for many runs at once: each run's latest release or restore, if it has one.
-SELECT DISTINCT ON (stream_id) stream_id, event_type, recorded_at, data ->> 'actor', stream_version
+SELECT DISTINCT ON (stream_id) stream_id, event_type, recorded_at, data ->> 'actor' AS actor, stream_version
   FROM ledgerflow.events
  WHERE tenant = %(tenant)s AND stream_id = ANY(%(streams)s::text[])
    AND event_type IN ('wf.RunReleased', 'wf.RunRestored')

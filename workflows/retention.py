@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 import structlog
 
 from eventstore import EventStore, MissingRelationError
-from eventstore.spi import check_tenant, load_queries
+from eventstore.spi import check_tenant, fetch_values, load_queries
 from workflows import bulk
 from workflows.engine import Engine
 from workflows.errors import wrap_exceptions
@@ -131,11 +131,11 @@ def _workflows(store: EventStore, tenant: str) -> Sequence[str]:
     """The workflows of the tenant's ended runs (none before a projector has created the run tables)."""
     try:
         with wrap_exceptions(), store.pool.connection() as conn:
-            return [r[0] for r in conn.execute(Q["workflows"], {"tenant": tenant}).fetchall()]
+            return fetch_values(conn, Q["workflows"], {"tenant": tenant})
     except MissingRelationError:
         return []
 
 
 def _unfinished(store: EventStore, tenant: str) -> list[uuid.UUID]:
     with wrap_exceptions(), store.pool.connection() as conn:
-        return [r[0] for r in conn.execute(Q["unfinished"], {"tenant": tenant}).fetchall()]
+        return fetch_values(conn, Q["unfinished"], {"tenant": tenant})

@@ -26,7 +26,15 @@ from datetime import datetime
 import structlog
 
 from eventstore import EventStore, LedgerflowError, MissingRelationError
-from eventstore.spi import Outage, OutageState, is_unavailable, load_queries, through_outages
+from eventstore.spi import (
+    Outage,
+    OutageState,
+    fetch_value,
+    fetch_values,
+    is_unavailable,
+    load_queries,
+    through_outages,
+)
 from workflows.bulk import BulkAction
 from workflows.engine import Engine
 from workflows.errors import wrap_exceptions
@@ -121,8 +129,7 @@ class RetentionWorker:
 @contextmanager
 def _sole_pass(store: EventStore) -> Iterator[bool]:
     with wrap_exceptions(), store.pool.connection() as conn:
-        row = conn.execute(Q["try_pass_lock"]).fetchone()
-        held = bool(row and row[0])
+        held = bool(fetch_value(conn, Q["try_pass_lock"]))
         try:
             yield held
         finally:
@@ -134,6 +141,6 @@ def _tenants(store: EventStore) -> list[str]:
     """The tenants with ended runs in the run tables (none before a projector has created them)."""
     try:
         with wrap_exceptions(), store.pool.connection() as conn:
-            return [r[0] for r in conn.execute(Q["tenants"]).fetchall()]
+            return fetch_values(conn, Q["tenants"])
     except MissingRelationError:
         return []

@@ -28,7 +28,7 @@ from opentelemetry import metrics
 from psycopg.rows import class_row
 
 from eventstore import EventStore
-from eventstore.spi import Outage, is_unavailable, load_queries, wait_until_available
+from eventstore.spi import Outage, fetch_value, is_unavailable, load_queries, wait_until_available
 from workflows.definition import Schedule, Workflow, WorkflowRegistry
 from workflows.engine import Engine
 from workflows.run_starts import Started
@@ -121,10 +121,10 @@ def run_due_ticks(engine: Engine, wf: Workflow, now: datetime) -> list[Started]:
         conn.execute(Q["ensure_schedule"], {**params, "last_tick": latest_tick(schedule.cron, now)})
         conn.commit()
         with conn.transaction():
-            row = conn.execute(Q["lock_schedule"], params).fetchone()
-            if row is None:
+            last_tick = fetch_value(conn, Q["lock_schedule"], params)
+            if last_tick is None:
                 return []  # another worker holds the row: it starts these ticks
-            ticks, skipped = due_ticks(schedule, row[0], now)
+            ticks, skipped = due_ticks(schedule, last_tick, now)
             if not ticks:
                 return []
             started = [

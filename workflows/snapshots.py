@@ -33,7 +33,7 @@ import psycopg
 import structlog
 
 from eventstore import EventStore
-from eventstore.spi import json_dumps, json_loads, load_queries
+from eventstore.spi import EventRow, checked_rows, fetch_value, json_dumps, json_loads, load_queries
 from workflows import events as ev
 from workflows.errors import wrap_exceptions
 from workflows.run_state import NodeState, ReceivedSignal, RunState, apply
@@ -255,7 +255,8 @@ def _fold_page(conn: psycopg.Connection[Any], by_stream: dict[str, RunState], up
         "upto": [upto.get(stream) for stream in by_stream],
         "limit": PAGE,
     }
-    rows = conn.execute(Q["read_runs_after"], params).fetchall()
+    with conn.cursor(row_factory=checked_rows(EventRow)) as cur:
+        rows = cur.execute(Q["read_runs_after"], params).fetchall()
     for e in EventStore.recorded(rows):
         apply(by_stream[e.stream_id], e)
     return len(rows) == PAGE
@@ -326,10 +327,8 @@ def signal_payload(store: EventStore, run: RunState, index: int) -> Any:
     signal = run.signals[index]
     params = {"tenant": run.tenant, "stream_id": ev.run_stream(run.run_id), "version": signal.version}
     with wrap_exceptions(), store.pool.connection() as conn:
-        row = conn.execute(Q["read_signal_payload"], params).fetchone()
-    if row is None or row[0] is None:
-        return None
-    return json_loads(row[0])
+        payload = fetch_value(conn, Q["read_signal_payload"], params)
+    return None if payload is None else json_loads(payload)
 
 
 def count_signal(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant: str, limit: int) -> bool:

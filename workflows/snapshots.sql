@@ -11,10 +11,11 @@ SELECT run_id, version, state::text
 -- the stream's end), in the columns of a stream read (eventstore's read_stream_forward), at most
 -- %(limit)s of them. A signal's payload is left out: the fold keeps a signal by its version, and a node
 -- that takes it reads it alone (`read_signal_payload`).
-SELECT 0::bigint, e.position, e.transaction_id::text::bigint, e.tenant, e.stream_id, e.stream_version,
-       e.event_id, e.event_type,
-       CASE WHEN e.event_type = 'wf.SignalReceived' THEN (e.data - 'payload')::text ELSE e.data::text END,
-       e.metadata::text, e.correlation_id, e.causation_id, e.recorded_at
+SELECT 0::bigint AS bytes, e.position, e.transaction_id::text::bigint AS transaction_id, e.tenant, e.stream_id,
+       e.stream_version, e.event_id, e.event_type,
+       CASE WHEN e.event_type = 'wf.SignalReceived' THEN (e.data - 'payload')::text ELSE e.data::text END
+           AS data,
+       e.metadata::text AS metadata, e.correlation_id, e.causation_id, e.recorded_at
   FROM unnest(%(streams)s::text[], %(after)s::bigint[], %(upto)s::bigint[]) AS s(stream_id, after, upto)
   JOIN ledgerflow.events e
     ON e.tenant = %(tenant)s AND e.stream_id = s.stream_id AND e.stream_version > s.after

@@ -30,7 +30,7 @@ from opentelemetry import metrics
 from psycopg import sql
 
 from eventstore import RecordedEvent
-from eventstore.spi import Outage, is_unavailable, load_queries
+from eventstore.spi import Outage, fetch_value, is_unavailable, load_queries
 from projector import ApplyContext, Projection, ProjectorWorker, Table
 from projector import WorkerSettings as ProjectorSettings
 from workflows import events as ev
@@ -170,10 +170,10 @@ def run_started_by(
     table = sql.Identifier("ledgerflow", projection_name(workflow))
     try:
         with conn.transaction():
-            row = conn.execute(sql.SQL(Q["started_by"]).format(table=table), (tenant, event_id)).fetchone()
+            run_id = fetch_value(conn, sql.SQL(Q["started_by"]).format(table=table), (tenant, event_id))
     except psycopg.errors.UndefinedTable:
         return None
-    return None if row is None else uuid.UUID(str(row[0]))
+    return None if run_id is None else uuid.UUID(str(run_id))
 
 
 def trigger_projections(engine: Engine, registry: WorkflowRegistry) -> list[Projection]:

@@ -18,7 +18,7 @@ from eventstore import (
     pending_migrations,
     shipped_migrations,
 )
-from eventstore.spi import Connection, OwnConnection, load_queries
+from eventstore.spi import Connection, OwnConnection, fetch_values, load_queries
 
 log = structlog.get_logger(__name__)
 Q = load_queries("ops.api")
@@ -53,9 +53,9 @@ def read_readiness(conn: Connection, projections: Sequence[str], *, recent_secon
     migrations = MigrationStatus(sorted(applied_versions(conn)), pending_migrations(conn))
     if migrations.pending:
         return Readiness(migrations, [], [])
-    owners = conn.execute(Q["live_projection_owners"], {"projections": list(projections)}).fetchall()
-    workers = conn.execute(Q["live_workflow_workers"], {"recent_seconds": recent_seconds}).fetchall()
-    return Readiness(migrations, [str(r[0]) for r in owners], [str(r[0]) for r in workers])
+    owners = fetch_values(conn, Q["live_projection_owners"], {"projections": list(projections)})
+    workers = fetch_values(conn, Q["live_workflow_workers"], {"recent_seconds": recent_seconds})
+    return Readiness(migrations, owners, workers)
 
 
 def readiness(

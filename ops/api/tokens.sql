@@ -43,6 +43,6 @@ WITH found AS (
      )
     RETURNING t.id
 )
-SELECT tenant, scopes, token_hash, revoked_at IS NOT NULL, role, expires_at,
-       expires_at IS NOT NULL AND expires_at <= now()
+SELECT tenant, scopes, token_hash, revoked_at IS NOT NULL AS revoked, role, expires_at,
+       expires_at IS NOT NULL AND expires_at <= now() AS expired
   FROM found
