@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 import psycopg_pool
@@ -78,6 +78,42 @@ _REFUSED = (
 )
 
 
+class _Refusals:
+    """When the server last refused one of a pool's attempts to connect (see the module)."""
+
+    def __init__(self) -> None:
+        #: None once an attempt succeeded or failed otherwise.
+        self.at: float | None = None
+
+    def note(self, failure: BaseException | None) -> None:
+        refused = failure is not None and any(s in str(failure) for s in _REFUSED)
+        self.at = time.monotonic() if refused else None
+
+    def away(self) -> bool:
+        at = self.at
+        return at is not None and time.monotonic() - at < _AWAY_FOR
+
+
+def _noting_refusals(refusals: _Refusals) -> type[psycopg.Connection[Any]]:
+    """The class of a pool's connections: psycopg_pool opens every connection of its own (its attempts to
+    grow or reconnect, and `check`) with `connection_class.connect`, the public seam for this; its
+    `_connect` around it is private. `reconnect_failed` would not do: it is called only once reconnecting
+    has failed for `reconnect_timeout` (minutes), not at each refusal; `configure` sees successes only."""
+
+    class NotingRefusals(psycopg.Connection[Any]):
+        @classmethod
+        def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+            try:
+                conn = super().connect(conninfo, **kwargs)
+            except Exception as exc:
+                refusals.note(exc)
+                raise
+            refusals.note(None)
+            return conn
+
+    return NotingRefusals
+
+
 class _NewDeadline(Exception):
     """Wakes a checkout that waits: a deadline was set meanwhile (see `Pool.bounded_waits`)."""
 
@@ -99,26 +135,18 @@ class Pool(psycopg_pool.ConnectionPool[psycopg.Connection[Any]]):
         self.reclaim_idle: Callable[[], object] | None = None
         self._deadlines: list[float] = []
         self._deadlines_lock = threading.Lock()
-        #: When the last attempt to open a connection was refused (see the module); None once one succeeded
-        #: or failed otherwise.
-        self._away_at: float | None = None
-        super().__init__(*args, max_idle=max_idle / _IDLE_LOOKS, **kwargs)
-
-    def _connect(self, timeout: float | None = None) -> psycopg.Connection[Any]:
-        """psycopg_pool's opening of a connection (its own attempts, and `check`), noting whether the
-        server refused it."""
-        try:
-            conn = super()._connect(timeout)
-        except Exception as exc:
-            self._away_at = time.monotonic() if any(s in str(exc) for s in _REFUSED) else None
-            raise
-        self._away_at = None
-        return conn
+        #: Whether the last attempt to open a connection was refused (see the module).
+        self._refusals = _Refusals()
+        super().__init__(
+            *args,
+            connection_class=_noting_refusals(self._refusals),
+            max_idle=max_idle / _IDLE_LOOKS,
+            **kwargs,
+        )
 
     def _away(self) -> bool:
         """Whether the server refuses connections, as the pool's last attempt found."""
-        at = self._away_at
-        return at is not None and time.monotonic() - at < _AWAY_FOR
+        return self._refusals.away()
 
     def getconn(self, timeout: float | None = None) -> psycopg.Connection[Any]:
         hook, reclaim = self.before_checkout, self.reclaim_idle

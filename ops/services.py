@@ -39,13 +39,14 @@ class Services:
     roles: list[Role] = field(default_factory=list)
     #: The per-tenant quotas (their rate buckets live in the database, shared by every process).
     quotas: TenantQuotas = field(init=False)
+    #: The engine every request and command of the process goes through. One is built: its caps and tag
+    #: limits are settings read from the environment at construction, and the rest of its state (store,
+    #: registry, quotas) is shared and thread-safe already, so request threads share it.
+    engine: Engine = field(init=False)
 
     def __post_init__(self) -> None:
         self.quotas = tenant_quotas(self.settings, self.store)
-
-    @property
-    def engine(self) -> Engine:
-        return Engine(self.store, self.registry, quotas=self.quotas)
+        self.engine = Engine(self.store, self.registry, quotas=self.quotas)
 
     def close(self) -> None:
         self.store.close()

@@ -7,15 +7,18 @@ that the filter keeps, newest first, by keyset (`workflows.run_search`), from th
 it was recorded downwards, so runs started later are not its business. Each run is acted on under an
 idempotency key made of the action's id and the run's id, so a resumed action (after a crash, or run by
 two processes) never acts on a run twice: a run whose key is already recorded counts as done. One
-process works an action at a time (a session lock, dropped with a killed process's connection).
+process works an action's page at a time: a transaction lock taken in the transaction that counts the page
+(or one run), on that transaction's connection, so that working a page never holds a second connection
+(the lock's) beside the one working it. A process that finds the lock taken, or finds that another process
+counted the page it worked, leaves the action to that process (`_Busy`).
 
 Every kind works a page at a time instead (`_batch`, with the kind's entry of `BATCHES`:
 `workflows.cancelling`, `workflows.retrying`, `workflows.pausing`, `workflows.releases`): the page's queue
 rows (one statement), its runs' events (one append, each run's stream at the version it was read at) and
 the action's progress in one transaction, so a resumed action meets none of a committed page again and
-all of an uncommitted one. A page is counted once even when two processes work the action at once (one
-whose lock's connection ended while its work went on): the progress counts it only while the action's
-position is above it, and the page of the one refused is rolled back. A page whose runs changed after they
+all of an uncommitted one. A page is counted once even when two processes work the action in turns (the
+lock is held for a page's transaction only): the progress counts it only while the action's position is
+above it, and the page of the one refused is rolled back. A page whose runs changed after they
 were read is read again (`_BATCH_ATTEMPTS` times), then worked one run at a time (`KINDS`), as is a page
 the kind cannot take as one (BatchUnfit).
 
@@ -27,11 +30,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import psycopg
 import structlog
@@ -340,14 +342,11 @@ def run_bulk_action(
     """Work the action to its end, from where it stopped; `progress` hears of it after every page.
     While another process works it, this returns its record as it stands (state `running`)."""
     store = engine.store
-    row = _row(store, action_id, tenant)
-    if row.action.state != "running":
-        return row.action
-    with _sole_worker(store, action_id) as sole:
-        if not sole:
-            log.info("bulk_action_busy", bulk_id=str(action_id))
-            return bulk_action(store, action_id, tenant=tenant)
+    try:
         return _work(engine, _row(store, action_id, tenant), progress)
+    except _Busy:
+        log.info("bulk_action_busy", bulk_id=str(action_id))
+        return bulk_action(store, action_id, tenant=tenant)
 
 
 def _work(engine: Engine, row: _ActionRow, progress: Callable[[BulkAction], None] | None) -> BulkAction:
@@ -414,6 +413,7 @@ def _batch_once(
         return None  # a run is gone (not found): the one-run path says so per run
     try:
         with wrap_exceptions(), engine.transaction() as conn:
+            _lock_page(conn, action_id)
             outcome = many(engine, conn, runs, tenant, actor, filter_from_json(row.action.filter))
             skipped = [why for why in outcome.values() if why is not None]
             params = {
@@ -432,7 +432,7 @@ def _batch_once(
             if counted is None:
                 raise _NotCounted  # rolls the page back: it was counted already, or the action ended
     except _NotCounted:
-        return _counted_elsewhere(store, action_id, tenant, len(batch))
+        _counted_elsewhere(store, action_id, tenant, len(batch))
     except WrongExpectedVersionError:
         return False  # a run changed after it was read (a node's claim or end, say): read again
     except BatchUnfit as exc:
@@ -445,15 +445,26 @@ class _NotCounted(Exception):
     """The action's progress refused a page's or a run's count (see `_counted_elsewhere`)."""
 
 
-def _counted_elsewhere(store: EventStore, action_id: uuid.UUID, tenant: str, runs: int) -> _ActionRow:
-    """The action's record when its progress refused to count `runs` runs: another process working the
-    action counted them first (the page this one worked is rolled back; its runs were acted on once, by
-    the other), or the action ended meanwhile (NotFoundError)."""
+class _Busy(Exception):
+    """Another process works the action: this one leaves it to that one (`run_bulk_action`)."""
+
+
+def _lock_page(conn: psycopg.Connection[Any], action_id: uuid.UUID) -> None:
+    """Take the action's page lock in the connection's transaction (`_Busy` when another process holds
+    it): on the page's own connection, so a page never needs two at once."""
+    if not fetch_value(conn, Q["try_lock"], {"id": action_id}):
+        raise _Busy
+
+
+def _counted_elsewhere(store: EventStore, action_id: uuid.UUID, tenant: str, runs: int) -> NoReturn:
+    """When the action's progress refused to count `runs` runs: another process working the action
+    counted them first (the page this one worked is rolled back; its runs were acted on once, by the
+    other), and this one leaves the action to it (`_Busy`); or the action ended meanwhile (NotFoundError)."""
     row = _row(store, action_id, tenant)
     if row.action.state != "running":
         raise NotFoundError(f"bulk action {action_id} is no longer running")
     log.warning("bulk_action_counted_elsewhere", bulk_id=str(action_id), runs=runs)
-    return row
+    raise _Busy
 
 
 def _act_once(
@@ -500,10 +511,11 @@ def _progress(
         "first_run_id": position[1],
         "error": error if outcome == "failed" else None,
     }
-    with wrap_exceptions(), store.pool.connection() as conn:
+    with wrap_exceptions(), store.pool.connection() as conn, conn.transaction():
+        _lock_page(conn, action_id)
         row = fetch_one(conn, _action_row, Q["progress"], params)
     if row is None:
-        return _counted_elsewhere(store, action_id, tenant, 1)
+        _counted_elsewhere(store, action_id, tenant, 1)
     return row
 
 
@@ -523,17 +535,6 @@ def _finish(
         skipped=action.skipped,
     )
     return action
-
-
-@contextmanager
-def _sole_worker(store: EventStore, action_id: uuid.UUID) -> Iterator[bool]:
-    with wrap_exceptions(), store.pool.connection() as conn:
-        held = bool(fetch_value(conn, Q["try_lock"], {"id": action_id}))
-        try:
-            yield held
-        finally:
-            if held:
-                conn.execute(Q["unlock"], {"id": action_id})
 
 
 def _count(

@@ -12,19 +12,18 @@ RETURNING *
 SELECT * FROM ledgerflow.bulk_actions WHERE id = %(id)s AND tenant = %(tenant)s
 
 -- name: try_lock
--- One process works an action at a time: a session lock, which a killed process's connection drops with
--- it, so a resume after a crash never waits for a lease to lapse.
-SELECT pg_try_advisory_lock(hashtextextended('ledgerflow.bulk_actions:' || %(id)s::text, 0))
-
--- name: unlock
-SELECT pg_advisory_unlock(hashtextextended('ledgerflow.bulk_actions:' || %(id)s::text, 0))
+-- One process works an action's page at a time: a transaction lock, taken in the page's own transaction
+-- (or a one-run count's), so the lock needs no connection beside the page's and ends with its transaction
+-- (a killed process's too: a resume never waits for a lease to lapse). A process that finds it taken
+-- leaves the action to the one that holds it.
+SELECT pg_try_advisory_xact_lock(hashtextextended('ledgerflow.bulk_actions:' || %(id)s::text, 0)) AS held
 
 -- name: progress
 -- The counts and the keyset position move together, so a resume continues right below the last run
 -- whose outcome is counted (a run acted on but not yet counted is met again and found done by its key).
 -- Runs are counted once: only while the position is still above the first (newest) of them, so that two
--- processes working the action at once cannot both count a page (one whose session lock went with its
--- connection, while its work went on over other connections, and one that then took the lock).
+-- processes working the action in turns cannot both count a page (one that read a page, and one that
+-- worked the same page while the first waited between its transactions).
 UPDATE ledgerflow.bulk_actions
    SET done = done + %(done)s, failed = failed + %(failed)s, skipped = skipped + %(skipped)s,
        last_created_at = %(created_at)s, last_run_id = %(run_id)s,
@@ -42,8 +41,8 @@ RETURNING *
 
 -- name: unfinished
 -- Running actions of every tenant that no process has advanced for `idle_seconds`: those whose process
--- was killed (and, harmlessly, those being worked slowly: `run_bulk_action`'s session lock sends a second
--- worker away). Oldest first, bounded.
+-- was killed (and, harmlessly, those being worked slowly: a second worker that meets the first's page
+-- lock, or finds its page counted, leaves). Oldest first, bounded.
 SELECT * FROM ledgerflow.bulk_actions
  WHERE state = 'running' AND updated_at < now() - make_interval(secs => %(idle_seconds)s)
  ORDER BY updated_at

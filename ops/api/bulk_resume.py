@@ -2,10 +2,10 @@
 process killed. On start and every `bulk_resume_after` seconds it lists the running actions nothing has
 advanced for that long and queues each in its tenant's job lane (ops.api.jobs), as a new action is.
 
-Exactly once: `run_bulk_action` takes the action's session lock (its lease, dropped with a killed
-process's connection, so there is no lapse to wait for) and leaves at once when another process holds it;
-each run is acted on under the action's idempotency key, so a run acted on before the crash is not acted
-on again. This process queues an action at most once at a time.
+Exactly once: `run_bulk_action` takes the action's lock in each page's transaction (dropped with a
+killed process's connection, so there is no lapse to wait for) and leaves at once when another process
+holds it or counted the page first; each run is acted on under the action's idempotency key, so a run
+acted on before the crash is not acted on again. This process queues an action at most once at a time.
 
 An action's job (`bulk_job`, for a new action too) waits out an outage of the database and goes on where
 the action stopped once it answers: a restart of PostgreSQL does not stop it, nor wait for this look.

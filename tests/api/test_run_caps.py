@@ -10,6 +10,18 @@ from fastapi.testclient import TestClient
 
 from ops.services import Services
 from tests.api.helpers import Headers, event_count
+from workflows import RunCaps
+
+
+def reread_caps(services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process reads its caps once, when it builds its engine: read them again after a setting changed."""
+    monkeypatch.setattr(services.engine, "caps", RunCaps())
+
+
+def test_every_request_goes_through_the_one_engine_the_process_built(services: Services) -> None:
+    engine = services.engine
+    assert services.engine is engine  # its caps and tag limits are read from the environment once
+    assert engine.quotas is services.quotas
 
 
 def start(client: TestClient, headers: Headers, body: dict[str, Any] | None = None) -> Any:
@@ -24,6 +36,7 @@ def test_a_signal_payload_over_its_cap_is_a_413_and_writes_nothing(
     client: TestClient, admin: Headers, services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LEDGERFLOW_MAX_SIGNAL_BYTES", "1000")
+    reread_caps(services, monkeypatch)
     run_id = start(client, admin).json()["run_id"]
     before = event_count(services.store.url)
     response = signal(client, admin, run_id, {"note": "x" * 1000})
@@ -40,6 +53,7 @@ def test_one_signal_past_the_cap_per_run_is_a_409_and_writes_nothing(
     client: TestClient, admin: Headers, services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LEDGERFLOW_MAX_SIGNALS_PER_RUN", "3")
+    reread_caps(services, monkeypatch)
     run_id = start(client, admin).json()["run_id"]
     first = signal(client, {**admin, "Idempotency-Key": "first"}, run_id, 0)
     assert first.status_code == 201, first.text
@@ -66,6 +80,7 @@ def test_an_input_over_its_cap_is_a_413_for_a_start_and_a_refresh(
     client: TestClient, admin: Headers, services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LEDGERFLOW_MAX_INPUT_BYTES", "2000")
+    reread_caps(services, monkeypatch)
     run_id = start(client, admin).json()["run_id"]
     before = event_count(services.store.url)
     response = start(client, admin, {"input": {"text": "x" * 2000}})

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from eventstore import EventStore, NotFoundError
+from eventstore import DatabaseSettings, EventStore, NotFoundError, open_store
+from eventstore.pooling import bounded_waits
 from tests.flows import registry
 from tests.run_tables import project_runs
 from tests.strategies import bulk_fleets
-from tests.waiting import joined, wait_until
+from tests.waiting import joined
 from workflows import (
     BulkAction,
     BulkLimitError,
@@ -120,12 +121,11 @@ def test_two_actions_at_once_and_one_action_worked_twice_at_once_cancel_each_run
     assert final.done + final.skipped == 30
 
 
-def test_a_worker_whose_lock_went_with_its_connection_counts_no_page_the_new_holder_counted(
+def test_a_worker_that_finds_its_page_counted_by_another_leaves_the_action_to_it(
     store: EventStore, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The action's session lock is on a connection of its own; when the server ends that session alone (a
-    # restart the worker's other connections were renewed past, an administrator), the worker goes on over
-    # its other connections while another process takes the lock and works the same pages.
+    # The action's lock is held for a page's transaction only: between two pages of one worker, another
+    # takes the action up and works the same pages.
     monkeypatch.setattr(bulk, "_PAGE", 5)
     chosen = start(engine, "a", 10)
     project_runs(store)
@@ -133,6 +133,7 @@ def test_a_worker_whose_lock_went_with_its_connection_counts_no_page_the_new_hol
     first_paused, first_go = threading.Event(), threading.Event()
     second_paused, second_go = threading.Event(), threading.Event()
     errors: list[BaseException] = []
+    returned: dict[str, BulkAction] = {}
 
     def hold(paused: threading.Event, go: threading.Event) -> Callable[[BulkAction], None]:
         def progress(_: BulkAction) -> None:
@@ -142,36 +143,49 @@ def test_a_worker_whose_lock_went_with_its_connection_counts_no_page_the_new_hol
 
         return progress
 
-    def work(progress: Callable[[BulkAction], None]) -> None:
+    def work(name: str, progress: Callable[[BulkAction], None]) -> None:
         try:
-            run_bulk_action(engine, action.id, tenant="default", progress=progress)
+            returned[name] = run_bulk_action(engine, action.id, tenant="default", progress=progress)
         except BaseException as exc:
             errors.append(exc)
 
-    first = threading.Thread(target=work, args=(hold(first_paused, first_go),))
+    first = threading.Thread(target=work, args=("first", hold(first_paused, first_go)))
     first.start()
     assert first_paused.wait(30)
-    holders = (
-        "SELECT {} FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
-        "AND ((classid::bigint << 32) | objid::bigint) = "
-        "hashtextextended('ledgerflow.bulk_actions:' || %s::text, 0)"
-    )
-    with store.pool.connection() as conn:
-        ended = conn.execute(holders.format("pg_terminate_backend(pid)"), (action.id,)).fetchall()
-        assert ended == [(True,)], "the lock's session ended"
-        wait_until(
-            lambda: not conn.execute(holders.format("pid"), (action.id,)).fetchall(), what="the lock let go"
-        )
-    second = threading.Thread(target=work, args=(hold(second_paused, second_go),))
-    second.start()  # takes the lock once the ended session has let it go, and counts the second page
+    second = threading.Thread(target=work, args=("second", hold(second_paused, second_go)))
+    second.start()  # the first holds no lock between its pages: the second counts the second page
     assert second_paused.wait(30)
-    first_go.set()  # the first worker works the second page too: its runs are cancelled already
+    first_go.set()  # the first works the second page too, is refused its count, and leaves
     joined(first)
+    assert returned["first"].state == "running", errors
     second_go.set()
     joined(second)
+    assert errors == []
     assert all(events_of(store, r, ev.RUN_CANCEL_REQUESTED) == 1 for r in chosen)
     final = bulk_action(store, action.id, tenant="default")
-    assert (final.state, final.done, final.failed, final.skipped) == ("completed", 10, 0, 0), errors
+    assert (final.state, final.done, final.failed, final.skipped) == ("completed", 10, 0, 0)
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["a page at a time", "one run at a time"])
+def test_a_bulk_action_needs_one_connection_at_a_time(
+    database_url: str, paged: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process whose pool has a single connection works an action to its end: the action's lock is
+    taken in each page's (or run's) own transaction, not held on a connection beside the work's."""
+    monkeypatch.setattr(bulk, "_PAGE", 3)
+    if not paged:
+        monkeypatch.setattr(bulk, "BATCHES", {})
+    one_connection = DatabaseSettings(pool_min_size=1, pool_max_size=1)
+    with open_store(one_connection, url=database_url, migrate=False) as one:
+        scarce = Engine(one, registry)
+        chosen = start(scarce, "a", 5)
+        project_runs(one)
+        action = create_bulk_action(one, kind="cancel", tenant="default", filter=BATCH_A, actor="test")
+        # A checkout that waited for a second connection would give up here, not after the pool's 30 s.
+        with bounded_waits(one.pool, 5.0):
+            ended = run_bulk_action(scarce, action.id, tenant="default")
+        assert (ended.state, ended.done, ended.failed, ended.skipped) == ("completed", 5, 0, 0)
+        assert all(events_of(one, r, ev.RUN_CANCEL_REQUESTED) == 1 for r in chosen)
 
 
 def test_a_bulk_retry_retries_each_run_once_even_when_resumed_after_acting_but_before_counting(

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventstore import EventStore, InvalidInputError
+from eventstore import DatabaseSettings, EventStore, InvalidInputError, open_store
+from eventstore.pooling import bounded_waits
 from projector import verify
 from tests.run_tables import project_runs
 from workflows import (
@@ -188,6 +189,24 @@ def test_a_pass_takes_at_most_its_batch_and_the_next_pass_takes_the_rest(
     (second,) = retention_pass(engine, settings=small)
     assert (second.matched, second.done) == (2, 2)
     assert all(release_of(store, run_id) is not None for run_id in runs)
+
+
+def test_a_pass_needs_one_connection_at_a_time(database_url: str) -> None:
+    """A pass works its release actions as bulk actions do, a page on one connection: a process whose
+    pool has a single connection passes to the end."""
+    one_connection = DatabaseSettings(pool_min_size=1, pool_max_size=1)
+    with open_store(one_connection, url=database_url, migrate=False) as one:
+        scarce = Engine(one, registry)
+        runs = [scarce.start("hold").run_id for _ in range(3)]
+        for run_id in runs:
+            scarce.cancel(run_id)
+        project_runs(one, children_projection(scarce))
+        soon = RetentionSettings(run_retention=timedelta(microseconds=1))
+        # A checkout that waited for a second connection would give up here, not after the pool's 30 s.
+        with bounded_waits(one.pool, 5.0):
+            (action,) = retention_pass(scarce, settings=soon)
+        assert (action.state, action.done) == ("completed", 3)
+        assert all(release_of(one, run_id) is not None for run_id in runs)
 
 
 # -- nothing younger, nothing going -----------------------------------------------------------------------
