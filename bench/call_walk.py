@@ -6,13 +6,17 @@ had left. Run by hand (it is not a test, and not a timing):
 In a fresh database it appends once to warm the store (pinned connection, statements, partitions), then
 records the product functions entered (calls and generator resumptions, through `sys.setprofile`) during
 each of these appends: one event to one stream (`append`), three events to one stream, and two streams in
-one `append_many`. Consecutive calls in one module are one *stay*; a *return* is a stay in a module the path
-had already left. Third-party code (psycopg, pydantic) is not counted; its callbacks into ledgerflow are.
+one `append_many`. Then a node's end, as a worker records it (`Lifecycle.succeeded`, with the worker's
+claimant so that it hands itself the next node): the first node of a three-node run (its successor claimed
+in the same statement) and the last (the run's end). Consecutive calls in one module are one *stay*; a
+*return* is a stay in a module the path had already left. Third-party code (psycopg, pydantic) is not
+counted; its callbacks into ledgerflow are.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import uuid
 from collections.abc import Callable
@@ -27,6 +31,25 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eventstore import DatabaseSettings, EventStore, NewEvent, StreamAppend, open_store
+from workflows import Engine, NodeContext, Workflow, WorkflowRegistry, WorkflowWorker
+
+_walked = Workflow("walked")
+
+
+@_walked.node()
+def first(ctx: NodeContext) -> str:
+    return "a"
+
+
+@_walked.node(depends_on=["first"])
+def second(ctx: NodeContext) -> str:
+    return "b"
+
+
+@_walked.node(depends_on=["second"])
+def third(ctx: NodeContext) -> str:
+    return "c"
+
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("eventstore", "projector", "workflows", "ops")
@@ -45,6 +68,11 @@ def _module(frame: FrameType) -> str | None:
 
 def walk(action: Callable[[], Any]) -> list[str]:
     """The modules of the product functions entered while `action` runs, in order."""
+    return walk_returning(action)[0]
+
+
+def walk_returning(action: Callable[[], Any]) -> tuple[list[str], Any]:
+    """`walk`'s list, and what `action` returned."""
     entered: list[str] = []
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
@@ -55,10 +83,10 @@ def walk(action: Callable[[], Any]) -> list[str]:
 
     sys.setprofile(profile)
     try:
-        action()
+        returned = action()
     finally:
         sys.setprofile(None)
-    return entered
+    return entered, returned
 
 
 def stays(entered: list[str]) -> list[tuple[str, list[str]]]:
@@ -95,6 +123,38 @@ def report(title: str, entered: list[str], show: bool) -> None:
     if show:
         for module, names in path:
             print(f"    {module}: {', '.join(names)}")
+
+
+def walk_node_ends(store: EventStore, show: bool) -> None:
+    """A node's end in the middle of a run and at its end, after one whole run to warm the statements. The
+    worker's loop does not run: its claim and its claimant (what a node's end hands the next node to) are
+    used as the loop uses them."""
+    registry = WorkflowRegistry()
+    registry.register(_walked)
+    engine = Engine(store, registry)
+    worker = WorkflowWorker(engine, registry, name="walker")
+    titles = {"first": "node end, successor claimed", "third": "node end, the run's end"}
+    for round_ in ("warm", "walk"):
+        run = engine.start("walked")
+        claim: Any = worker._claim(limit=1)[0]
+        state = engine.load(run.run_id)
+        for node, output in (("first", "a"), ("second", "b"), ("third", "c")):
+            assert claim is not None, node
+            assert claim.node == node, claim
+            end = functools.partial(
+                worker.lifecycle.succeeded,
+                claim,
+                _walked,
+                output,
+                0.001,
+                run=state,
+                claim_next=worker._claimant,
+            )
+            if round_ == "walk" and node in titles:
+                entered, claim = walk_returning(end)
+                report(titles[node], entered, show)
+            else:
+                claim = end()
 
 
 def main() -> None:
@@ -140,6 +200,7 @@ def main() -> None:
                 ),
                 args.show,
             )
+            walk_node_ends(store, args.show)
     finally:
         with psycopg.connect(args.url, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
