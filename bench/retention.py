@@ -18,7 +18,8 @@ once, so they are ended and due; all are projected. Then, in an order that turns
 
 Then the projector applies the releases (the rows deleted) and that time is reported too. Medians of the
 rounds (ms per run, runs per second), the ratio release ÷ cancel, and how long 1,000,000 runs would take
-at the `release` rate; JSON under bench/results/.
+at the `release` rate; JSON under bench/results/. A real pass over many runs, the role's tick over a
+filled backlog: `bench.retention_at_scale`.
 """
 
 from __future__ import annotations
