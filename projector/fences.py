@@ -127,12 +127,16 @@ def lift(
             conn=conn,
             segment=unit.read_segment,
         )
+        if not page.events and not page.caught_up:
+            # The transaction at the horizon ended while the page was read: read again. (Taken for the
+            # end, this lifted the fence with the tenant's skipped events unapplied.)
+            continue
         events = [e for e in page.events if e.cursor <= until]
         todo = [e for e in events if wanted(e)]
         if todo:
             projection.apply(ApplyContext(conn, projection.schema, projection.table_names), todo)
             applied += len(todo)
-        if len(events) < len(page.events) or page.caught_up or not page.events:
+        if len(events) < len(page.events) or page.caught_up or not events:
             break
         after = events[-1].cursor
     conn.execute(Q["lift_fence"], {"key": unit.key, "tenant": fenced.tenant, "run_id": fenced.run_id})
