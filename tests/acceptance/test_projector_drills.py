@@ -70,19 +70,38 @@ def caught_up(store: EventStore) -> bool:
         return current is not None and bookkeeping.lag(conn, current.cursor).behind_head == 0
 
 
+#: Events the appender lets the workers fall behind by, at most: twenty of their batches of 25, so a
+#: worker killed moments after it first makes progress is killed while it applies, appends going on.
+BACKLOG = 500
+
+
 @pytest.fixture
 def appender(store: EventStore) -> Iterator[threading.Event]:
-    """Appends continuously in the background until the event is set."""
+    """Appends continuously in the background until the event is set, keeping the workers a backlog of
+    up to BACKLOG events. Unbounded, it appended all the while a worker started up (several seconds
+    apiece under load, nine times a drill): the backlog grew with each kill, to some 8,000 events, a
+    core's worth of appends, then their catch-up and the rebuild, none of which the drill needs. Bounded,
+    each kill still lands with some 300 to 500 events still to apply, appends going on."""
     with store.pool.connection() as conn, conn.transaction():
         # The tables exist before the first worker runs, so the test can watch them from the start.
         bookkeeping.ensure_cursor(conn, counter.name, counter.version)
         tables.ensure_live_tables(conn, counter)
     done = threading.Event()
 
+    def behind(appended: int) -> bool:
+        return appended - applied_stats(store)[0] >= BACKLOG
+
     def run() -> None:
-        i = 0
+        i = appended = 0
         while not done.is_set():
+            if i % 16 == 0 and behind(appended):  # a look every 16 appends (about 32 events)
+                # Until a worker applies some (or the test ends): a condition polled, as wait_until does.
+                delay = 0.005
+                while behind(appended) and not done.wait(delay):
+                    delay = min(delay * 2, 0.1)
+                continue
             store.append(f"drill-{i % 13}", [NewEvent("Add", {"amount": i}) for _ in range(1 + i % 3)])
+            appended += 1 + i % 3
             i += 1
 
     thread = threading.Thread(target=run, daemon=True)
