@@ -80,7 +80,7 @@ from workflows import (
 )
 from workflows import events as ev
 from workflows import new_events as new
-from workflows.engine import fingerprint
+from workflows.run_starts import fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASED = "scale_released"
