@@ -141,7 +141,7 @@ def archive_partition(url: str, name: str, directory: Path) -> Manifest:
         # Phase 1, without any lock that appends or reads wait for: check, then copy out. The partition
         # is full and every transaction that wrote to it has ended, so its content no longer changes.
         try:
-            digest, events, size = _copy_out(conn, part, data_path)
+            digest, events, size = _copy_out_once_writers_ended(conn, part, data_path)
         except psycopg.errors.UndefinedTable:
             # Another archive of it dropped the table after this one read the partition's state.
             if _partition(conn, name).state != "archived":
@@ -194,6 +194,29 @@ def archive_partition(url: str, name: str, directory: Path) -> Manifest:
     return manifest
 
 
+class _WriterRunning(ArchiveRefusedError):
+    """A transaction that may still write into the partition was running when the check looked."""
+
+
+#: Looks at the partition's writers before a running one refuses the archive. The log's horizon also
+#: counts, for gap-freedom, a transaction (of any database on the server) that ended between its snapshot
+#: and its look at the lock table: on a busy server a look can thus see a writer that has just ended. The
+#: next look, a moment later, does not; a writer that really runs refuses every look.
+_WRITER_LOOKS = 3
+
+
+def _copy_out_once_writers_ended(
+    conn: psycopg.Connection[Any], part: Partition, data_path: Path
+) -> tuple[Any, int, int]:
+    for look in range(1, _WRITER_LOOKS + 1):
+        try:
+            return _copy_out(conn, part, data_path)
+        except _WriterRunning:
+            if look == _WRITER_LOOKS:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _copy_out(conn: psycopg.Connection[Any], part: Partition, data_path: Path) -> tuple[Any, int, int]:
     """Copy the partition's rows to `data_path`, durably: their digest, count and size in bytes."""
     with conn.transaction():
@@ -226,7 +249,7 @@ def _check_archivable(conn: psycopg.Connection[Any], part: Partition) -> None:
             f"the log has reached {last}): only a full partition can be archived"
         )
     if fetch_value(conn, Q["beyond_horizon"], bounds):
-        raise ArchiveRefusedError(
+        raise _WriterRunning(
             f"partition {part.name} holds events of a transaction still running: try again when it "
             "has ended (`ledgerflow horizon` names it)"
         )

@@ -204,6 +204,25 @@ def test_archive_then_restore_gives_back_the_same_log(small_store: EventStore, t
         restore_partition(store.url, tmp_path / "archive" / "events_p000001.manifest.json")
 
 
+def test_a_partition_a_running_writer_wrote_into_is_not_archived(
+    small_store: EventStore, tmp_path: Path
+) -> None:
+    """Refused while a transaction that wrote into the partition runs (every look sees it), archived once
+    it has committed."""
+    store = small_store
+    _fill(store, 10)  # positions 1-10
+    wait_until(lambda: "events_p000002" in _partitions(store), what="the partition ahead")
+    with store.pool.connection() as conn, conn.transaction():
+        store.append("open", [NewEvent("E", {"i": i}) for i in range(5)], conn=conn)  # 11-15, open
+        wait_until(lambda: "events_p000003" in _partitions(store), what="the partition ahead")
+        with open_store(url=store.url) as other:
+            _fill(other, 10)  # 16-25: partition 2 (11-20) is full
+            with pytest.raises(ArchiveRefusedError, match="transaction still running"):
+                archive_partition(store.url, "events_p000002", tmp_path)
+    _cursor_at_end(store, "caught_up")
+    assert archive_partition(store.url, "events_p000002", tmp_path).events == 10
+
+
 def test_a_damaged_archive_is_not_restored(small_store: EventStore, tmp_path: Path) -> None:
     store = small_store
     _fill(store, 25)
