@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eventstore import RecordedEvent
+from eventstore import EventStore, RecordedEvent
 from projector import ApplyContext, Projection, Table
 
 #: Event ids that make the counter's handler fail, until removed (tests flip this in-process).
@@ -107,3 +107,13 @@ partitioned_counter = make_counter("test_partitioned", schema="lf_partitioned", 
 twin_counter = make_counter("test_twin", schema="lf_twin")
 #: A per-tenant counter in 3 segments (the API's tenant levers on a partitioned projection).
 tenant_partitioned_counter = make_tenant_counter("test_tenant_partitioned", "lf_tenant_partitioned", 3)
+
+
+def expire_leases(store: EventStore, *projections: str) -> None:
+    """End the projections' leases now, as if their worker had died: the next worker takes them over."""
+    with store.pool.connection() as conn:
+        conn.execute(
+            "UPDATE ledgerflow.projection_leases SET expires_at = clock_timestamp()"
+            " WHERE projection = ANY(%s)",
+            (list(projections),),
+        )

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from eventstore import EventStore, NewEvent
 from projector import ProjectorWorker, WorkerSettings, rebuild
 from projector.digest import projection_digest
-from tests.projections import make_counter
+from tests.projections import expire_leases, make_counter
 
 # An action: append events to a stream, take a step with the current worker, or "crash" it (drop it
 # without releasing its lease, so the next worker takes over only after the lease lapses).
@@ -48,12 +48,7 @@ def test_incremental_projection_equals_a_rebuild(
                 for _ in range(n):
                     worker.work_once()
             else:
-                with store.pool.connection() as conn:
-                    conn.execute(
-                        "UPDATE ledgerflow.projection_leases SET expires_at = clock_timestamp() "
-                        "WHERE projection = %s",
-                        (counter.name,),
-                    )
+                expire_leases(store, counter.name)
                 worker = ProjectorWorker(store, [counter], config)
         worker.run_until_caught_up()
         with store.pool.connection() as conn:

@@ -33,7 +33,7 @@ from projector import (
     type_counts,
 )
 from projector.digest import projection_digest
-from tests.projections import make_counter
+from tests.projections import expire_leases, make_counter
 
 
 class PaidV1(BaseModel):
@@ -227,12 +227,7 @@ def test_rebuild_over_mixed_versions_equals_incremental_state(
                 for _ in range(n):
                     worker.work_once()
             else:
-                with store.pool.connection() as conn:
-                    conn.execute(
-                        "UPDATE ledgerflow.projection_leases SET expires_at = clock_timestamp() "
-                        "WHERE projection = ANY(%s)",
-                        ([counter.name, event_type_catalogue.name],),
-                    )
+                expire_leases(store, counter.name, event_type_catalogue.name)
                 worker = ProjectorWorker(typed, [counter, event_type_catalogue], config)
         worker.run_until_caught_up()
         with store.pool.connection() as conn:
