@@ -351,7 +351,7 @@ def run_bulk_action(
 
 def _work(engine: Engine, row: _ActionRow, progress: Callable[[BulkAction], None] | None) -> BulkAction:
     store, tenant, action_id = engine.store, row.action.tenant, row.action.id
-    if row.action.state != "running":  # ended while this process waited for its turn
+    if row.action.state != "running":  # ended already: nothing to work
         return row.action
     act, wanted, actor = KINDS[row.action.kind], filter_from_json(row.action.filter), f"bulk:{action_id}"
     top = (row.top_created_at, row.top_run_id)
