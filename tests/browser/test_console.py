@@ -9,7 +9,7 @@ import threading
 import uuid
 
 import pytest
-from playwright.sync_api import Locator, Page, expect
+from playwright.sync_api import Locator, Page, Route, expect
 
 from eventstore import NewEvent
 from tests.browser.conftest import Console, confirm, shot
@@ -222,3 +222,28 @@ def test_api_errors_show_in_the_banner(page: Page) -> None:
     expect(banner).to_have_attribute("data-kind", "error")
     expect(page.locator("[data-testid=error-message]")).to_contain_text("malformed")
     expect(page.locator("[data-testid=error-next]")).to_be_visible()
+
+
+def test_a_busy_server_does_not_stop_the_page_following_its_run(page: Page) -> None:
+    """A 429 (the tenant's line of requests was full) asks to come back, unlike other refusals: the run page
+    polls on, and shows the run's end."""
+    run_id = start_run(page, "gated")
+    expect(node(page, "wait_gate")).to_have_attribute("data-status", "running")
+    refused: list[str] = []
+
+    def busy(route: Route) -> None:
+        if refused:
+            route.continue_()
+            return
+        refused.append(route.request.url)
+        route.fulfill(
+            status=429,
+            headers={"Retry-After": "1"},
+            json={"error": {"code": "too_many_requests", "message": "busy", "next": "retry"}},
+        )
+
+    with page.expect_response(lambda r: r.status == 429):
+        page.route(re.compile(rf"/api/v1/runs/{run_id}$"), busy)
+    GATES.setdefault(run_id, threading.Event()).set()
+    expect_run(page, "succeeded")
+    expect(page.locator("#run-status")).to_have_attribute("data-polling", "false")

@@ -126,7 +126,9 @@ export const seconds = (s) => (s == null ? "" : `${Number(s).toFixed(1)} s`);
 
 // Calls fn now and then every `ms` until it returns false or stop() is called; one call at a time, none while
 // the tab is hidden. After an error (already in the banner) it tries again five times slower, unless the API
-// refused the request (4xx): asking again would not change the answer.
+// refused the request (4xx): asking again would not change the answer. Except "too many requests" (429): the
+// server was busy, not the request wrong, so polling goes on (a page that stopped there would show a run's
+// state of then for ever).
 export function poll(fn, ms) {
   let timer = null;
   let stopped = false;
@@ -137,7 +139,7 @@ export function poll(fn, ms) {
     if (document.hidden && !first) { timer = setTimeout(tick, ms); return; }
     first = false;
     try { again = (await fn()) !== false; } catch (err) {
-      again = !(err.status >= 400 && err.status < 500);
+      again = err.status === 429 || !(err.status >= 400 && err.status < 500);
       delay = ms * 5;
     }
     if (!stopped && again) timer = setTimeout(tick, delay);
