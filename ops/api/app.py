@@ -8,12 +8,14 @@ security scheme and, for each operation, the scope it requires (`x-required-scop
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import structlog
 from fastapi import APIRouter, FastAPI
+from starlette.routing import BaseRoute
 
 from ops.api import (
     bulk,
@@ -128,6 +130,26 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
     app.add_middleware(RequestContextMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)
 
+    app.router.routes.extend(_routes())
+    mount_docs(app)
+    mount_console(app)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = FastAPI.openapi(app)
+            name_required_scopes(schema)
+        return app.openapi_schema  # type: ignore[return-value]  # set by FastAPI.openapi above
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+@functools.cache
+def _routes() -> tuple[BaseRoute, ...]:
+    """The API's routes, built once per process and shared by every app made in it: building them (each
+    route's dependencies and response models analysed, then copied by each `include_router`) cost more
+    than the rest of `create_app`, paid again for each app a process made. A route holds nothing of its
+    app: its handlers find the app's services through the request (`ops.api.deps`)."""
     v1 = APIRouter(prefix=f"/api/{API_VERSION}", responses=COMMON_RESPONSES)
     # bulk before runs: /runs/bulk/cancel is a bulk action, not the cancel of a run whose id is `bulk`.
     for module in (
@@ -144,19 +166,10 @@ def create_app(services: Services, *, settings: ApiSettings | None = None) -> Fa
         subjects,
     ):
         v1.include_router(module.router)
-    app.include_router(v1)
-    app.include_router(health.router, prefix="/api")
-    mount_docs(app)
-    mount_console(app)
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = FastAPI.openapi(app)
-            name_required_scopes(schema)
-        return app.openapi_schema  # type: ignore[return-value]  # set by FastAPI.openapi above
-
-    app.openapi = openapi  # type: ignore[method-assign]
-    return app
+    routes = APIRouter()
+    routes.include_router(v1)
+    routes.include_router(health.router, prefix="/api")
+    return tuple(routes.routes)
 
 
 def name_required_scopes(schema: dict[str, Any]) -> None:
