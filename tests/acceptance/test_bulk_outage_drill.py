@@ -77,12 +77,14 @@ def _stream_held(cluster: Cluster, run_ids: list[uuid.UUID]) -> Iterator[None]:
             conn.close()
 
 
-def _blocked(cluster: Cluster) -> int:
-    """Backends of ledgerflow's role waiting for a lock."""
+def _blocked(cluster: Cluster, application: str | None = None) -> int:
+    """Backends of ledgerflow's role waiting for a lock (of one application: `ledgerflow-serve`, or
+    `ledgerflow` for a command)."""
     with psycopg.connect(cluster.url(dbname="postgres"), autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND wait_event_type = 'Lock'",
-            (WORKER_ROLE,),
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND wait_event_type = 'Lock'"
+            " AND (%s::text IS NULL OR application_name = %s)",
+            (WORKER_ROLE, application, application),
         ).fetchone()
     return int(row[0]) if row else 0
 
@@ -266,7 +268,9 @@ def _serve_through_a_stop(cluster: Cluster, store: EventStore, log: Path) -> dic
                             and a.get("release")
                             and a["pause"][0]["done"] >= PAGE
                             and a["release"][0]["done"] >= PAGE
-                            and _blocked(cluster) >= 3
+                            # Counted apart: a third session of the server's waiting is not the command's.
+                            and _blocked(cluster, "ledgerflow-serve") >= 2
+                            and _blocked(cluster, "ledgerflow") >= 1
                         ),
                         timeout=60,
                         what="the API's and the retention pass's second pages waiting, their first "

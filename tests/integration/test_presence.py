@@ -213,8 +213,12 @@ def test_a_terminated_presence_session_registers_again(store: EventStore) -> Non
                 ).fetchone()
             return again is not None and again[0] != row[0]
 
-        wait_until(registered_again, timeout=10, what="the presence to register again")
-        assert presence.mode is PresenceMode.SESSION
+        # Its row is written before the presence takes it as its registration: both are waited for.
+        wait_until(
+            lambda: registered_again() and presence.mode is PresenceMode.SESSION,
+            timeout=10,
+            what="the presence to register again",
+        )
     finally:
         presence.stop()
 
