@@ -4,10 +4,12 @@
 -- One round trip, one atomic statement, whatever the number of streams (see ledgerflow.append_events).
 -- Arrays travel in binary: in text form every JSON document would be escaped character by character.
 SELECT stream_id, stream_version, position, transaction_id::bigint, duplicate
-  FROM ledgerflow.append_events(%(tenant)s, %(idempotency_key)s, %(request_hash)s, %(stream_ids)b::text[],
-                                %(expected)b::bigint[], %(counts)b::int[], %(event_ids)b::uuid[],
-                                %(types)b::text[], %(data)b::text[]::jsonb[], %(metadata)b::text[]::jsonb[],
-                                %(correlation_ids)b::uuid[], %(causation_ids)b::uuid[])
+  FROM ledgerflow.append_events(
+      p_tenant => %(tenant)s, p_idempotency_key => %(idempotency_key)s, p_request_hash => %(request_hash)s,
+      p_stream_ids => %(stream_ids)b::text[], p_expected => %(expected)b::bigint[],
+      p_counts => %(counts)b::int[], p_event_ids => %(event_ids)b::uuid[], p_types => %(types)b::text[],
+      p_data => %(data)b::text[]::jsonb[], p_metadata => %(metadata)b::text[]::jsonb[],
+      p_correlation_ids => %(correlation_ids)b::uuid[], p_causation_ids => %(causation_ids)b::uuid[])
 
 -- name: append_one_stream
 -- The common case, one stream and no idempotency key, as one plain statement: the bump (one of the three

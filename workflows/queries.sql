@@ -24,10 +24,13 @@ ON CONFLICT (run_id, node) DO UPDATE
 -- ledgerflow.wf_start_run. The event parameters are the one-stream append's.
 SELECT stream_id, stream_version, position, transaction_id
   FROM ledgerflow.wf_start_run(
-           %(tenant)s, %(stream_id)s, %(event_ids)b::uuid[], %(types)b::text[], %(data)b::text[],
-           %(metadata)b::text[], %(correlation_ids)b::uuid[], %(causation_ids)b::uuid[], %(run_id)s,
-           %(workflow)s, %(version)s, %(nodes)b::text[], %(max_crashes)b::int[],
-           %(progress_deadlines)b::float8[], %(on_stuck)b::text[], %(priority)s::int)
+      p_tenant => %(tenant)s, p_stream_id => %(stream_id)s, p_event_ids => %(event_ids)b::uuid[],
+      p_types => %(types)b::text[], p_data => %(data)b::text[], p_metadata => %(metadata)b::text[],
+      p_correlation_ids => %(correlation_ids)b::uuid[], p_causation_ids => %(causation_ids)b::uuid[],
+      p_run_id => %(run_id)s, p_workflow => %(workflow)s, p_version => %(version)s,
+      p_nodes => %(nodes)b::text[], p_max_crashes => %(max_crashes)b::int[],
+      p_progress_deadlines => %(progress_deadlines)b::float8[], p_on_stuck => %(on_stuck)b::text[],
+      p_priority => %(priority)s::int)
 
 -- name: claim
 -- Exactly one winner per node (SKIP LOCKED), a fresh fencing token per claim, tenants served in turn and
@@ -36,8 +39,10 @@ SELECT stream_id, stream_version, position, transaction_id
 -- ledgerflow.wf_claim (migrations 0027, 0028). In autocommit a claim is one round trip and one transaction.
 SELECT run_id, node, tenant, workflow, attempt, token, cancel_requested, crashes, version,
        stream_id, stream_version, position, transaction_id
-  FROM ledgerflow.wf_claim(%(worker_name)s, %(instance)s, %(worker_id)s, %(workflows)b::text[],
-                           %(versions)b::text[], %(limit)s, %(ttl)s)
+  FROM ledgerflow.wf_claim(
+      p_worker_name => %(worker_name)s, p_instance => %(instance)s, p_worker_id => %(worker_id)s,
+      p_workflows => %(workflows)b::text[], p_versions => %(versions)b::text[], p_limit => %(limit)s,
+      p_ttl => %(ttl)s)
 
 -- name: fencing_tokens
 -- A block of fencing tokens for the claims a worker makes itself at a node's end (see FencingTokens).
@@ -53,10 +58,13 @@ SELECT now() FROM ledgerflow.wf_fence(%(run_id)s, %(node)s, %(token)s, %(check_c
 -- name: end_node
 -- A node's end for the queue, in one statement; see ledgerflow.wf_end_node for the guarantees.
 SELECT crashes AS successor_crashes, recorded_at
-  FROM ledgerflow.wf_end_node(%(run_id)s, %(node)s, %(token)s, %(check_cancel)s, %(retry_in)s, %(tenant)s,
-                              %(workflow)s, %(ready)b::text[], %(attempts)b::int[], %(max_crashes)b::int[],
-                              %(progress_deadlines)b::float8[], %(on_stuck)b::text[], %(claim_token)s,
-                              %(worker_name)s, %(instance)s, %(ttl)s)
+  FROM ledgerflow.wf_end_node(
+      p_run_id => %(run_id)s, p_node => %(node)s, p_token => %(token)s, p_check_cancel => %(check_cancel)s,
+      p_retry_in => %(retry_in)s, p_tenant => %(tenant)s, p_workflow => %(workflow)s,
+      p_ready => %(ready)b::text[], p_attempts => %(attempts)b::int[],
+      p_max_crashes => %(max_crashes)b::int[], p_progress_deadlines => %(progress_deadlines)b::float8[],
+      p_on_stuck => %(on_stuck)b::text[], p_claim_token => %(claim_token)s, p_worker_name => %(worker_name)s,
+      p_instance => %(instance)s, p_ttl => %(ttl)s)
 
 -- name: record_node_end
 -- A node's end for the queue and the run-stream events that record it, in one statement (one round trip,
@@ -64,11 +72,15 @@ SELECT crashes AS successor_crashes, recorded_at
 -- Arrays travel in binary: in text, each element would be escaped by a regular expression.
 SELECT crashes, recorded_at, stream_id, stream_version, position, transaction_id
   FROM ledgerflow.wf_record_node_end(
-           %(run_id)s, %(node)s, %(token)s, %(check_cancel)s, %(retry_in)s, %(tenant)s, %(workflow)s,
-           %(ready)b::text[], %(attempts)b::int[], %(max_crashes)b::int[], %(progress_deadlines)b::float8[],
-           %(on_stuck)b::text[], %(claim_token)s, %(worker_name)s, %(instance)s, %(ttl)s,
-           %(stream_id)s, %(expected)s, %(event_ids)b::uuid[], %(types)b::text[], %(data)b::text[],
-           %(metadata)b::text[], %(correlation_ids)b::uuid[], %(causation_ids)b::uuid[])
+      p_run_id => %(run_id)s, p_node => %(node)s, p_token => %(token)s, p_check_cancel => %(check_cancel)s,
+      p_retry_in => %(retry_in)s, p_tenant => %(tenant)s, p_workflow => %(workflow)s,
+      p_ready => %(ready)b::text[], p_attempts => %(attempts)b::int[],
+      p_max_crashes => %(max_crashes)b::int[], p_progress_deadlines => %(progress_deadlines)b::float8[],
+      p_on_stuck => %(on_stuck)b::text[], p_claim_token => %(claim_token)s, p_worker_name => %(worker_name)s,
+      p_instance => %(instance)s, p_ttl => %(ttl)s, p_stream_id => %(stream_id)s, p_expected => %(expected)s,
+      p_event_ids => %(event_ids)b::uuid[], p_types => %(types)b::text[], p_data => %(data)b::text[],
+      p_metadata => %(metadata)b::text[], p_correlation_ids => %(correlation_ids)b::uuid[],
+      p_causation_ids => %(causation_ids)b::uuid[])
 
 -- name: record_run_end
 -- `record_node_end` for an end that finishes a run without a key, followed by the claim of a ready node of
@@ -79,17 +91,24 @@ SELECT crashes, recorded_at, stream_id, stream_version, position, transaction_id
        workflow, attempt, token, cancel_requested, claim_crashes, version, event_id, event_type, data,
        metadata, correlation_id, causation_id, event_recorded_at
   FROM ledgerflow.wf_record_run_end(
-           %(run_id)s, %(node)s, %(token)s, %(check_cancel)s, %(retry_in)s, %(tenant)s, %(workflow)s,
-           %(ready)b::text[], %(attempts)b::int[], %(max_crashes)b::int[], %(progress_deadlines)b::float8[],
-           %(on_stuck)b::text[], %(claim_token)s, %(worker_name)s, %(instance)s, %(ttl)s,
-           %(stream_id)s, %(expected)s, %(event_ids)b::uuid[], %(types)b::text[], %(data)b::text[],
-           %(metadata)b::text[], %(correlation_ids)b::uuid[], %(causation_ids)b::uuid[],
-           %(claim_worker_name)s, %(claim_instance)s, %(claim_worker_id)s, %(claim_workflows)b::text[],
-           %(claim_versions)b::text[], %(claim_ttl)s, %(read_limit)s)
+      p_run_id => %(run_id)s, p_node => %(node)s, p_token => %(token)s, p_check_cancel => %(check_cancel)s,
+      p_retry_in => %(retry_in)s, p_tenant => %(tenant)s, p_workflow => %(workflow)s,
+      p_ready => %(ready)b::text[], p_attempts => %(attempts)b::int[],
+      p_max_crashes => %(max_crashes)b::int[], p_progress_deadlines => %(progress_deadlines)b::float8[],
+      p_on_stuck => %(on_stuck)b::text[], p_claim_token => %(claim_token)s, p_worker_name => %(worker_name)s,
+      p_instance => %(instance)s, p_ttl => %(ttl)s, p_stream_id => %(stream_id)s, p_expected => %(expected)s,
+      p_event_ids => %(event_ids)b::uuid[], p_types => %(types)b::text[], p_data => %(data)b::text[],
+      p_metadata => %(metadata)b::text[], p_correlation_ids => %(correlation_ids)b::uuid[],
+      p_causation_ids => %(causation_ids)b::uuid[], p_claim_worker_name => %(claim_worker_name)s,
+      p_claim_instance => %(claim_instance)s, p_claim_worker_id => %(claim_worker_id)s,
+      p_claim_workflows => %(claim_workflows)b::text[], p_claim_versions => %(claim_versions)b::text[],
+      p_claim_ttl => %(claim_ttl)s, p_read_limit => %(read_limit)s)
 
 -- name: suspend_node
 -- A node suspends itself (a timer or a signal wait); see ledgerflow.wf_suspend_node.
-SELECT ledgerflow.wf_suspend_node(%(run_id)s, %(node)s, %(token)s, %(until)s, %(now)s, %(signal)s)
+SELECT ledgerflow.wf_suspend_node(
+    p_run_id => %(run_id)s, p_node => %(node)s, p_token => %(token)s, p_until => %(until)s, p_now => %(now)s,
+    p_signal => %(signal)s)
 
 -- name: next_due
 -- Seconds until the earliest ready row of these workflows that is due later but within %(within)s seconds

@@ -24,7 +24,9 @@ DELETE FROM ledgerflow.tenant_quotas WHERE tenant = %(tenant)s
 -- Exact across processes: see ledgerflow.take_rate_tokens (the tenant's bucket row, locked while it is
 -- taken from). `granted`: tokens taken (0: none, then `retry_after` seconds until one will be there).
 SELECT granted, retry_after
-  FROM ledgerflow.take_rate_tokens(%(tenant)s, %(quota)s, %(rate)s, %(capacity)s, %(at)s, %(want)s)
+  FROM ledgerflow.take_rate_tokens(
+      p_tenant => %(tenant)s, p_quota => %(quota)s, p_rate => %(rate)s, p_capacity => %(capacity)s,
+      p_at => %(at)s, p_want => %(want)s)
 
 -- name: charge_rate_token
 -- A token taken whatever the bucket holds, in the caller's transaction: see ledgerflow.charge_rate_token
