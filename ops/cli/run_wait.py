@@ -61,21 +61,29 @@ def _wait_for_end(
     engine: Engine, run_id: uuid.UUID, tenant: str, timeout: float, *, follow: bool
 ) -> RunState:
     """The run once it has ended, or as it is when `timeout` runs out; with `follow`, the last run of its
-    continue_as_new chain once that has ended (one deadline for the chain). Reading a run's stream now and
-    then is cheap (workers only read newer events), and needs no listener of its own.
+    continue_as_new chain once that has ended (one deadline for the chain). The run's stream is read now and
+    then, only its events after those already read (`Engine.catch_up`), at first every 50 ms and less often
+    as the wait goes on (up to once a second): a wait over a run of hours costs the database a few short
+    reads a second, not a whole stream's read twenty times a second. It needs no listener of its own.
 
     Not the API's wait (ops/api/run_waits.py, `workflows.run_end_watch`): that one is woken by the run
     table, which only a projector keeps (`ledgerflow projector` or `serve`); next to a lone `ledgerflow
     worker`, as in docs/first-workflow.md, nothing would announce the end and this command would answer
     only at its timeout. The stream has the end as soon as it is recorded."""
     deadline = time.monotonic() + timeout
-    delay = 0.05
+    delay = _FIRST_DELAY
+    run = engine.load(run_id, tenant=tenant)
     while True:
-        run = engine.load(run_id, tenant=tenant)
         if follow and run.continued_as is not None:
-            run_id, delay = uuid.UUID(run.continued_as), 0.05  # its successor started with its end
+            # Its successor started with its end.
+            run, delay = engine.load(uuid.UUID(run.continued_as), tenant=tenant), _FIRST_DELAY
             continue
         if not run.active or time.monotonic() >= deadline:
             return run
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 1.0)
+        delay = min(delay * 1.5, _LONGEST_DELAY)
+        engine.catch_up(run)
+
+
+#: Seconds between two reads of the run's stream: at first, and at most.
+_FIRST_DELAY, _LONGEST_DELAY = 0.05, 1.0
