@@ -15,8 +15,9 @@ from typing import Any
 
 import psycopg
 
-from eventstore import ConflictError, EventStore, NotFoundError, WrongExpectedVersionError
+from eventstore import ConflictError, EventStore, NewEvent, NotFoundError, WrongExpectedVersionError
 from eventstore.spi import check_tenant
+from workflows import events as ev
 from workflows import node_queue, release_marks, snapshots
 from workflows.caps import RunCaps
 from workflows.definition import WorkflowRegistry
@@ -118,6 +119,21 @@ class EngineCore:
         """Whether an operator action under `idempotency_key` was already recorded: its repeat does
         nothing (whatever the run's state is now, e.g. a retried run that failed again)."""
         return idempotency_key is not None and self.store.idempotency_key_used(idempotency_key, tenant=tenant)
+
+    def _record_action(
+        self, conn: Any, run: RunState, event: NewEvent, *, idempotency_key: str | None
+    ) -> None:
+        """Append an operator action's event to its run's stream, in `conn`'s transaction, at the version
+        the action's decision read (a run changed meanwhile fails it: `_with_occ` decides again), under the
+        action's idempotency key."""
+        self.store.append(
+            ev.run_stream(run.run_id),
+            [event],
+            expected_version=run.version,
+            idempotency_key=idempotency_key,
+            tenant=run.tenant,
+            conn=conn,
+        )
 
     @staticmethod
     def _with_occ(attempt: Callable[[], None]) -> None:

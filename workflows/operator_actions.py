@@ -116,14 +116,7 @@ class OperatorActions(EngineCore):
                     interrupt_running=interrupt_running,
                     parent_run_id=parent_run_id,
                 )
-                self.store.append(
-                    ev.run_stream(run_id),
-                    [paused],
-                    expected_version=run.version,
-                    idempotency_key=idempotency_key,
-                    tenant=tenant,
-                    conn=conn,
-                )
+                self._record_action(conn, run, paused, idempotency_key=idempotency_key)
             log.info(
                 "workflow_paused",
                 run_id=str(run_id),
@@ -164,14 +157,7 @@ class OperatorActions(EngineCore):
                     actor=actor,
                     parent_run_id=parent_run_id,
                 )
-                self.store.append(
-                    ev.run_stream(run_id),
-                    [resumed],
-                    expected_version=run.version,
-                    idempotency_key=idempotency_key,
-                    tenant=tenant,
-                    conn=conn,
-                )
+                self._record_action(conn, run, resumed, idempotency_key=idempotency_key)
             log.info("workflow_resumed", run_id=str(run_id), ready=ready, actor=actor)
 
         self._with_occ(attempt)
