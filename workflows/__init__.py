@@ -68,10 +68,10 @@ from workflows.limits import LimitUsage  # noqa: E402
 from workflows.limits import read_usage as limit_usage  # noqa: E402
 from workflows.loading import load_workflows  # noqa: E402
 from workflows.metrics import watch_limit_usage  # noqa: E402
-from workflows.node_queue import QueueSummary, Recovery, recent_recoveries  # noqa: E402
-from workflows.node_queue import summary as queue_summary  # noqa: E402
 from workflows.presence import shared_worker_names  # noqa: E402
 from workflows.projections import workflow_tables  # noqa: E402
+from workflows.queue_status import QueueSummary, Recovery, recent_recoveries  # noqa: E402
+from workflows.queue_status import summary as queue_summary  # noqa: E402
 from workflows.quotas import (  # noqa: E402
     Quota,
     TenantQuotas,

@@ -17,7 +17,7 @@ import psycopg
 
 from eventstore import ConflictError, EventStore, NotFoundError, WrongExpectedVersionError
 from eventstore.spi import check_tenant
-from workflows import node_queue, release_marks, snapshots
+from workflows import pipelined_transactions, release_marks, snapshots
 from workflows.caps import RunCaps
 from workflows.definition import WorkflowRegistry
 from workflows.errors import RunStateError, wrap_exceptions
@@ -96,8 +96,8 @@ class EngineCore:
         self, notify: Callable[[], bool] | None = None
     ) -> Iterator[psycopg.Connection[Any]]:
         """`transaction()`, with its statements sent in a pipeline: two round trips when one result is
-        fetched midway (see `node_queue.pipelined_transaction`)."""
-        with self.store.pool.connection() as conn, node_queue.pipelined_transaction(conn):
+        fetched midway (see `pipelined_transactions.pipelined_transaction`)."""
+        with self.store.pool.connection() as conn, pipelined_transactions.pipelined_transaction(conn):
             yield conn
         if notify is None or notify():
             self.store.notify_appended()

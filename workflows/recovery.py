@@ -35,7 +35,7 @@ from workflows.engine import Engine
 from workflows.errors import NodeStuckError
 from workflows.lifecycle import Lifecycle
 from workflows.node_end_writes import claimed_event
-from workflows.node_queue import Claim, Claimant, WorkflowVersion
+from workflows.queue_claims import Claim, Claimant, WorkflowVersion
 
 log = structlog.get_logger(__name__)
 _tracer = trace.get_tracer("ledgerflow.workflows")

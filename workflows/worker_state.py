@@ -20,7 +20,7 @@ from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.interrupts import InterruptBackoff
 from workflows.lifecycle import Lifecycle
-from workflows.node_queue import Claim, Claimant
+from workflows.queue_claims import Claim, Claimant
 from workflows.quotas import TenantQuotas
 from workflows.worker_settings import WorkerSettings
 
