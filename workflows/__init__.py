@@ -6,10 +6,11 @@ from eventstore.spi import require_ledgerflow_packages
 require_ledgerflow_packages("eventstore", "projector")
 
 from workflows.async_context import AsyncNodeContext  # noqa: E402
-from workflows.bulk import (  # noqa: E402
+from workflows.bulk import run_bulk_action  # noqa: E402
+from workflows.bulk_kinds import (  # noqa: E402
     KINDS as BULK_KINDS,
 )
-from workflows.bulk import (  # noqa: E402
+from workflows.bulk_records import (  # noqa: E402
     MAX_BULK_RUNS,
     BulkAction,
     BulkLimitError,
@@ -19,7 +20,6 @@ from workflows.bulk import (  # noqa: E402
     filter_from_json,
     filter_to_json,
     plan_bulk,
-    run_bulk_action,
     unfinished_bulk_actions,
 )
 from workflows.caps import RunCaps  # noqa: E402
