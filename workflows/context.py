@@ -50,7 +50,6 @@ from eventstore import (
 from workflows import events as ev
 from workflows import new_events as new
 from workflows import queue_node_ends
-from workflows.definition import NodeSpec
 from workflows.engine import Engine
 from workflows.errors import (
     ContinueAsNew,
@@ -63,6 +62,7 @@ from workflows.errors import (
 )
 from workflows.limits import step_slots
 from workflows.node_end_writes import fenced_writes
+from workflows.node_spec import NodeSpec
 from workflows.queue_claims import Claim
 from workflows.run_advance import advance
 from workflows.run_starts import fingerprint

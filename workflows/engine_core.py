@@ -19,11 +19,11 @@ from eventstore import ConflictError, EventStore, NotFoundError, WrongExpectedVe
 from eventstore.spi import check_tenant
 from workflows import pipelined_transactions, release_marks, snapshots
 from workflows.caps import RunCaps
-from workflows.definition import WorkflowRegistry
 from workflows.errors import RunStateError, wrap_exceptions
 from workflows.quotas import TenantQuotas
 from workflows.run_state import RunState
 from workflows.tags import TagLimits
+from workflows.workflow_registry import WorkflowRegistry
 
 #: How often a write that lost a race on the run's stream version reads the run again and decides again.
 OCC_ATTEMPTS = 50

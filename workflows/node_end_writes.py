@@ -37,9 +37,10 @@ from workflows import events as ev
 from workflows import new_events as new
 from workflows import queue_claims, queue_end_rows, queue_node_ends, queue_run_changes, snapshots
 from workflows.cancelling import release_key_appends
-from workflows.definition import NodeSpec, Workflow
+from workflows.definition import Workflow
 from workflows.engine import Engine
 from workflows.errors import SQLSTATES, wrap_exceptions
+from workflows.node_spec import NodeSpec
 from workflows.queue_claims import Claim, Claimant
 from workflows.quotas import TenantQuotas
 from workflows.run_advance import WrittenJson, advance

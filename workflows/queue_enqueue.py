@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from eventstore.spi import FloatArray, IntArray, TextArray
-from workflows.definition import NodeSpec
+from workflows.node_spec import NodeSpec
 from workflows.queries import Q
 
 Conn = psycopg.Connection[Any]

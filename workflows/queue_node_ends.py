@@ -15,7 +15,7 @@ import psycopg
 from psycopg.rows import kwargs_row, scalar_row
 
 from eventstore.spi import IntArray, TextArray, fetch_all, sent, synced
-from workflows.definition import NodeSpec
+from workflows.node_spec import NodeSpec
 from workflows.queries import Q
 from workflows.queue_claims import Claim, Claimant
 from workflows.queue_end_rows import NodeEnded, NodeEndRow, RunEnded, RunEndRow

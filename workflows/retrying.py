@@ -26,10 +26,11 @@ from eventstore import NO_STREAM, EventStore, LedgerflowError, StreamAppend
 from workflows import events as ev
 from workflows import new_events as new
 from workflows import queue_enqueue, queue_run_changes, release_marks
-from workflows.definition import Workflow, WorkflowRegistry
+from workflows.definition import Workflow
 from workflows.errors import BatchUnfit, RunStateError
 from workflows.run_state import RunState
 from workflows.scheduler import NodeStatus, retry_from_failed, runnable_nodes
+from workflows.workflow_registry import WorkflowRegistry
 
 log = structlog.get_logger(__name__)
 

@@ -39,7 +39,6 @@ from eventstore.spi import (
 from workflows import limits, queue_claims, versions
 from workflows.aio import Kinds, NodeLoop
 from workflows.debounce import DebounceKeeper
-from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeLeaseLost, WorkerStopping
 from workflows.interrupts import InterruptBackoff
@@ -52,6 +51,7 @@ from workflows.recovery import take_back
 from workflows.schedules import ScheduleKeeper
 from workflows.triggers import TriggerConsumer
 from workflows.worker_settings import WorkerSettings
+from workflows.workflow_registry import WorkflowRegistry
 
 log = structlog.get_logger(__name__)
 

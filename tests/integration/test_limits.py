@@ -27,7 +27,7 @@ from workflows import (
     queue_run_changes,
 )
 from workflows import events as ev
-from workflows.definition import DefinitionError
+from workflows.definition_checks import DefinitionError
 from workflows.lifecycle import Lifecycle
 from workflows.limits import declare, usage
 from workflows.queue_claims import Claim, Claimant
