@@ -1,6 +1,6 @@
-"""The checks every part of a workflow definition shares, and the error they raise: names kept to one
-safe alphabet (they end up in event payloads, log fields and metric labels), lists that must not be a
-bare string, configs that must be plain JSON. Pure, no I/O.
+"""The checks every part of a workflow definition shares, and the error they raise: names, lists that
+must not be a bare string, configs that must be plain JSON. Apart so that nodes, limits and workflows
+check alike; pure, no I/O.
 """
 
 from __future__ import annotations
