@@ -14,8 +14,8 @@ from round to round:
   loop   `Engine.cancel` / `retry` / `pause` / `resume` on each run id, one after the other (what a script
          would do);
   one    `create_bulk_action` + `run_bulk_action` with a tag filter, every run on its own (the bulk path
-         before pages: `workflows.bulk.BATCHES` emptied for the call);
-  page   the same bulk action, a page of runs per transaction (`workflows.bulk.BATCHES`).
+         before pages: `workflows.bulk_kinds.BATCHES` emptied for the call);
+  page   the same bulk action, a page of runs per transaction (`workflows.bulk_kinds.BATCHES`).
 
 Medians of the rounds (ms per run and runs per second) and the ratios page ÷ one; JSON under
 bench/results/. The process's CPU time per run is printed beside the wall time (the server's is not).
@@ -40,7 +40,7 @@ from workflows import (
     RunFilter,
     Workflow,
     WorkflowRegistry,
-    bulk,
+    bulk_kinds,
     create_bulk_action,
     run_bulk_action,
     workflow_tables,
@@ -83,13 +83,13 @@ def _act_bulk(engine: Engine, kind: str, tag: str, runs: int, *, pages: bool) ->
     action = create_bulk_action(
         engine.store, kind=kind, tenant="default", filter=wanted, actor="bench", limit=runs
     )
-    kept = bulk.BATCHES
+    kept = bulk_kinds.BATCHES
     if not pages:
-        bulk.BATCHES = {}
+        bulk_kinds.BATCHES = {}
     try:
         ended = run_bulk_action(engine, action.id, tenant="default")
     finally:
-        bulk.BATCHES = kept
+        bulk_kinds.BATCHES = kept
     assert ended.done == runs, ended
 
 

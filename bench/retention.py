@@ -13,7 +13,7 @@ once, so they are ended and due; all are projected. Then, in an order that turns
   release_one  the release action a retention pass records (`kind="release"`, the workflow's due runs),
                worked one run at a time: each checked against its stream and released by one event
                under its idempotency key, with the recorded progress per run (the path before pages;
-               `workflows.bulk.BATCHES` without `release` for the call);
+               `workflows.bulk_kinds.BATCHES` without `release` for the call);
   release      the same action over the other half, a page of runs per transaction (the pass's path).
 
 Then the projector applies the releases (the rows deleted) and that time is reported too. Medians of the
@@ -41,7 +41,7 @@ from workflows import (
     RunFilter,
     Workflow,
     WorkflowRegistry,
-    bulk,
+    bulk_kinds,
     create_bulk_action,
     run_bulk_action,
     workflow_tables,
@@ -105,13 +105,13 @@ def _round(engine: Engine, index: int, runs: int) -> dict[str, float]:
             action = create_bulk_action(
                 engine.store, kind="release", tenant="default", filter=wanted, actor="bench", limit=runs
             )
-            kept = bulk.BATCHES
+            kept = bulk_kinds.BATCHES
             if way == "release_one":
-                bulk.BATCHES = {k: v for k, v in kept.items() if k != "release"}
+                bulk_kinds.BATCHES = {k: v for k, v in kept.items() if k != "release"}
             try:
                 ended = run_bulk_action(engine, action.id, tenant="default")
             finally:
-                bulk.BATCHES = kept
+                bulk_kinds.BATCHES = kept
         assert ended.done == runs, ended
         seconds[way] = time.perf_counter() - began
     seconds["project_releases"] = _project(engine.store)

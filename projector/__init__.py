@@ -18,26 +18,23 @@ from projector.catalogue import stream_catalogue  # noqa: E402
 from projector.errors import RunInProgressError  # noqa: E402
 from projector.health import ProjectionHealth, SegmentHealth, projection_health  # noqa: E402
 from projector.listener import ProjectionWaiters, TooManyWaitersError, Watch  # noqa: E402
-from projector.projection import ApplyContext, Projection, Table  # noqa: E402
-from projector.rebuild import (  # noqa: E402
+from projector.operator_runs import (  # noqa: E402
     PendingRun,
     RebuildResult,
     ReplayResult,
     VerifyResult,
     default_actor,
-    rebuild,
-    replay,
-    start_rebuild,
-    start_replay,
-    start_verify,
     sweep_abandoned,
-    verify,
 )
+from projector.projection import ApplyContext, Projection, Table  # noqa: E402
+from projector.rebuild import rebuild, start_rebuild  # noqa: E402
 from projector.registry import find, load_projections  # noqa: E402
+from projector.replay import replay, start_replay  # noqa: E402
 from projector.runner import LeaseLost, RetrySettings  # noqa: E402
 from projector.segments import PartitionsChangedError, stream_segment  # noqa: E402
 from projector.tables import missing_tables  # noqa: E402
 from projector.type_catalogue import TypeCount, event_type_catalogue, type_counts  # noqa: E402
+from projector.verify import start_verify, verify  # noqa: E402
 from projector.waiting import ProjectionBehindError, wait_for  # noqa: E402
 from projector.worker import ProjectorWorker, WorkerSettings  # noqa: E402
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from eventstore import Cursor, EventStore
 from projector import bookkeeping
+from projector.operator_runs import sweep_abandoned
 from projector.projection import Projection
-from projector.rebuild import sweep_abandoned
 from projector.segments import segment_key
 
 

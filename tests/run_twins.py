@@ -11,7 +11,7 @@ from typing import Any
 from eventstore import EventStore
 from tests.flows import registry
 from tests.waiting import wait_until
-from workflows import Engine, node_queue
+from workflows import Engine, queue_claims
 from workflows import events as ev
 from workflows.run_state import RunState
 from workflows.scheduler import NodeStatus
@@ -41,7 +41,9 @@ def _waiting(engine: Engine, run_id: uuid.UUID) -> bool:
 def _claim_gated(engine: Engine) -> None:
     """Claim the gated runs' first nodes with no worker to run them: they stay in flight."""
     with engine.store.pool.connection() as conn, conn.transaction():
-        node_queue.claim(conn, worker_name="t", instance="t1", workflows=[("gated", "1")], limit=10, ttl=600)
+        queue_claims.claim(
+            conn, worker_name="t", instance="t1", workflows=[("gated", "1")], limit=10, ttl=600
+        )
 
 
 def twins(engine: Engine, states: Sequence[str] = STATES) -> dict[str, tuple[uuid.UUID, uuid.UUID]]:

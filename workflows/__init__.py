@@ -6,10 +6,11 @@ from eventstore.spi import require_ledgerflow_packages
 require_ledgerflow_packages("eventstore", "projector")
 
 from workflows.async_context import AsyncNodeContext  # noqa: E402
-from workflows.bulk import (  # noqa: E402
+from workflows.bulk import run_bulk_action  # noqa: E402
+from workflows.bulk_kinds import (  # noqa: E402
     KINDS as BULK_KINDS,
 )
-from workflows.bulk import (  # noqa: E402
+from workflows.bulk_records import (  # noqa: E402
     MAX_BULK_RUNS,
     BulkAction,
     BulkLimitError,
@@ -19,7 +20,6 @@ from workflows.bulk import (  # noqa: E402
     filter_from_json,
     filter_to_json,
     plan_bulk,
-    run_bulk_action,
     unfinished_bulk_actions,
 )
 from workflows.caps import RunCaps  # noqa: E402
@@ -27,17 +27,8 @@ from workflows.context import NodeContext  # noqa: E402
 from workflows.debounce import MAX_WINDOW as MAX_DEBOUNCE_WINDOW  # noqa: E402
 from workflows.debounce import Debounce, PendingBurst  # noqa: E402
 from workflows.debounce import pending as pending_debounces  # noqa: E402
-from workflows.definition import (  # noqa: E402
-    PRIORITY_MAX,
-    PRIORITY_MIN,
-    DefinitionError,
-    NodeSpec,
-    RetryPolicy,
-    Schedule,
-    Trigger,
-    Workflow,
-    WorkflowRegistry,
-)
+from workflows.definition import PRIORITY_MAX, PRIORITY_MIN, Workflow  # noqa: E402
+from workflows.definition_checks import DefinitionError  # noqa: E402
 from workflows.demo import ONTOLOGY_EXTRACTED, sample_schema  # noqa: E402
 from workflows.demo import registry as demo_registry  # noqa: E402
 from workflows.engine import Engine  # noqa: E402
@@ -68,10 +59,11 @@ from workflows.limits import LimitUsage  # noqa: E402
 from workflows.limits import read_usage as limit_usage  # noqa: E402
 from workflows.loading import load_workflows  # noqa: E402
 from workflows.metrics import watch_limit_usage  # noqa: E402
-from workflows.node_queue import QueueSummary, Recovery, recent_recoveries  # noqa: E402
-from workflows.node_queue import summary as queue_summary  # noqa: E402
+from workflows.node_spec import NodeSpec, RetryPolicy  # noqa: E402
 from workflows.presence import shared_worker_names  # noqa: E402
 from workflows.projections import workflow_tables  # noqa: E402
+from workflows.queue_status import QueueSummary, Recovery, recent_recoveries  # noqa: E402
+from workflows.queue_status import summary as queue_summary  # noqa: E402
 from workflows.quotas import (  # noqa: E402
     Quota,
     TenantQuotas,
@@ -93,6 +85,7 @@ from workflows.retention import RetentionPlan, plan_retention, retention_pass  #
 from workflows.retention_worker import RetentionWorker  # noqa: E402
 from workflows.run_ends import RunEnd, run_end_watch  # noqa: E402
 from workflows.run_search import RunFilter, RunPage, search_runs, tag_filter  # noqa: E402
+from workflows.run_sources import Schedule, Trigger  # noqa: E402
 from workflows.run_starts import Started  # noqa: E402
 from workflows.run_state import NodeState, RunState  # noqa: E402
 from workflows.scheduler import NodeStatus  # noqa: E402
@@ -102,6 +95,7 @@ from workflows.triggers import run_started_by  # noqa: E402
 from workflows.versions import VersionWait, versions_without_worker  # noqa: E402
 from workflows.worker import WorkflowWorker  # noqa: E402
 from workflows.worker_settings import WorkerSettings  # noqa: E402
+from workflows.workflow_registry import WorkflowRegistry  # noqa: E402
 
 __ledgerflow_package__ = True
 

@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 
 from workflows.async_context import AsyncNodeContext
 from workflows.context import NodeContext
-from workflows.definition import WorkflowRegistry
 from workflows.errors import WorkerStopping
+from workflows.workflow_registry import WorkflowRegistry
 
 R = TypeVar("R")
 

@@ -19,7 +19,7 @@ import structlog
 from eventstore import ANY, EventStore, StreamAppend
 from workflows import events as ev
 from workflows import new_events as new
-from workflows import node_queue
+from workflows import queue_run_changes
 from workflows.errors import RunStateError
 from workflows.run_state import RunState
 
@@ -38,8 +38,9 @@ def cancel_needed(run: RunState) -> bool:
 def cancel_appends(
     run: RunState, running: Sequence[str], dropped: Sequence[str], actor: str
 ) -> list[StreamAppend]:
-    """The appends that cancel `run`, once its queue rows are changed (`node_queue.cancel_run`): running
-    nodes stop at their next context call; with none in flight the run is cancelled now, and its key freed."""
+    """The appends that cancel `run`, once its queue rows are changed (`queue_run_changes.cancel_run`):
+    running nodes stop at their next context call; with none in flight the run is cancelled now, and its
+    key freed."""
     run_id = run.run_id
     events = [new.run_cancel_requested(run_id=run_id, actor=actor)]
     events += [new.node_cancelled(run_id=run_id, node=n) for n in dropped]
@@ -74,7 +75,7 @@ def cancel_batch(
         return outcome
     # Run streams in run order, as the queue rows were locked, then the key streams they free.
     wanted.sort(key=lambda r: r.run_id)
-    queue = node_queue.cancel_runs(conn, [r.run_id for r in wanted])
+    queue = queue_run_changes.cancel_runs(conn, [r.run_id for r in wanted])
     runs_appends: list[StreamAppend] = []
     key_appends: list[StreamAppend] = []
     for run in wanted:

@@ -49,8 +49,7 @@ from eventstore import (
 )
 from workflows import events as ev
 from workflows import new_events as new
-from workflows import node_queue
-from workflows.definition import NodeSpec
+from workflows import queue_node_ends
 from workflows.engine import Engine
 from workflows.errors import (
     ContinueAsNew,
@@ -63,7 +62,8 @@ from workflows.errors import (
 )
 from workflows.limits import step_slots
 from workflows.node_end_writes import fenced_writes
-from workflows.node_queue import Claim
+from workflows.node_spec import NodeSpec
+from workflows.queue_claims import Claim
 from workflows.run_advance import advance
 from workflows.run_starts import fingerprint
 from workflows.run_state import NodeState, RunState
@@ -136,7 +136,7 @@ class NodeContext:
         self.check()
         claim = self._claim
         with fenced_writes(), self._engine.pipelined_transaction() as conn:
-            recorded_at = node_queue.fence_at(conn, claim.run_id, claim.node, claim.token)
+            recorded_at = queue_node_ends.fence_at(conn, claim.run_id, claim.node, claim.token)
             result = self._engine.store.append(
                 ev.run_stream(claim.run_id),
                 events,
@@ -413,7 +413,7 @@ class NodeContext:
         claim = self._claim
         # One statement, on its own: it only reads the claim's row (and touches its progress time).
         with fenced_writes(), self._engine.store.pool.connection() as conn:
-            node_queue.fence(conn, claim.run_id, claim.node, claim.token)
+            queue_node_ends.fence(conn, claim.run_id, claim.node, claim.token)
 
 
 def _now() -> datetime:

@@ -16,7 +16,10 @@ import time
 from typing import Any
 
 from workflows.context import NodeContext
-from workflows.definition import RetryPolicy, Trigger, Workflow, WorkflowRegistry
+from workflows.definition import Workflow
+from workflows.node_spec import RetryPolicy
+from workflows.run_sources import Trigger
+from workflows.workflow_registry import WorkflowRegistry
 
 extraction = Workflow("ontology_extraction", version="1")
 registry = WorkflowRegistry()

@@ -18,13 +18,13 @@ import psycopg
 from eventstore import ConflictError, EventStore, NewEvent, NotFoundError, WrongExpectedVersionError
 from eventstore.spi import check_tenant
 from workflows import events as ev
-from workflows import node_queue, release_marks, snapshots
+from workflows import pipelined_transactions, release_marks, snapshots
 from workflows.caps import RunCaps
-from workflows.definition import WorkflowRegistry
 from workflows.errors import RunStateError, wrap_exceptions
 from workflows.quotas import TenantQuotas
 from workflows.run_state import RunState
 from workflows.tags import TagLimits
+from workflows.workflow_registry import WorkflowRegistry
 
 #: How often a write that lost a race on the run's stream version reads the run again and decides again.
 OCC_ATTEMPTS = 50
@@ -97,8 +97,8 @@ class EngineCore:
         self, notify: Callable[[], bool] | None = None
     ) -> Iterator[psycopg.Connection[Any]]:
         """`transaction()`, with its statements sent in a pipeline: two round trips when one result is
-        fetched midway (see `node_queue.pipelined_transaction`)."""
-        with self.store.pool.connection() as conn, node_queue.pipelined_transaction(conn):
+        fetched midway (see `pipelined_transactions.pipelined_transaction`)."""
+        with self.store.pool.connection() as conn, pipelined_transactions.pipelined_transaction(conn):
             yield conn
         if notify is None or notify():
             self.store.notify_appended()

@@ -19,11 +19,11 @@ import structlog
 from eventstore import ANY, ConflictError, NewEvent, WrongExpectedVersionError
 from workflows import events as ev
 from workflows import new_events as new
-from workflows import node_queue
+from workflows import queue_node_ends, queue_run_changes
 from workflows.definition import Workflow
 from workflows.errors import ContinueAsNew, NodeSuspended, RunCancelled
 from workflows.node_end_writes import END_ATTEMPTS, Decision, NodeEndWriter, Suspension, fenced_writes
-from workflows.node_queue import Claim, Claimant
+from workflows.queue_claims import Claim, Claimant
 from workflows.run_state import RunState
 from workflows.scheduler import NodeStatus, run_outcome, runnable_nodes
 
@@ -156,14 +156,14 @@ class Lifecycle(NodeEndWriter):
         log.info("workflow_node_cancelled", run_id=str(claim.run_id), node=claim.node)
 
     def _hand_back(self, claim: Claim, run: RunState) -> None:
-        """Hand an interrupted node back (see `node_queue.hand_back`), recorded at the exact version `run`
-        knows: a pause, a resume or a cancellation committed meanwhile fails it
+        """Hand an interrupted node back (see `queue_run_changes.hand_back`), recorded at the exact version
+        `run` knows: a pause, a resume or a cancellation committed meanwhile fails it
         (WrongExpectedVersionError)."""
         released = new.node_released(
             run_id=claim.run_id, node=claim.node, worker=run.node(claim.node).worker, reason="paused"
         )
         with fenced_writes(), self.engine.transaction() as conn:
-            if node_queue.hand_back(conn, claim.run_id, claim.node, claim.token):
+            if queue_run_changes.hand_back(conn, claim.run_id, claim.node, claim.token):
                 self.store.append(
                     ev.run_stream(claim.run_id),
                     [released],
@@ -195,11 +195,11 @@ class Lifecycle(NodeEndWriter):
                 raise RunCancelled(f"run {claim.run_id} is being cancelled")
             try:
                 with fenced_writes(), self.engine.transaction() as conn:
-                    node_queue.lock_run_nodes(conn, claim.run_id, claim.tenant)
+                    queue_run_changes.lock_run_nodes(conn, claim.run_id, claim.tenant)
                     # The fence names the guarantee: only the claim's holder, of a run not being cancelled,
                     # ends the run and starts its successor.
-                    node_queue.fence(conn, claim.run_id, claim.node, claim.token, check_cancel=True)
-                    dropped = node_queue.terminate_run(conn, claim.run_id)
+                    queue_node_ends.fence(conn, claim.run_id, claim.node, claim.token, check_cancel=True)
+                    dropped = queue_run_changes.terminate_run(conn, claim.run_id)
                     successor = self.engine.start_successor(conn, run, signal.input, signal.tags)
                     if self.quotas is not None:
                         # Counted, never refused: the run's work goes on, and a tenant that loops through
@@ -283,7 +283,7 @@ class Lifecycle(NodeEndWriter):
     def release(self, claim: Claim, worker: str) -> None:
         """Hand the node back at once (graceful shutdown): it becomes ready for another worker."""
         with self.engine.transaction() as conn:
-            if node_queue.release(conn, claim.run_id, claim.node, claim.token):
+            if queue_run_changes.release(conn, claim.run_id, claim.node, claim.token):
                 self.store.append(
                     ev.run_stream(claim.run_id),
                     [new.node_released(run_id=claim.run_id, node=claim.node, worker=worker)],

@@ -38,8 +38,9 @@ from psycopg.rows import class_row
 
 from eventstore import InvalidInputError
 from eventstore.spi import fetch_one, fetch_value, load_queries
-from workflows.definition import DefinitionError, Limit, WorkflowRegistry
+from workflows.definition_checks import DefinitionError
 from workflows.errors import NodeLeaseLost, NodeSuspended, wrap_exceptions
+from workflows.workflow_registry import Limit, WorkflowRegistry
 
 log = structlog.get_logger(__name__)
 Q = load_queries("workflows", "limits.sql")

@@ -10,7 +10,8 @@ from collections.abc import Iterable
 
 from eventstore import ConfigurationError
 from eventstore.spi import import_object
-from workflows.definition import Workflow, WorkflowRegistry
+from workflows.definition import Workflow
+from workflows.workflow_registry import WorkflowRegistry
 
 
 def load_workflows(paths: Iterable[str]) -> WorkflowRegistry:

@@ -12,12 +12,12 @@ import structlog
 
 from eventstore import ConflictError
 from eventstore.spi import is_unavailable
-from workflows import metrics, node_queue
+from workflows import metrics, queue_claims
 from workflows.aio import StartedTogether
 from workflows.errors import wrap_exceptions
 from workflows.node_end_writes import record_appended
-from workflows.node_queue import Claim
 from workflows.node_runs import NodeRuns
+from workflows.queue_claims import Claim
 from workflows.run_state import RunState
 
 log = structlog.get_logger(__name__)
@@ -113,7 +113,7 @@ class NodeClaims(NodeRuns):
         with wrap_exceptions(), store.pool.connection() as conn:
             for workflows, group_limit in budgets:
                 began = time.perf_counter()
-                got, appended = node_queue.claim_later(
+                got, appended = queue_claims.claim_later(
                     conn,
                     worker_name=self.name,
                     instance=self.instance,

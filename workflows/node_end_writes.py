@@ -35,12 +35,13 @@ from eventstore import (
 from eventstore.spi import EventRow
 from workflows import events as ev
 from workflows import new_events as new
-from workflows import node_queue, snapshots
+from workflows import queue_claims, queue_end_rows, queue_node_ends, queue_run_changes, snapshots
 from workflows.cancelling import release_key_appends
-from workflows.definition import NodeSpec, Workflow
+from workflows.definition import Workflow
 from workflows.engine import Engine
 from workflows.errors import SQLSTATES, wrap_exceptions
-from workflows.node_queue import Claim, Claimant
+from workflows.node_spec import NodeSpec
+from workflows.queue_claims import Claim, Claimant
 from workflows.quotas import TenantQuotas
 from workflows.run_advance import WrittenJson, advance
 from workflows.run_state import RunState, apply
@@ -75,16 +76,16 @@ def fenced_writes() -> Iterator[None]:
         raise translation(cause) from cause
 
 
-def _suspended(recorded_at: Callable[[], datetime]) -> Callable[[], node_queue.NodeEnded]:
+def _suspended(recorded_at: Callable[[], datetime]) -> Callable[[], queue_end_rows.NodeEnded]:
     """A suspension's answer in the shape of a node end's: it claims no successor."""
-    return lambda: node_queue.NodeEnded(0, recorded_at())
+    return lambda: queue_end_rows.NodeEnded(0, recorded_at())
 
 
 def fence(conn: Any, claim: Claim, *, check_cancel: bool = True) -> None:
     """In `conn`'s transaction: fail with NodeLeaseLost unless `claim` still holds its node (and, with
     `check_cancel`, with RunCancelled if its run is being cancelled)."""
     with wrap_exceptions():
-        node_queue.fence(conn, claim.run_id, claim.node, claim.token, check_cancel=check_cancel)
+        queue_node_ends.fence(conn, claim.run_id, claim.node, claim.token, check_cancel=check_cancel)
 
 
 @dataclass(frozen=True)
@@ -108,11 +109,11 @@ class Suspension:
 
 
 def record_appended(
-    store: EventStore, claims: list[Claim], appended: node_queue.AppendedRows, began: float
+    store: EventStore, claims: list[Claim], appended: queue_claims.AppendedRows, began: float
 ) -> None:
     """What every append does after it (see `EventStore.appended`), for the NodeClaimed events a claim
     appended itself, per tenant."""
-    by_tenant: dict[str, node_queue.AppendedRows] = {}
+    by_tenant: dict[str, queue_claims.AppendedRows] = {}
     for claim, row in zip(claims, appended, strict=True):
         by_tenant.setdefault(claim.tenant, []).append(row)
     for tenant, rows in by_tenant.items():
@@ -120,12 +121,13 @@ def record_appended(
 
 
 class _QueueChange(TypedDict):
-    """The queue's side of a node's end, as `node_queue.end_node` and `node_queue.record_node_end` take it."""
+    """The queue's side of a node's end, as `queue_node_ends.end_node` and `queue_node_ends.record_node_end`
+    take it."""
 
     retry_in: float | None
     ready: list[NodeSpec]
     attempts: dict[str, int]
-    successor: node_queue.Successor | None
+    successor: queue_node_ends.Successor | None
 
 
 def _hand_off(
@@ -165,7 +167,7 @@ def _hand_off(
         version=claim.version,
     )
     events.append(claimed_event(successor, claim_next.worker_id))
-    return successor, {**change, "successor": node_queue.Successor(claim_next, successor.token)}
+    return successor, {**change, "successor": queue_node_ends.Successor(claim_next, successor.token)}
 
 
 class NodeEndWriter:
@@ -233,13 +235,13 @@ class NodeEndWriter:
         events: list[NewEvent],
         claim_next: Claimant | None,
         terminal: bool,
-    ) -> tuple[Claim | None, node_queue.NodeEnded, AppendResult, WrittenJson]:
+    ) -> tuple[Claim | None, queue_end_rows.NodeEnded, AppendResult, WrittenJson]:
         """The commonest ends, one that leaves its run going and one that finishes a run without a key: the
         queue's change and the events in one statement, so one transaction and one round trip (see
         ledgerflow.wf_record_node_end). The end of a run also claims, in that statement, a ready node of
         another run for `claim_next` (ledgerflow.wf_record_run_end)."""
         next_run = claim_next if terminal and claim_next is not None and claim_next.workflows else None
-        ended: node_queue.RunEnded | None = None
+        ended: queue_end_rows.RunEnded | None = None
         with fenced_writes(), self.store.statement_connection() as conn:
             successor, change = _hand_off(conn, claim, wf, run, decision, events, claim_next)
             began = time.perf_counter()
@@ -247,9 +249,9 @@ class NodeEndWriter:
                 ev.run_stream(claim.run_id), events, run.version, claim.tenant
             )
             if next_run is None:
-                outcome, rows = node_queue.record_node_end(conn, claim, append, **change)
+                outcome, rows = queue_node_ends.record_node_end(conn, claim, append, **change)
             else:
-                ended = node_queue.record_run_end(
+                ended = queue_node_ends.record_run_end(
                     conn, claim, append, next_run, read_limit=self._hand_over_reads, **change
                 )
                 outcome, rows = ended.outcome, ended.appended
@@ -286,21 +288,23 @@ class NodeEndWriter:
         decision: Decision,
         events: list[NewEvent],
         claim_next: Claimant | None,
-    ) -> tuple[Claim | None, node_queue.NodeEnded, AppendResult]:
+    ) -> tuple[Claim | None, queue_end_rows.NodeEnded, AppendResult]:
         """Any other end (a suspension, or an end that finishes a run with a key: it also releases the key,
         in a stream of its own, and may claim a node of another run) in a pipelined transaction."""
         with fenced_writes(), self.engine.pipelined_transaction() as conn:
             successor, change = _hand_off(conn, claim, wf, run, decision, events, claim_next)
             if (wait := decision.suspension) is not None:
                 ended = _suspended(
-                    node_queue.suspend_node(conn, claim, until=wait.until, now=wait.now, signal=wait.signal)
+                    queue_node_ends.suspend_node(
+                        conn, claim, until=wait.until, now=wait.now, signal=wait.signal
+                    )
                 )
             else:
-                ended = node_queue.end_node(conn, claim, **change)
+                ended = queue_node_ends.end_node(conn, claim, **change)
             terminal = any(e.type in _TERMINAL for e in events)
-            next_run: Callable[[], tuple[list[Claim], node_queue.AppendedRows]] | None = None
+            next_run: Callable[[], tuple[list[Claim], queue_claims.AppendedRows]] | None = None
             if terminal and claim_next is not None and claim_next.workflows:
-                next_run = node_queue.claim_later(
+                next_run = queue_claims.claim_later(
                     conn,
                     worker_name=claim_next.worker_name,
                     instance=claim_next.instance,
@@ -328,6 +332,6 @@ class NodeEndWriter:
         and a retry or refresh of the run drops it (Engine._reopen)."""
         try:
             with wrap_exceptions(), self.store.pool.connection() as conn:
-                node_queue.forget_pause(conn, run.run_id)
+                queue_run_changes.forget_pause(conn, run.run_id)
         except Exception as exc:
             log.warning("workflow_pause_not_forgotten", run_id=str(run.run_id), error=str(exc))

@@ -15,15 +15,9 @@ from eventstore.spi import is_unavailable, span_if_traced
 from workflows import metrics
 from workflows.aio import Body, StartedTogether, is_async, run_in_thread
 from workflows.context import NodeContext
-from workflows.definition import NodeSpec
-from workflows.errors import (
-    ContinueAsNew,
-    NodeLeaseLost,
-    NodeSuspended,
-    RunCancelled,
-    WorkerStopping,
-)
-from workflows.node_queue import Claim
+from workflows.errors import ContinueAsNew, NodeLeaseLost, NodeSuspended, RunCancelled, WorkerStopping
+from workflows.node_spec import NodeSpec
+from workflows.queue_claims import Claim
 from workflows.run_state import RunState
 from workflows.worker_state import DatabaseGone, WorkerState
 

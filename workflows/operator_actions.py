@@ -13,7 +13,7 @@ from typing import Any
 import structlog
 
 from eventstore import NewEvent, StreamAppend
-from workflows import cancelling, node_queue, pausing, retrying
+from workflows import cancelling, pausing, queue_run_changes, retrying
 from workflows import events as ev
 from workflows import new_events as new
 from workflows.cancelling import release_key_appends
@@ -46,7 +46,7 @@ class OperatorActions(EngineCore):
             if not cancelling.cancel_needed(run):
                 return
             with self.transaction() as conn:
-                running, dropped = node_queue.cancel_run(conn, run_id)
+                running, dropped = queue_run_changes.cancel_run(conn, run_id)
                 appends = cancelling.cancel_appends(run, running, dropped, actor)
                 self.store.append_many(appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn)
             log.info("workflow_cancel_requested", run_id=str(run_id), running=running, actor=actor)
@@ -65,8 +65,8 @@ class OperatorActions(EngineCore):
             if not run.active:
                 raise RunStateError(f"run {run_id} already {run.status}; nothing to terminate")
             with self.transaction() as conn:
-                node_queue.lock_run_nodes(conn, run_id, tenant)
-                dropped = node_queue.terminate_run(conn, run_id)
+                queue_run_changes.lock_run_nodes(conn, run_id, tenant)
+                dropped = queue_run_changes.terminate_run(conn, run_id)
                 events = (
                     [] if run.cancel_requested else [new.run_cancel_requested(run_id=run_id, actor=actor)]
                 )
@@ -106,8 +106,8 @@ class OperatorActions(EngineCore):
                 return
             with self.transaction() as conn:
                 # Every row of the run first (the order a node's end and a signal take too): see `pause_run`.
-                node_queue.lock_run_nodes(conn, run_id, tenant)
-                running, held = node_queue.pause_run(conn, run_id, tenant, interrupt=interrupt_running)
+                queue_run_changes.lock_run_nodes(conn, run_id, tenant)
+                running, held = queue_run_changes.pause_run(conn, run_id, tenant, interrupt=interrupt_running)
                 if run.paused and not running:
                     return  # paused already, and nothing left to interrupt
                 paused = new.run_paused(
@@ -150,8 +150,8 @@ class OperatorActions(EngineCore):
             if not pausing.resume_needed(run):
                 return
             with self.transaction() as conn:
-                node_queue.lock_run_nodes(conn, run_id, tenant)
-                ready = node_queue.resume_run(conn, run_id)
+                queue_run_changes.lock_run_nodes(conn, run_id, tenant)
+                ready = queue_run_changes.resume_run(conn, run_id)
                 resumed = new.run_resumed(
                     run_id=run_id,
                     actor=actor,

@@ -21,7 +21,7 @@ import structlog
 from eventstore import EventStore, NewEvent, StreamAppend
 from workflows import events as ev
 from workflows import new_events as new
-from workflows import node_queue
+from workflows import queue_run_changes
 from workflows.errors import RunStateError
 from workflows.run_state import RunState
 
@@ -63,7 +63,7 @@ def pause_batch(
     read; nothing is written."""
     outcome, wanted = _decide(runs, pause_needed)
     if wanted:
-        held = node_queue.pause_runs(conn, wanted, tenant)
+        held = queue_run_changes.pause_runs(conn, wanted, tenant)
         paused = [new.run_paused(run_id=run_id, actor=actor, interrupt_running=False) for run_id in wanted]
         _append(store, conn, runs, wanted, paused, tenant)
         log.info("workflow_pause_batch", runs=len(wanted), held=held, actor=actor)
@@ -81,7 +81,7 @@ def resume_batch(
     """Resume `runs` in the caller's transaction `conn`, as `pause_batch` pauses them."""
     outcome, wanted = _decide(runs, resume_needed)
     if wanted:
-        ready = node_queue.resume_runs(conn, wanted, tenant)
+        ready = queue_run_changes.resume_runs(conn, wanted, tenant)
         resumed = [new.run_resumed(run_id=run_id, actor=actor) for run_id in wanted]
         _append(store, conn, runs, wanted, resumed, tenant)
         log.info("workflow_resume_batch", runs=len(wanted), ready=ready, actor=actor)

@@ -13,7 +13,7 @@ from psycopg.rows import dict_row
 
 from eventstore import EventStore, MissingRelationError
 from workflows.errors import wrap_exceptions
-from workflows.node_queue import Q
+from workflows.queries import Q
 
 
 def _rows(store: EventStore, query: LiteralString, params: dict[str, Any]) -> list[dict[str, Any]]:

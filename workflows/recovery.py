@@ -30,12 +30,12 @@ from eventstore.spi import load_queries
 from workflows import events as ev
 from workflows import metrics
 from workflows import new_events as new
-from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeStuckError
 from workflows.lifecycle import Lifecycle
 from workflows.node_end_writes import claimed_event
-from workflows.node_queue import Claim, Claimant, WorkflowVersion
+from workflows.queue_claims import Claim, Claimant, WorkflowVersion
+from workflows.workflow_registry import WorkflowRegistry
 
 log = structlog.get_logger(__name__)
 _tracer = trace.get_tracer("ledgerflow.workflows")

@@ -22,7 +22,7 @@ import structlog
 
 from eventstore import EventStore, MissingRelationError
 from eventstore.spi import check_tenant, fetch_values, load_queries
-from workflows import bulk
+from workflows import bulk, bulk_records
 from workflows.engine import Engine
 from workflows.errors import wrap_exceptions
 from workflows.releases import RetentionSettings, retention_of
@@ -54,7 +54,7 @@ def plan_retention(
     limit = settings.retention_batch
     plans = []
     for workflow, retention, wanted in _filters(engine, tenant, settings.run_retention):
-        plan = bulk.plan_bulk(engine.store, kind="release", tenant=tenant, filter=wanted, limit=limit)
+        plan = bulk_records.plan_bulk(engine.store, kind="release", tenant=tenant, filter=wanted, limit=limit)
         plans.append(RetentionPlan(workflow, retention, plan.matched, limit))
     return plans
 
@@ -65,9 +65,9 @@ def retention_pass(
     tenant: str = "default",
     actor: str = "retention",
     settings: RetentionSettings | None = None,
-    progress: Callable[[bulk.BulkAction], None] | None = None,
+    progress: Callable[[bulk_records.BulkAction], None] | None = None,
     started_before: Mapping[str, datetime] | None = None,
-) -> list[bulk.BulkAction]:
+) -> list[bulk_records.BulkAction]:
     """Release the tenant's due runs: first the release actions a crashed pass left running, then one new
     action per workflow with due runs (with `started_before`, of that workflow's runs started before its
     entry there: where an earlier pass got to, while the run tables still show the runs it released).
@@ -81,12 +81,12 @@ def retention_pass(
     for workflow, _retention, wanted in _filters(engine, tenant, settings.run_retention):
         if started_before is not None and workflow in started_before:
             wanted = dataclasses.replace(wanted, started_before=started_before[workflow])
-        plan = bulk.plan_bulk(
+        plan = bulk_records.plan_bulk(
             engine.store, kind="release", tenant=tenant, filter=wanted, limit=settings.retention_batch
         )
         if plan.matched == 0:
             continue
-        action = bulk.create_bulk_action(
+        action = bulk_records.create_bulk_action(
             engine.store,
             kind="release",
             tenant=tenant,
@@ -100,7 +100,7 @@ def retention_pass(
     return worked
 
 
-def reached(store: EventStore, actions: Sequence[bulk.BulkAction]) -> dict[str, datetime]:
+def reached(store: EventStore, actions: Sequence[bulk_records.BulkAction]) -> dict[str, datetime]:
     """Per workflow, the start time of the oldest run these release actions processed: a next pass over
     runs started before it meets none of theirs again."""
     ids = [a.id for a in actions]

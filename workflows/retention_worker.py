@@ -35,7 +35,7 @@ from eventstore.spi import (
     load_queries,
     through_outages,
 )
-from workflows.bulk import BulkAction
+from workflows.bulk_records import BulkAction
 from workflows.engine import Engine
 from workflows.errors import wrap_exceptions
 from workflows.releases import RetentionSettings

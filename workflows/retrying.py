@@ -25,11 +25,12 @@ import structlog
 from eventstore import NO_STREAM, EventStore, LedgerflowError, StreamAppend
 from workflows import events as ev
 from workflows import new_events as new
-from workflows import node_queue, release_marks
-from workflows.definition import Workflow, WorkflowRegistry
+from workflows import queue_enqueue, queue_run_changes, release_marks
+from workflows.definition import Workflow
 from workflows.errors import BatchUnfit, RunStateError
 from workflows.run_state import RunState
 from workflows.scheduler import NodeStatus, retry_from_failed, runnable_nodes
+from workflows.workflow_registry import WorkflowRegistry
 
 log = structlog.get_logger(__name__)
 
@@ -135,8 +136,8 @@ def requeue(
     attempts' history."""
     if not run.active:
         # A run paused when it ended (its last running nodes ended it) is not paused once reopened.
-        node_queue.forget_pause(conn, run.run_id)
-    node_queue.enqueue(
+        queue_run_changes.forget_pause(conn, run.run_id)
+    queue_enqueue.enqueue(
         conn,
         run.run_id,
         tenant,

@@ -15,7 +15,7 @@ from eventstore import AppendResult, NewEvent, NotFoundError, StreamAppend
 from eventstore.spi import check_idempotency_key, check_tenant
 from workflows import events as ev
 from workflows import new_events as new
-from workflows import node_queue, snapshots
+from workflows import queue_run_changes, snapshots
 from workflows.engine_core import EngineCore
 from workflows.errors import RunSignalLimitError, RunStateError
 
@@ -57,8 +57,9 @@ class RunSignals(EngineCore):
             # Scoped to the run (the same key may be used for every run), at a fixed length.
             key = "signal:" + hashlib.sha256(f"{run_id}\x00{idempotency_key}".encode()).hexdigest()
         with self.pipelined_transaction() as conn:
-            # The run's queue rows first (the order every node end takes too): see node_queue.lock_run_nodes.
-            active = node_queue.lock_run_nodes(conn, run_id, tenant)
+            # The run's queue rows first (the order every node end takes too): see
+            # queue_run_changes.lock_run_nodes.
+            active = queue_run_changes.lock_run_nodes(conn, run_id, tenant)
             if active:
                 result = self.store.append(stream, [received], idempotency_key=key, tenant=tenant, conn=conn)
                 if not result.duplicate:
@@ -66,7 +67,7 @@ class RunSignals(EngineCore):
                     if not snapshots.count_signal(conn, run_id, tenant, limit):
                         # Raised inside the transaction: the append above rolls back with it.
                         raise RunSignalLimitError(str(run_id), limit, "LEDGERFLOW_MAX_SIGNALS_PER_RUN")
-                    node_queue.wake_waiting(conn, run_id, name)
+                    queue_run_changes.wake_waiting(conn, run_id, name)
         if not active:
             # A repeat of a send whose answer was lost may come after the signal let the run end: it gets
             # the first send's answer, not a refusal.

@@ -34,7 +34,7 @@ from eventstore import (
 from eventstore.spi import check_tenant
 from workflows import events as ev
 from workflows import new_events as new
-from workflows import node_queue
+from workflows import pipelined_transactions, queue_enqueue
 from workflows.cancelling import release_key_appends
 from workflows.debounce import Debounce, record_start
 from workflows.debounce import idempotency_key as debounce_idempotency_key
@@ -252,7 +252,7 @@ class RunStarts(EngineCore):
         began = time.perf_counter()
         if in_flight is None:
             with wrap_exceptions(), self.store.statement_connection() as conn:
-                rows = node_queue.start_run(
+                rows = queue_enqueue.start_run(
                     conn, run_id, wf.name, wf.version, specs, params, priority=priority
                 )
         else:
@@ -262,9 +262,9 @@ class RunStarts(EngineCore):
                 wrap_exceptions(),
                 self.store.pool.connection() as conn,
             ):
-                with node_queue.pipelined_transaction(conn):
+                with pipelined_transactions.pipelined_transaction(conn):
                     self.quotas.admit_run(conn, tenant, in_flight)
-                    sent = node_queue.send_start_run(
+                    sent = queue_enqueue.send_start_run(
                         conn, run_id, wf.name, wf.version, specs, params, priority=priority
                     )
                 rows = sent.fetchall()  # once committed: BEGIN to COMMIT in one round trip
@@ -299,7 +299,7 @@ class RunStarts(EngineCore):
                 appends, idempotency_key=idempotency_key, tenant=tenant, conn=conn
             )
             if not result.duplicate:
-                node_queue.enqueue(
+                queue_enqueue.enqueue(
                     conn, run_id, tenant, wf.name, wf.version, [wf.nodes[r] for r in roots], priority=priority
                 )
         return result

@@ -29,9 +29,11 @@ from psycopg.rows import class_row
 
 from eventstore import EventStore
 from eventstore.spi import Outage, fetch_value, is_unavailable, load_queries, wait_until_available
-from workflows.definition import Schedule, Workflow, WorkflowRegistry
+from workflows.definition import Workflow
 from workflows.engine import Engine
+from workflows.run_sources import Schedule
 from workflows.run_starts import Started
+from workflows.workflow_registry import WorkflowRegistry
 
 log = structlog.get_logger(__name__)
 _meter = metrics.get_meter("ledgerflow.workflows")

@@ -19,11 +19,11 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.run_state import RunState
 from workflows.worker import WorkflowWorker
 from workflows.worker_settings import WorkerSettings
+from workflows.workflow_registry import WorkflowRegistry
 
 #: Settings for a worker inside a test: quick to find work and quick to stop.
 TEST_SETTINGS = WorkerSettings(

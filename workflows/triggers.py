@@ -35,8 +35,10 @@ from projector import ApplyContext, Projection, ProjectorWorker, Table
 from projector import WorkerSettings as ProjectorSettings
 from workflows import events as ev
 from workflows.children import children_projection
-from workflows.definition import Trigger, Workflow, WorkflowRegistry
+from workflows.definition import Workflow
 from workflows.engine import Engine
+from workflows.run_sources import Trigger
+from workflows.workflow_registry import WorkflowRegistry
 
 log = structlog.get_logger(__name__)
 _meter = metrics.get_meter("ledgerflow.workflows")

@@ -18,7 +18,7 @@ import psycopg
 from psycopg.rows import class_row
 
 from eventstore.spi import load_queries
-from workflows.node_queue import WorkflowVersion
+from workflows.queue_claims import WorkflowVersion
 
 Q = load_queries("workflows", "versions.sql")
 Conn = psycopg.Connection[Any]

@@ -36,22 +36,22 @@ from eventstore.spi import (
     end_frozen_sessions,
     is_unavailable,
 )
-from workflows import limits, node_queue, versions
+from workflows import limits, queue_claims, versions
 from workflows.aio import Kinds, NodeLoop
 from workflows.debounce import DebounceKeeper
-from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.errors import NodeLeaseLost, WorkerStopping
 from workflows.interrupts import InterruptBackoff
 from workflows.lifecycle import Lifecycle
 from workflows.node_claims import EmptyClaims, NodeClaims
-from workflows.node_queue import Claimant
 from workflows.presence import Presence
+from workflows.queue_claims import Claimant
 from workflows.quotas import TenantQuotas
 from workflows.recovery import take_back
 from workflows.schedules import ScheduleKeeper
 from workflows.triggers import TriggerConsumer
 from workflows.worker_settings import WorkerSettings
+from workflows.workflow_registry import WorkflowRegistry
 
 log = structlog.get_logger(__name__)
 
@@ -201,7 +201,7 @@ class WorkflowWorker(NodeClaims):
             return poll
         try:
             with self.engine.store.pool.connection() as conn:
-                due = node_queue.seconds_to_next_due(conn, self.registry.names(), within=poll)
+                due = queue_claims.seconds_to_next_due(conn, self.registry.names(), within=poll)
         except Exception as exc:
             if not is_unavailable(exc):
                 raise
@@ -226,7 +226,7 @@ class WorkflowWorker(NodeClaims):
         if not tokens:
             return
         with self.engine.store.pool.connection(timeout=timeout) as conn:
-            alive = node_queue.heartbeat(conn, self.instance, tokens, self.settings.lease_ttl)
+            alive = queue_claims.heartbeat(conn, self.instance, tokens, self.settings.lease_ttl)
         with self._lock:
             still_running = set(self._running) - self._ending
         # A node that finished meanwhile has no queue row to renew: only running ones count as lost. (One

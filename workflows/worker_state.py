@@ -16,13 +16,13 @@ from typing import TypeVar
 from eventstore.spi import Outage, is_unavailable, wait_until_available
 from workflows.aio import Kinds, NodeLoop
 from workflows.context import NodeContext
-from workflows.definition import WorkflowRegistry
 from workflows.engine import Engine
 from workflows.interrupts import InterruptBackoff
 from workflows.lifecycle import Lifecycle
-from workflows.node_queue import Claim, Claimant
+from workflows.queue_claims import Claim, Claimant
 from workflows.quotas import TenantQuotas
 from workflows.worker_settings import WorkerSettings
+from workflows.workflow_registry import WorkflowRegistry
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from ops.services import Services
 from tests.api.helpers import MakeToken
 from tests.integration.test_telemetry import metric_points, telemetry
-from workflows import Engine, NodeContext, Workflow, WorkflowRegistry, node_queue
+from workflows import Engine, NodeContext, Workflow, WorkflowRegistry, queue_claims
 from workflows.limits import declare
 
 __all__ = ["telemetry"]  # the fixture, shared with the telemetry tests (one global meter provider)
@@ -36,7 +36,7 @@ def saturate(services: Services) -> None:
     for n in range(3):
         engine.start("summarise_limited", input={"n": n}, tenant="acme")
     with services.store.pool.connection() as conn:
-        got = node_queue.claim(
+        got = queue_claims.claim(
             conn, worker_name="w", instance="i", workflows=[("summarise_limited", "1")], limit=3, ttl=30
         )
     assert len(got) == 1

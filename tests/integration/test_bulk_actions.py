@@ -25,6 +25,7 @@ from workflows import (
     RunFilter,
     bulk,
     bulk_action,
+    bulk_kinds,
     create_bulk_action,
     plan_bulk,
     run_bulk_action,
@@ -174,7 +175,7 @@ def test_a_bulk_action_needs_one_connection_at_a_time(
     taken in each page's (or run's) own transaction, not held on a connection beside the work's."""
     monkeypatch.setattr(bulk, "_PAGE", 3)
     if not paged:
-        monkeypatch.setattr(bulk, "BATCHES", {})
+        monkeypatch.setattr(bulk_kinds, "BATCHES", {})
     one_connection = DatabaseSettings(pool_min_size=1, pool_max_size=1)
     with open_store(one_connection, url=database_url, migrate=False) as one:
         scarce = Engine(one, registry)

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventstore import EventStore, InvalidInputError
-from workflows import DefinitionError, Engine, NodeContext, Workflow, WorkflowRegistry, node_queue
+from workflows import DefinitionError, Engine, NodeContext, Workflow, WorkflowRegistry, queue_claims
 
 PAIRS = [("flat", "1")]
 
@@ -49,10 +49,10 @@ def _seed(conn: psycopg.Connection[object], tenant: str, count: int, priority: i
 
 
 def _claim(
-    store: EventStore, limit: int, pairs: Sequence[node_queue.WorkflowVersion] = PAIRS
-) -> list[node_queue.Claim]:
+    store: EventStore, limit: int, pairs: Sequence[queue_claims.WorkflowVersion] = PAIRS
+) -> list[queue_claims.Claim]:
     with store.pool.connection() as conn:
-        return node_queue.claim(conn, worker_name="t", instance="t1", workflows=pairs, limit=limit, ttl=30)
+        return queue_claims.claim(conn, worker_name="t", instance="t1", workflows=pairs, limit=limit, ttl=30)
 
 
 def _event_count(store: EventStore) -> int:
@@ -81,7 +81,9 @@ def test_claims_of_one_node_alternate_between_tenants(store: EventStore) -> None
         tenants = [
             c.tenant
             for _ in range(6)
-            for c in node_queue.claim(conn, worker_name="t", instance="t1", workflows=PAIRS, limit=1, ttl=30)
+            for c in queue_claims.claim(
+                conn, worker_name="t", instance="t1", workflows=PAIRS, limit=1, ttl=30
+            )
         ]
     # In turn, whichever tenant the first claim starts at.
     assert Counter(tenants) == {"noisy": 3, "quiet": 3}

@@ -13,8 +13,7 @@ import psycopg
 from eventstore import EventStore
 from projector import bookkeeping
 from tests.waiting import wait_until
-from workflows import Engine, Workflow, WorkflowRegistry
-from workflows import node_queue as wf_queue
+from workflows import Engine, Workflow, WorkflowRegistry, queue_claims
 
 TTL = 1.0
 
@@ -128,7 +127,7 @@ def test_a_node_heartbeat_counts_its_lease_from_when_it_got_the_row(store: Event
         # ends it (rolled back), as the idle timeout does.
         write.execute("SELECT ledgerflow.wf_fence(%s, 'only', %s, false)", (run_id, token))
         waiter = threading.Thread(
-            target=lambda: alive.append(wf_queue.heartbeat(beat, "inst", [token], 30.0))
+            target=lambda: alive.append(queue_claims.heartbeat(beat, "inst", [token], 30.0))
         )
         waiter.start()
         ended = hold_longer_than_the_ttl(store, write, beat.info.backend_pid, commit=False)

@@ -17,12 +17,20 @@ from hypothesis import strategies as st
 
 from eventstore import EventStore
 from tests.waiting import joined
-from workflows import Engine, NodeContext, Workflow, WorkflowRegistry, node_queue
+from workflows import (
+    Engine,
+    NodeContext,
+    Workflow,
+    WorkflowRegistry,
+    queue_claims,
+    queue_node_ends,
+    queue_run_changes,
+)
 from workflows import events as ev
-from workflows.definition import DefinitionError
+from workflows.definition_checks import DefinitionError
 from workflows.lifecycle import Lifecycle
 from workflows.limits import declare, usage
-from workflows.node_queue import Claim, Claimant
+from workflows.queue_claims import Claim, Claimant
 from workflows.recovery import take_back
 
 
@@ -62,7 +70,7 @@ def claim(
     store: EventStore, limit: int, workflows: tuple[str, ...] = ("lim", "free", "chain")
 ) -> list[Claim]:
     with store.pool.connection() as conn:
-        return node_queue.claim(
+        return queue_claims.claim(
             conn, worker_name="w", instance="i1", workflows=[(w, "1") for w in workflows], limit=limit, ttl=30
         )
 
@@ -105,7 +113,7 @@ def test_concurrent_claimers_admit_exactly_the_limit(
         with store.pool.connection() as conn:
             barrier.wait()  # every claim in flight at the same instant
             with conn.transaction():
-                got = node_queue.claim(
+                got = queue_claims.claim(
                     conn, worker_name="w", instance="i", workflows=[("lim", "1")], limit=limit, ttl=30
                 )
         with lock:
@@ -138,12 +146,12 @@ def test_every_end_of_a_node_frees_its_slot(store: EventStore, engine: Engine) -
 
     # Released (a worker stopping): the slot is free, the node ready again.
     with store.pool.connection() as conn:
-        assert node_queue.release(conn, first.run_id, first.node, first.token)
+        assert queue_run_changes.release(conn, first.run_id, first.node, first.token)
     now_ready()
     (second,) = claim(store, 4)
     # A retry scheduled: the slot is free while the node waits for its retry.
     with store.pool.connection() as conn:
-        node_queue.end_node(conn, second, retry_in=3600)()
+        queue_node_ends.end_node(conn, second, retry_in=3600)()
     now_ready()
     (third,) = claim(store, 4)
     assert third.run_id != second.run_id or third.token != second.token
@@ -165,13 +173,13 @@ def test_every_end_of_a_node_frees_its_slot(store: EventStore, engine: Engine) -
             "FROM ledgerflow.workflow_queue WHERE status = 'claimed'"
         ).fetchone()
         assert row is not None
-        node_queue.end_node(conn, Claim(*row))()
+        queue_node_ends.end_node(conn, Claim(*row))()
     now_ready()
     assert len(claim(store, 4)) == 1
     # Cancelled: a claimed node ends at its next write; the waiting ones go at once.
     with store.pool.connection() as conn:
         for run_id in runs:
-            node_queue.cancel_run(conn, run_id)
+            queue_run_changes.cancel_run(conn, run_id)
     assert in_use(store) == 1  # still running until it notices
     assert all(u.waiting == 0 for u in usage_now(store))
 
@@ -196,7 +204,7 @@ def test_per_minute_counts_starts_in_a_sliding_minute(store: EventStore, engine:
     assert len(first) == 3
     with store.pool.connection() as conn:
         for c in first:
-            node_queue.end_node(conn, c)()  # ended: no slot held, but their starts stay in the window
+            queue_node_ends.end_node(conn, c)()  # ended: no slot held, but their starts stay in the window
         conn.execute("UPDATE ledgerflow.workflow_queue SET ready_at = clock_timestamp()")
         assert claim(store, 5) == []
         due, oldest = conn.execute(
@@ -247,7 +255,7 @@ def test_a_successor_needing_a_slot_is_claimed_never_handed_over(store: EventSto
     assert first.node == "call"
     assert in_use(store) == 1
     with store.pool.connection() as conn:
-        node_queue.end_node(conn, first)()
+        queue_node_ends.end_node(conn, first)()
         conn.execute("UPDATE ledgerflow.workflow_queue SET ready_at = clock_timestamp()")
     (again,) = claim(store, 2, ("chain",))
     assert again.node == "call"

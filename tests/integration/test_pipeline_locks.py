@@ -9,7 +9,7 @@ import psycopg
 from eventstore import EventStore
 from eventstore.spi import synced
 from tests.waiting import wait_until
-from workflows.node_queue import pipelined_transaction
+from workflows.pipelined_transactions import pipelined_transaction
 
 
 def row_is_free(url: str) -> bool:

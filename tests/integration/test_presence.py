@@ -30,8 +30,8 @@ from tests.waiting import wait_until
 from workflows import Engine, WorkerSettings, WorkflowWorker, shared_worker_names
 from workflows import events as ev
 from workflows.node_end_writes import fence
-from workflows.node_queue import Claimant
 from workflows.presence import Presence, PresenceMode
+from workflows.queue_claims import Claimant
 from workflows.recovery import sweep, take_back
 
 ROOT = Path(__file__).resolve().parents[2]

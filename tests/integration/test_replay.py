@@ -5,7 +5,6 @@ operator run per projection and scope at a time, with scratch schemas that never
 
 from __future__ import annotations
 
-import importlib
 import threading
 import uuid
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from projector import (
     RunInProgressError,
     WorkerSettings,
     bookkeeping,
+    operator_runs,
     rebuild,
     replay,
     start_replay,
@@ -328,8 +328,7 @@ def test_every_built_in_declares_how_it_replays() -> None:
 def test_a_run_waiting_for_a_job_thread_keeps_its_heartbeat(
     store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # (`projector.rebuild` the attribute is the function; the module is what holds the interval.)
-    monkeypatch.setattr(importlib.import_module("projector.rebuild"), "HEARTBEAT_INTERVAL", 0.05)
+    monkeypatch.setattr(operator_runs, "HEARTBEAT_INTERVAL", 0.05)
     pending = start_verify(store, stream_catalogue)
     recorded = run_of(store, pending.run_id).heartbeat_at
     pending.start_heartbeats()  # as the API does when it queues the run

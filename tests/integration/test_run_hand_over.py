@@ -11,8 +11,8 @@ import pytest
 
 from eventstore import EventStore
 from tests.flows import registry
-from workflows import Engine, WorkerSettings, WorkflowWorker, node_queue, snapshots
-from workflows.node_queue import Claim
+from workflows import Engine, WorkerSettings, WorkflowWorker, queue_end_rows, queue_node_ends, snapshots
+from workflows.queue_claims import Claim
 from workflows.run_state import RunState
 
 SETTINGS = WorkerSettings(concurrency=2, lease_ttl=30)
@@ -27,7 +27,7 @@ def claimed(engine: Engine, worker: WorkflowWorker, run_id: uuid.UUID) -> tuple[
 
 def end_first_run_handing_over(
     engine: Engine, worker: WorkflowWorker, monkeypatch: pytest.MonkeyPatch, prepare: Any
-) -> tuple[Claim, node_queue.RunEnded]:
+) -> tuple[Claim, queue_end_rows.RunEnded]:
     """Run a `linear` run to its last end, with another run waiting (set up by `prepare(run_id)`); return
     the claim the last end handed over and what its statement returned."""
     wf = registry.get("linear")
@@ -35,14 +35,14 @@ def end_first_run_handing_over(
     held, run = claimed(engine, worker, engine.start("linear").run_id)
     waiting = engine.start("linear").run_id
     prepare(waiting)
-    answers: list[node_queue.RunEnded] = []
-    real = node_queue.record_run_end
+    answers: list[queue_end_rows.RunEnded] = []
+    real = queue_node_ends.record_run_end
 
-    def recording(*args: Any, **kwargs: Any) -> node_queue.RunEnded:
+    def recording(*args: Any, **kwargs: Any) -> queue_end_rows.RunEnded:
         answers.append(real(*args, **kwargs))
         return answers[-1]
 
-    monkeypatch.setattr(node_queue, "record_run_end", recording)
+    monkeypatch.setattr(queue_node_ends, "record_run_end", recording)
     for output in ({"n": 1}, {"n": 2}, {"n": 3}):
         assert held is not None
         held = worker.lifecycle.succeeded(held, wf, output, 0.001, claim_next=worker._claimant, run=run)

@@ -14,7 +14,7 @@ from projector import ProjectorWorker, WorkerSettings, verify
 from tests.flows import CRASH_AFTER, GATES, registry
 from tests.integration.test_workflows_control import Workers, calls, ended
 from tests.waiting import joined, wait_until
-from workflows import Engine, RunStateError, node_queue, workflow_tables
+from workflows import Engine, RunStateError, queue_claims, workflow_tables
 from workflows import events as ev
 
 
@@ -46,10 +46,10 @@ def types(store: EventStore, run_id: uuid.UUID) -> list[str]:
     return [e.type for e in store.read_stream(ev.run_stream(run_id))]
 
 
-def claim_all(engine: Engine) -> list[node_queue.Claim]:
+def claim_all(engine: Engine) -> list[queue_claims.Claim]:
     with engine.store.pool.connection() as conn:
         conn.autocommit = True
-        return node_queue.claim(
+        return queue_claims.claim(
             conn, worker_name="t", instance="t1", workflows=registry.name_versions(), limit=50, ttl=30
         )
 

@@ -18,7 +18,8 @@ from workflows import (
     Workflow,
     WorkflowRegistry,
     WorkflowWorker,
-    node_queue,
+    queue_claims,
+    queue_run_changes,
 )
 from workflows import events as ev
 from workflows.limits import declare, usage
@@ -102,7 +103,7 @@ def test_a_hold_stops_counting_when_its_claim_ends(store: EventStore) -> None:
         declare(conn, registry, worker="t/1")
     engine.start("stepped", input={"n": 1})
     with store.pool.connection() as conn:
-        (claim,) = node_queue.claim(
+        (claim,) = queue_claims.claim(
             conn, worker_name="w", instance="i", workflows=[("stepped", "1")], limit=1, ttl=30
         )
         row = conn.execute(
@@ -112,5 +113,5 @@ def test_a_hold_stops_counting_when_its_claim_ends(store: EventStore) -> None:
         assert row == (True,)
         assert usage(conn)[0].in_use == 1
         # Its worker died; the node is handed back (a new claim would carry a new token).
-        assert node_queue.release(conn, claim.run_id, claim.node, claim.token)
+        assert queue_run_changes.release(conn, claim.run_id, claim.node, claim.token)
         assert usage(conn)[0].in_use == 0

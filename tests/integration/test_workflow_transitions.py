@@ -20,11 +20,12 @@ from hypothesis import strategies as st
 from eventstore import DatabaseSettings, EventStore, WrongExpectedVersionError, open_store
 from tests.flows import registry
 from tests.waiting import joined
-from workflows import Engine, WorkerSettings, WorkflowWorker, node_queue
+from workflows import Engine, WorkerSettings, WorkflowWorker, queue_node_ends
 from workflows import events as ev
 from workflows.errors import wrap_exceptions
 from workflows.node_end_writes import claimed_event
-from workflows.node_queue import Claim, Successor
+from workflows.queue_claims import Claim
+from workflows.queue_node_ends import Successor
 from workflows.run_state import RunState
 
 SETTINGS = WorkerSettings(concurrency=2, lease_ttl=30)
@@ -261,7 +262,9 @@ def test_a_node_end_at_a_version_that_no_longer_holds_changes_nothing(one_connec
         )
         successor = Successor(worker._claimant, worker._claimant.tokens.take(conn))
         with pytest.raises(WrongExpectedVersionError), wrap_exceptions():
-            node_queue.record_node_end(conn, claim, append, ready=[wf.nodes["second"]], successor=successor)
+            queue_node_ends.record_node_end(
+                conn, claim, append, ready=[wf.nodes["second"]], successor=successor
+            )
         assert conn.execute(queue_rows, [run_id]).fetchall() == before == [("first", "claimed", claim.token)]
     assert engine.load(run_id) == run
 
@@ -321,7 +324,7 @@ def test_the_end_of_a_run_at_a_version_that_no_longer_holds_claims_nothing(
             ev.run_stream(run_id), completed, run.version - 1, claim.tenant
         )
         with pytest.raises(WrongExpectedVersionError), wrap_exceptions():
-            node_queue.record_run_end(conn, claim, append, worker._claimant, read_limit=10)
+            queue_node_ends.record_run_end(conn, claim, append, worker._claimant, read_limit=10)
         assert conn.execute(queue_rows).fetchall() == before
     assert engine.load(run_id) == run
     assert engine.load(waiting).node("first").status == "ready"
@@ -410,7 +413,7 @@ def _claim_plan(conn: psycopg.Connection[Any], ready: int, plan_cache_mode: str)
         (ready,),
     )
     conn.execute("ANALYZE ledgerflow.workflow_queue")
-    from workflows.node_queue import Q
+    from workflows.queries import Q
 
     # The claim runs inside ledgerflow.wf_claim: auto_explain hands its inner statement's plan to the
     # client as a notice.

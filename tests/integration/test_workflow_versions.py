@@ -19,7 +19,7 @@ from workflows import (
     Workflow,
     WorkflowRegistry,
     WorkflowWorker,
-    node_queue,
+    queue_claims,
 )
 
 
@@ -52,9 +52,9 @@ def queue_versions(store: EventStore, run_id: uuid.UUID) -> list[tuple[str, str]
     return [(str(n), str(v)) for n, v in rows]
 
 
-def claim(store: EventStore, pairs: list[tuple[str, str]]) -> list[node_queue.Claim]:
+def claim(store: EventStore, pairs: list[tuple[str, str]]) -> list[queue_claims.Claim]:
     with store.pool.connection() as conn, conn.transaction():
-        return node_queue.claim(conn, worker_name="t", instance="t1", workflows=pairs, limit=10, ttl=30)
+        return queue_claims.claim(conn, worker_name="t", instance="t1", workflows=pairs, limit=10, ttl=30)
 
 
 FAST = WorkerSettings(concurrency=2, lease_ttl=5, heartbeat_interval=1, poll_interval=0.1, shutdown_grace=2)

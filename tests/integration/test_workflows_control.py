@@ -20,7 +20,7 @@ from workflows import (
     Workflow,
     WorkflowRegistry,
     WorkflowWorker,
-    node_queue,
+    queue_status,
 )
 from workflows import events as ev
 from workflows.context import NodeContext
@@ -108,7 +108,7 @@ def test_cancel_of_a_waiting_run_ends_it_at_once(engine: Engine) -> None:
     assert run.status == "cancelled"
     assert run.node("first").status == "cancelled"
     with engine.store.pool.connection() as conn:
-        assert node_queue.summary(conn).ready == 0
+        assert queue_status.summary(conn).ready == 0
 
 
 def test_retry_after_cancel_runs_the_rest(engine: Engine, workers: Workers) -> None:
@@ -174,7 +174,7 @@ def test_a_node_crashing_too_often_is_parked_for_an_operator(engine: Engine) -> 
     assert run.node("first").status == "parked"
     assert run.node("first").crashes == 6
     with engine.store.pool.connection() as conn:
-        assert node_queue.summary(conn).parked == 1
+        assert queue_status.summary(conn).parked == 1
         assert crasher._claim(1) == []  # parked nodes are not handed out
     engine.retry(run_id)
     assert engine.load(run_id).node("first").status == "ready"
@@ -299,7 +299,7 @@ def test_a_restarted_worker_takes_its_own_nodes_back_at_once(engine: Engine) -> 
     assert len(other._claim(1)) == 1
     assert sweep(engine, registry, worker_name="host-c", instance="c1").reclaimed == 0
     with engine.store.pool.connection() as conn:
-        (latest,) = node_queue.recent_recoveries(conn, 1)
+        (latest,) = queue_status.recent_recoveries(conn, 1)
     assert (latest.trigger, latest.reclaimed) == ("startup", 1)
 
 

@@ -16,9 +16,9 @@ import pytest
 
 from eventstore import DatabaseSettings, EventStore, open_store
 from tests.flows import registry
-from workflows import Engine, WorkerSettings, WorkflowWorker, node_queue
+from workflows import Engine, WorkerSettings, WorkflowWorker, queue_node_ends
 from workflows import events as ev
-from workflows.node_queue import Claim
+from workflows.queue_claims import Claim
 
 SETTINGS = WorkerSettings(concurrency=2, lease_ttl=30)
 
@@ -127,7 +127,7 @@ def test_a_node_end_queues_its_successor_with_the_run_s_priority_without_reading
         try:
             # The node's end statement in a transaction of this test's own, so that its function calls
             # can be counted before it ends (pg_stat_get_xact_function_calls).
-            node_queue.end_node(conn, claim, ready=[wf.nodes["second"]])()
+            queue_node_ends.end_node(conn, claim, ready=[wf.nodes["second"]])()
             row = conn.execute(
                 "SELECT priority FROM ledgerflow.workflow_queue WHERE run_id = %s AND node = 'second'",
                 (run_id,),

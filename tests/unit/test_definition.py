@@ -17,7 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eventstore.errors import InvalidInputError, NotFoundError
-from workflows.definition import DefinitionError, NodeSpec, RetryPolicy, Workflow, WorkflowRegistry
+from workflows.definition import Workflow
+from workflows.definition_checks import DefinitionError
+from workflows.node_spec import NodeSpec, RetryPolicy
+from workflows.workflow_registry import WorkflowRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -350,7 +353,7 @@ CANONICAL = (
     '"depends_on":["a","b"],"name":"fetch"}'
 )
 FINGERPRINT_SCRIPT = """
-from workflows.definition import NodeSpec
+from workflows.node_spec import NodeSpec
 print(NodeSpec("fetch", print, depends_on=("b", "a"), code_version="2",
                config={"model": "x", "params": {"t": 0.5, "n": [1, 2]}}).fingerprint)
 """

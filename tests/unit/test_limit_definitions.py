@@ -9,7 +9,8 @@ import types
 import pytest
 
 from workflows import NodeContext, Workflow, WorkflowRegistry, load_workflows
-from workflows.definition import DefinitionError, Limit
+from workflows.definition_checks import DefinitionError
+from workflows.workflow_registry import Limit
 
 
 def body(ctx: NodeContext) -> int:

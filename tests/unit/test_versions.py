@@ -9,8 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eventstore.errors import NotFoundError
-from workflows.definition import DefinitionError, Workflow, WorkflowRegistry, version_order
+from workflows.definition import Workflow
+from workflows.definition_checks import DefinitionError
 from workflows.loading import load_workflows
+from workflows.workflow_registry import WorkflowRegistry, version_order
 
 
 def flow(name: str = "pipeline", version: Any = "1", nodes: tuple[str, ...] = ("a",)) -> Workflow:
