@@ -63,8 +63,9 @@ def _wait_for_end(
     """The run once it has ended, or as it is when `timeout` runs out; with `follow`, the last run of its
     continue_as_new chain once that has ended (one deadline for the chain). The run's stream is read now and
     then, only its events after those already read (`Engine.catch_up`), at first every 50 ms and less often
-    as the wait goes on (up to once a second): a wait over a run of hours costs the database a few short
-    reads a second, not a whole stream's read twenty times a second. It needs no listener of its own.
+    as the wait goes on (up to once a second): a wait over a long run with a long history costs the
+    database a short read a second, not a read of the whole history each second. It needs no listener of
+    its own.
 
     Not the API's wait (ops/api/run_waits.py, `workflows.run_end_watch`): that one is woken by the run
     table, which only a projector keeps (`ledgerflow projector` or `serve`); next to a lone `ledgerflow
