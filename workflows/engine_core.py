@@ -58,6 +58,12 @@ class EngineCore:
             self.store, [run_id], tenant=tenant, snapshot_every=self.caps.run_snapshot_every
         ).get(run_id)
         if run is None:
+            # Not in the log now: its events may have left with archived partitions (its stream's row
+            # stays), which an operator can bring back.
+            with wrap_exceptions(), self.store.pool.connection() as conn:
+                missing = release_marks.events_missing(conn, run_id, tenant)
+            if missing:
+                raise NotFoundError(release_marks.archived_events_message(run_id, missing))
             raise NotFoundError(
                 f"no run {run_id} (tenant {tenant!r}); list runs with `ledgerflow workflows list`"
             )

@@ -78,6 +78,15 @@ def last_mark(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant: str) -> 
     return None if mark is None else mark.release(run_id)
 
 
+def archived_events_message(run_id: uuid.UUID, missing: int) -> str:
+    """What an operator reads of a run whose events are (some or all) in archived partitions of the log."""
+    return (
+        f"{missing} of run {run_id}'s events are in archived partitions of the log: restore them first "
+        f"(`ledgerflow log restore DIR/NAME.manifest.json`), then the run (`ledgerflow workflows restore "
+        f"{run_id}`)"
+    )
+
+
 def events_missing(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant: str) -> int:
     """How many of the run's events the log does not hold now (they are in archived partitions)."""
     extent = fetch_one(conn, _Extent, Q["extent"], {"tenant": tenant, "stream": ev.run_stream(run_id)})

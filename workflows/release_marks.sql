@@ -11,11 +11,13 @@ SELECT NULL::text AS stream_id, event_type, recorded_at, data ->> 'actor' AS act
  LIMIT 1
 
 -- name: extent
--- How many of the stream's events the log holds now, and its last version: fewer events than versions
+-- How many of the stream's events the log holds now, and its version (from the stream's row, which stays
+-- when its events leave with archived partitions, all of them or some): fewer events than the version
 -- means some of them are in archived partitions.
-SELECT count(*) AS events, coalesce(max(stream_version), 0) AS last_version
-  FROM ledgerflow.events
- WHERE tenant = %(tenant)s AND stream_id = %(stream)s
+SELECT (SELECT count(*) FROM ledgerflow.events
+         WHERE tenant = %(tenant)s AND stream_id = %(stream)s) AS events,
+       coalesce((SELECT version FROM ledgerflow.streams
+                  WHERE tenant = %(tenant)s AND stream_id = %(stream)s), 0) AS last_version
 
 -- name: started
 -- The run's start, for the parent it names (a restore links the run to it again).

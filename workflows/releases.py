@@ -246,21 +246,21 @@ def restore_run(
     engine: Engine, run_id: uuid.UUID, *, tenant: str = "default", actor: str = "operator"
 ) -> None:
     """Bring a released run's rows back, folded from its stream (the projector writes them). A run not
-    released raises RunStateError; one whose events are partly in archived partitions raises it too, naming
-    what to restore first."""
+    released raises RunStateError; one whose events are (some or all) in archived partitions raises it
+    too, naming what to restore first."""
     check_tenant(tenant)
     for _ in range(_ATTEMPTS):
-        run = engine.load(run_id, tenant=tenant)
         with wrap_exceptions(), engine.store.pool.connection() as conn:
             released = release_marks.current_release(conn, run_id, tenant)
             missing = release_marks.events_missing(conn, run_id, tenant)
-        if released is None:
-            raise RunStateError(f"run {run_id} is not released; its rows are in the run tables")
+        # Missing events first: a run whose events all left with archived partitions shows no release
+        # either (the release is one of them), nor can it be loaded.
         if missing:
-            raise RunStateError(
-                f"{missing} of run {run_id}'s events are in archived partitions of the log: restore them "
-                "first (`ledgerflow log restore DIR/NAME.manifest.json`), then the run"
-            )
+            raise RunStateError(release_marks.archived_events_message(run_id, missing))
+        if released is None:
+            engine.load(run_id, tenant=tenant)  # a run that does not exist says so
+            raise RunStateError(f"run {run_id} is not released; its rows are in the run tables")
+        run = engine.load(run_id, tenant=tenant)
         try:
             with engine.transaction() as conn:
                 engine.store.append(
