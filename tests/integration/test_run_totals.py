@@ -4,7 +4,14 @@ a rate and the time left."""
 from __future__ import annotations
 
 from eventstore import Cursor, EventStore, NewEvent
-from projector import bookkeeping, start_rebuild, start_replay, start_verify, stream_catalogue
+from projector import (
+    ProjectionHealth,
+    bookkeeping,
+    start_rebuild,
+    start_replay,
+    start_verify,
+    stream_catalogue,
+)
 from tests.waiting import wait_until
 
 
@@ -62,10 +69,15 @@ def test_lag_and_totals_count_only_the_types_a_projection_reads(store: EventStor
     rebuild = start_rebuild(store, workflow_tables)
     rebuild.execute()
     store.append("order-1", [NewEvent("Placed", {}) for _ in range(50)])
-    wait_until(lambda: not store.events_beyond_horizon(), what="the events to be readable")
-    health = {h.name: h for h in projection_health(store, [stream_catalogue, workflow_tables])}
-    assert health["workflow_tables"].lag_events == 0, "no workflow event is waiting for it"
-    assert health["stream_catalogue"].lag_events == 50
+
+    def health() -> dict[str, ProjectionHealth]:
+        return {h.name: h for h in projection_health(store, [stream_catalogue, workflow_tables])}
+
+    # The horizon is conservative: a transaction of another database on the same server, running when a
+    # look took its snapshot and ended before it read the locks, holds the horizon back for that look.
+    # So the 50 are waited for; the workflow tables' lag is 0 at every look.
+    wait_until(lambda: health()["stream_catalogue"].lag_events == 50, what="the events to be readable")
+    assert health()["workflow_tables"].lag_events == 0, "no workflow event is waiting for it"
     verify = start_verify(store, workflow_tables)
     assert recorded(store, verify.run_id).events_total == 0
     verify.execute()
