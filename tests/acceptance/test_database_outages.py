@@ -50,8 +50,8 @@ from tests.projections import counter
 from tests.waiting import wait_until
 from workflows import Engine, workflow_tables
 
-# Serial: it runs a PostgreSQL cluster of its own and times recoveries, alone, after the rest.
-pytestmark = [pytest.mark.drill, pytest.mark.serial]
+# Serial: it runs a PostgreSQL cluster of its own and times recoveries, after the rest, in its lane.
+pytestmark = [pytest.mark.drill, pytest.mark.serial, pytest.mark.own_servers]
 
 # Two projectors and three workflow workers would hold up to 34 connections (pools of 4; each workflow
 # worker's listener, notifier, presence and the listener of its trigger and children projections; each

@@ -50,8 +50,8 @@ ROOT = Path(__file__).resolve().parents[2]
 START = ROOT / "ops" / "failover" / "start.sh"
 STOP = ROOT / "ops" / "failover" / "stop.sh"
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-# Serial: it runs a cluster of its own and times the promotion, alone, after the rest.
-pytestmark = [pytest.mark.failover, pytest.mark.drill, pytest.mark.serial]
+# Serial: it runs a cluster of its own and times the promotion, after the rest, in its lane.
+pytestmark = [pytest.mark.failover, pytest.mark.drill, pytest.mark.serial, pytest.mark.own_servers]
 #: HTTP clients appending at once: each has one append in flight when the primary dies.
 APPENDERS = 8
 

@@ -36,7 +36,7 @@ from tests.waiting import wait_until
 from workflows import Engine, NodeContext, Workflow, WorkflowRegistry
 from workflows import events as ev
 
-# Serial: it times every takeover, alone, after the rest.
+# Serial: it times every takeover, after the rest, in its lane.
 pytestmark = [pytest.mark.drill, pytest.mark.serial]
 
 #: The workers' lease. What is proved is relative to it (a takeover within the lease and a sweep), so it is

@@ -40,7 +40,7 @@ from tests.async_flows import create_calls_table
 from tests.waiting import wait_until
 from workflows import run_stream, workflow_tables
 
-# Serial: it measures a tenant's latency, alone, after the rest.
+# Serial: it measures a tenant's latency, after the rest, in its lane.
 pytestmark = [pytest.mark.drill, pytest.mark.serial]
 
 POOL = 10

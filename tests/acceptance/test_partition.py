@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.partition,
     pytest.mark.drill,
-    pytest.mark.serial,  # it times a lease's lapse and a reconnection, alone, after the rest
+    pytest.mark.serial,  # it times a lease's lapse and a reconnection, after the rest, in its lane
+    pytest.mark.own_servers,
     pytest.mark.skipif(netns.unavailable() is not None, reason=str(netns.unavailable())),
 ]
 #: Short leases, so that the drill ends within about a minute.

@@ -21,7 +21,7 @@ from projector import projection_health, stream_catalogue
 from tests.acceptance.test_serve_restart import ROOT, free_port, healthy
 from tests.waiting import joined, wait_until
 
-# Serial: it watches the server's memory and its health check's latency, alone, after the rest.
+# Serial: it watches the server's memory and its health check's latency, after the rest, in its lane.
 pytestmark = [pytest.mark.drill, pytest.mark.serial]
 
 EVENTS = 40

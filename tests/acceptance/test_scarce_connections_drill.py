@@ -36,8 +36,8 @@ from tests.scarce_flows import registry
 from tests.waiting import wait_until
 from workflows import Engine
 
-# Serial: it runs a PostgreSQL cluster of its own and times the waits for its slots, alone, after the rest.
-pytestmark = [pytest.mark.drill, pytest.mark.serial]
+# Serial: it runs a PostgreSQL cluster of its own and times the waits for its slots, after the rest.
+pytestmark = [pytest.mark.drill, pytest.mark.serial, pytest.mark.own_servers]
 
 RUNS = 30
 #: Every run is done this long after the first was started; the server refuses connections throughout.

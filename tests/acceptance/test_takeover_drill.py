@@ -37,7 +37,7 @@ from workflows import Engine, NodeContext, Workflow, WorkflowRegistry
 from workflows import events as ev
 
 ROOT = Path(__file__).resolve().parents[2]
-# Serial: it times takeovers, alone, after the rest.
+# Serial: it times takeovers, after the rest, in its lane.
 pytestmark = [pytest.mark.drill, pytest.mark.serial]
 
 registry = WorkflowRegistry()
