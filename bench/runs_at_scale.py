@@ -145,9 +145,44 @@ def project(store: EventStore) -> None:
         worker.release_all()
 
 
-def fill(store: EventStore, ended: int, chunk: int = 100_000) -> float:
+#: A table's indexes, its primary key's among them (with the constraint's name), to drop and build again.
+_INDEXES: LiteralString = """
+SELECT x.relname AS name, pg_get_indexdef(i.indexrelid) AS definition, c.conname AS constraint_name
+  FROM pg_index i
+  JOIN pg_class x ON x.oid = i.indexrelid
+  LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid
+ WHERE i.indrelid = %(table)s::regclass
+"""
+_FILLED_TABLES = ("ledgerflow.workflow_runs", "ledgerflow.workflow_run_tags")
+
+
+def drop_indexes(conn: Any, table: str) -> list[tuple[str, str, str | None]]:
+    """Drop `table`'s indexes (and its primary key) and return what builds them again, as they were."""
+    indexes = conn.execute(_INDEXES, {"table": table}).fetchall()
+    for name, _definition, constraint in indexes:
+        if constraint is not None:
+            conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {constraint}")
+        else:
+            conn.execute(f"DROP INDEX ledgerflow.{name}")
+    return [(table, *index) for index in indexes]
+
+
+def build_indexes(conn: Any, indexes: list[tuple[str, str, str | None]]) -> None:
+    for table, name, definition, constraint in indexes:
+        conn.execute(definition)
+        if constraint is not None:
+            conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT {constraint} PRIMARY KEY USING INDEX {name}")
+
+
+def fill(store: EventStore, ended: int, chunk: int = 1_000_000) -> float:
+    """Write the ended runs and their tags as a bulk load is done: the tables' indexes dropped first and
+    built again after, as they were (sorted in one pass each, where row by row a random uuid key touches
+    a random page of an index far larger than the server's buffers: 10,000,000 runs took 439 s that way
+    and their 30,000,000 tag rows had not gone in after 400 s more). What is searched is the same."""
     began = time.perf_counter()
     project(store)  # creates the run tables
+    with store.pool.connection() as conn:
+        indexes = [index for table in _FILLED_TABLES for index in drop_indexes(conn, table)]
     for first in range(1, ended + 1, chunk):
         last = min(ended, first + chunk - 1)
         with store.pool.connection() as conn:
@@ -159,6 +194,12 @@ def fill(store: EventStore, ended: int, chunk: int = 100_000) -> float:
             "SELECT r.tenant, t.key, t.value, r.run_id, r.created_at "
             "FROM ledgerflow.workflow_runs r, jsonb_each_text(r.tags) t"
         )
+    print(f"  filled their tags ({time.perf_counter() - began:.0f} s)", flush=True)
+    with store.pool.connection() as conn:
+        conn.execute("SET maintenance_work_mem = '2GB'")
+        conn.execute("SET max_parallel_maintenance_workers = 2")
+        build_indexes(conn, indexes)
+    print(f"  built {len(indexes)} indexes again ({time.perf_counter() - began:.0f} s)", flush=True)
     with store.pool.connection() as conn:
         conn.autocommit = True
         conn.execute("VACUUM ANALYZE ledgerflow.workflow_runs")
