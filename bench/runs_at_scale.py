@@ -156,7 +156,11 @@ SELECT x.relname AS name, pg_get_indexdef(i.indexrelid) AS definition, c.conname
 _FILLED_TABLES = ("ledgerflow.workflow_runs", "ledgerflow.workflow_run_tags")
 
 
-def drop_indexes(conn: Any, table: str) -> list[tuple[str, str, str | None]]:
+#: An index to build again: its table, its name, its definition and its constraint's name (a primary key's).
+Index = tuple[str, str, str, str | None]
+
+
+def drop_indexes(conn: Any, table: str) -> list[Index]:
     """Drop `table`'s indexes (and its primary key) and return what builds them again, as they were."""
     indexes = conn.execute(_INDEXES, {"table": table}).fetchall()
     for name, _definition, constraint in indexes:
@@ -167,7 +171,7 @@ def drop_indexes(conn: Any, table: str) -> list[tuple[str, str, str | None]]:
     return [(table, *index) for index in indexes]
 
 
-def build_indexes(conn: Any, indexes: list[tuple[str, str, str | None]]) -> None:
+def build_indexes(conn: Any, indexes: list[Index]) -> None:
     for table, name, definition, constraint in indexes:
         conn.execute(definition)
         if constraint is not None:

@@ -150,7 +150,7 @@ def check_scope(projection: Projection, tenant: str | None) -> None:
         )
 
 
-def record_run(
+def _record_run(
     store: EventStore,
     projection: Projection,
     kind: bookkeeping.RunKind,
@@ -210,7 +210,32 @@ def live_cursor_of(store: EventStore, projection: Projection, *, highest: bool =
         return projection_cursor(conn, projection) or Cursor()
 
 
-def guarded(store: EventStore, run_id: int, work: Callable[[], OperatorResult]) -> OperatorResult:
+def pending_run(
+    store: EventStore,
+    projection: Projection,
+    kind: bookkeeping.RunKind,
+    *,
+    trigger: str,
+    actor: str | None,
+    tenant: str | None,
+    start: Cursor,
+    target: Cursor,
+    work: Callable[[int, Progress | None], OperatorResult],
+    note: str | None = None,
+) -> PendingRun:
+    """Record an operator run of `kind` and return it pending: executed, it does `work(run_id, progress)`,
+    and a failure closes the run (failed, or stopped) and drops its scratch schema."""
+    run_id = _record_run(
+        store, projection, kind, trigger=trigger, actor=actor, tenant=tenant, start=start, target=target
+    )
+
+    def guarded_work(progress: Progress | None) -> OperatorResult:
+        return _guarded(store, run_id, lambda: work(run_id, progress))
+
+    return PendingRun(store, run_id, kind, projection, tenant, note, guarded_work)
+
+
+def _guarded(store: EventStore, run_id: int, work: Callable[[], OperatorResult]) -> OperatorResult:
     """Run `work`; on any failure close the run as failed (or stopped) and drop its scratch schema."""
     try:
         with wrap_exceptions():

@@ -17,13 +17,11 @@ from projector import bookkeeping, fences, tables
 from projector.digest import projection_digest
 from projector.errors import TablesBusyError, wrap_exceptions
 from projector.operator_runs import (
-    OperatorResult,
     PendingRun,
     RebuildResult,
     check_scope,
-    guarded,
     live_cursor_of,
-    record_run,
+    pending_run,
 )
 from projector.projection import Projection
 from projector.segments import units_of
@@ -49,7 +47,7 @@ def start_rebuild(
 ) -> PendingRun:
     """Record a rebuild run of `projection` (of one tenant's rows, with `tenant`); execute() builds it."""
     check_scope(projection, tenant)
-    run_id = record_run(
+    return pending_run(
         store,
         projection,
         "rebuild",
@@ -58,14 +56,9 @@ def start_rebuild(
         tenant=tenant,
         start=Cursor(),
         target=live_cursor_of(store, projection),
+        work=lambda run_id, progress: _rebuild(store, projection, run_id, tenant, batch_size, progress),
+        note=note,
     )
-
-    def work(progress: Progress | None) -> OperatorResult:
-        return guarded(
-            store, run_id, lambda: _rebuild(store, projection, run_id, tenant, batch_size, progress)
-        )
-
-    return PendingRun(store, run_id, "rebuild", projection, tenant, note, work)
 
 
 def _rebuild(

@@ -13,13 +13,11 @@ from eventstore import Cursor, EventStore, InvalidInputError, NotFoundError
 from projector import bookkeeping
 from projector.errors import wrap_exceptions
 from projector.operator_runs import (
-    OperatorResult,
     PendingRun,
     ReplayResult,
     check_scope,
-    guarded,
     live_cursor_of,
-    record_run,
+    pending_run,
 )
 from projector.projection import Projection
 from projector.rebuild import start_rebuild
@@ -72,7 +70,7 @@ def start_replay(
         return start_rebuild(
             store, projection, actor=actor, trigger="replay", batch_size=batch_size, note=note
         )
-    run_id = record_run(
+    return pending_run(
         store,
         projection,
         "replay",
@@ -81,12 +79,8 @@ def start_replay(
         tenant=None,
         start=after,
         target=live,
+        work=lambda run_id, _progress: _replay_in_place(store, projection, run_id, after),
     )
-
-    def work(progress: Progress | None) -> OperatorResult:
-        return guarded(store, run_id, lambda: _replay_in_place(store, projection, run_id, after))
-
-    return PendingRun(store, run_id, "replay", projection, None, None, work)
 
 
 def _replay_in_place(store: EventStore, projection: Projection, run_id: int, after: Cursor) -> ReplayResult:

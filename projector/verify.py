@@ -12,15 +12,7 @@ import structlog
 from eventstore import Cursor, EventStore
 from projector import bookkeeping, fences, tables
 from projector.digest import differing_rows, projection_digest
-from projector.operator_runs import (
-    OperatorResult,
-    PendingRun,
-    VerifyResult,
-    check_scope,
-    guarded,
-    live_cursor_of,
-    record_run,
-)
+from projector.operator_runs import PendingRun, VerifyResult, check_scope, live_cursor_of, pending_run
 from projector.projection import Projection
 from projector.segments import check_partitions
 from projector.shadow import Progress, ShadowBuild
@@ -38,7 +30,7 @@ def start_verify(
 ) -> PendingRun:
     """Record a verify run; execute() builds a scratch copy and compares digests at the live cursor."""
     check_scope(projection, tenant)
-    run_id = record_run(
+    return pending_run(
         store,
         projection,
         "verify",
@@ -47,14 +39,8 @@ def start_verify(
         tenant=tenant,
         start=Cursor(),
         target=live_cursor_of(store, projection),
+        work=lambda run_id, progress: _verify(store, projection, run_id, tenant, batch_size, progress),
     )
-
-    def work(progress: Progress | None) -> OperatorResult:
-        return guarded(
-            store, run_id, lambda: _verify(store, projection, run_id, tenant, batch_size, progress)
-        )
-
-    return PendingRun(store, run_id, "verify", projection, tenant, None, work)
 
 
 def _verify(

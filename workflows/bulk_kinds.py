@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
+from eventstore import EventStore
 from workflows import releases
 from workflows.cancelling import cancel_batch
 from workflows.engine import Engine
@@ -66,15 +67,32 @@ ActMany = Callable[
 ]
 
 
-def _cancel_many(
-    engine: Engine,
-    conn: psycopg.Connection[Any],
-    runs: Mapping[uuid.UUID, RunState],
-    tenant: str,
-    actor: str,
-    _: RunFilter,
-) -> Outcome:
-    return cancel_batch(engine.store, conn, runs, tenant=tenant, actor=actor)
+class _PageOfRuns(Protocol):
+    """A kind's action on a page that needs only the store (cancel, pause, resume)."""
+
+    def __call__(
+        self,
+        store: EventStore,
+        conn: psycopg.Connection[Any],
+        runs: Mapping[uuid.UUID, RunState],
+        *,
+        tenant: str,
+        actor: str,
+    ) -> Outcome: ...
+
+
+def _of_store(act: _PageOfRuns) -> ActMany:
+    def act_many(
+        engine: Engine,
+        conn: psycopg.Connection[Any],
+        runs: Mapping[uuid.UUID, RunState],
+        tenant: str,
+        actor: str,
+        _: RunFilter,
+    ) -> Outcome:
+        return act(engine.store, conn, runs, tenant=tenant, actor=actor)
+
+    return act_many
 
 
 def _retry_many(
@@ -86,28 +104,6 @@ def _retry_many(
     _: RunFilter,
 ) -> Outcome:
     return retry_batch(engine.store, engine.registry, conn, runs, tenant=tenant, actor=actor)
-
-
-def _pause_many(
-    engine: Engine,
-    conn: psycopg.Connection[Any],
-    runs: Mapping[uuid.UUID, RunState],
-    tenant: str,
-    actor: str,
-    _: RunFilter,
-) -> Outcome:
-    return pause_batch(engine.store, conn, runs, tenant=tenant, actor=actor)
-
-
-def _resume_many(
-    engine: Engine,
-    conn: psycopg.Connection[Any],
-    runs: Mapping[uuid.UUID, RunState],
-    tenant: str,
-    actor: str,
-    _: RunFilter,
-) -> Outcome:
-    return resume_batch(engine.store, conn, runs, tenant=tenant, actor=actor)
 
 
 def _release_many(
@@ -126,10 +122,10 @@ def _release_many(
 
 
 BATCHES: Mapping[str, ActMany] = {
-    "cancel": _cancel_many,
+    "cancel": _of_store(cancel_batch),
     "retry": _retry_many,
-    "pause": _pause_many,
-    "resume": _resume_many,
+    "pause": _of_store(pause_batch),
+    "resume": _of_store(resume_batch),
     "release": _release_many,
 }
 

@@ -37,7 +37,7 @@ from eventstore.migrate import migrate
 from ops.auth import create_token
 from projector import verify
 from tests.acceptance.pg_cluster import ROOT, WORKER_ROLE, Cluster, once, retrying, throwaway_cluster
-from tests.acceptance.test_serve_restart import free_port, healthy
+from tests.acceptance.serve_process import free_port, healthy
 from tests.flows import registry
 from tests.run_tables import project_runs
 from tests.waiting import wait_until

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 from eventstore import EventStore
 from ops.auth import create_token
 from projector import ProjectorWorker
-from tests.acceptance.test_serve_restart import ROOT, free_port, healthy
+from tests.acceptance.serve_process import free_port, healthy, start_serve
 from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, workflow_tables
@@ -40,21 +39,7 @@ OTHERS = 25
 
 def start_api(url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
     """`ledgerflow serve --api` alone: no workflow worker, so the runs stay running until cancelled."""
-    env = os.environ | {
-        "LEDGERFLOW_DATABASE_URL": url,
-        "LEDGERFLOW_WORKFLOWS": "tests.flows:registry",
-        "LEDGERFLOW_BULK_RESUME_AFTER": "1",
-        "LEDGERFLOW_BULK_MAX_RUNS": str(RUNS),
-        "LEDGERFLOW_LOG_FORMAT": "json",
-    }
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", "serve", "--api", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    return start_serve(url, port, log, "--api", BULK_RESUME_AFTER="1", BULK_MAX_RUNS=str(RUNS))
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from eventstore import EventStore
 from ops.auth import create_token
 from projector import ProjectorWorker
 from tests.acceptance.drill_workers import db_now, start_worker
-from tests.acceptance.test_serve_restart import ROOT, free_port, healthy
+from tests.acceptance.serve_process import ROOT, free_port, healthy, start_serve
 from tests.async_flows import create_calls_table
 from tests.waiting import wait_until
 from workflows import run_stream, workflow_tables
@@ -262,24 +262,17 @@ def test_one_tenant_cannot_stall_or_exhaust_the_api_for_another(store: EventStor
     _, token_a = create_token(store, tenant="tenant-a", scopes=["admin"], name="a")
     _, token_b = create_token(store, tenant="tenant-b", scopes=["admin"], name="b")
     port = free_port()
-    env = os.environ | {
-        "LEDGERFLOW_DATABASE_URL": store.url,
-        "LEDGERFLOW_WORKFLOWS": "tests.flows:registry",
-        "LEDGERFLOW_LOG_FORMAT": "json",
-        "LEDGERFLOW_POOL_MAX_SIZE": str(POOL),
-        "LEDGERFLOW_MAX_PROJECTION_WAITERS": "30",
-        "LEDGERFLOW_MAX_PROJECTION_WAITERS_PER_TENANT": "20",
-        "LEDGERFLOW_MAX_SIGNALS_PER_RUN": str(MAX_SIGNALS_PER_RUN),
-        "LEDGERFLOW_MAX_SIGNAL_BYTES": str(MAX_SIGNAL_BYTES),
-    }
-    with (tmp_path / "serve.log").open("ab") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", "serve", "--api", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    server = start_serve(
+        store.url,
+        port,
+        tmp_path / "serve.log",
+        "--api",
+        POOL_MAX_SIZE=str(POOL),
+        MAX_PROJECTION_WAITERS="30",
+        MAX_PROJECTION_WAITERS_PER_TENANT="20",
+        MAX_SIGNALS_PER_RUN=str(MAX_SIGNALS_PER_RUN),
+        MAX_SIGNAL_BYTES=str(MAX_SIGNAL_BYTES),
+    )
     base = f"http://127.0.0.1:{port}"
     figures: dict[str, str] = {}
     try:

@@ -18,7 +18,7 @@ import pytest
 from eventstore import EventStore
 from ops.auth import create_token
 from projector import bookkeeping
-from tests.acceptance.test_serve_restart import free_port, healthy, start_serve
+from tests.acceptance.serve_process import free_port, healthy, start_serve
 from tests.waiting import joined, wait_until
 
 pytestmark = pytest.mark.drill

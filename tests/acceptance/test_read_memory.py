@@ -3,10 +3,8 @@ and over, while the server's memory (RSS, psutil) and `/api/healthz`'s latency a
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,7 +16,7 @@ import pytest
 from eventstore import EventStore, NewEvent
 from ops.auth import create_token
 from projector import projection_health, stream_catalogue
-from tests.acceptance.test_serve_restart import ROOT, free_port, healthy
+from tests.acceptance.serve_process import free_port, healthy, start_serve
 from tests.waiting import joined, wait_until
 
 # Serial: it watches the server's memory and its health check's latency, after the rest, in its lane.
@@ -49,19 +47,7 @@ def test_concurrent_reads_of_large_events_keep_memory_bounded_and_healthz_answer
     wait_until(lambda: not store.events_beyond_horizon(), what="the events to become readable")
     _, token = create_token(store, tenant="default", scopes=["read"], name="reader")
     port = free_port()
-    env = os.environ | {
-        "LEDGERFLOW_DATABASE_URL": store.url,
-        "LEDGERFLOW_WORKFLOWS": "tests.flows:registry",
-        "LEDGERFLOW_LOG_FORMAT": "json",
-    }
-    with (tmp_path / "serve.log").open("ab") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", "serve", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    server = start_serve(store.url, port, tmp_path / "serve.log")
     base = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {token}"}
     try:

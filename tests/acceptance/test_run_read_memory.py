@@ -5,10 +5,8 @@ Before, one such read raised the server's peak memory by 140 MB, and four at onc
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,8 +17,8 @@ import pytest
 
 from eventstore import EventStore
 from ops.auth import create_token
+from tests.acceptance.serve_process import free_port, healthy, start_serve
 from tests.acceptance.test_read_memory import _rss
-from tests.acceptance.test_serve_restart import ROOT, free_port, healthy
 from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, RunCaps
@@ -48,19 +46,7 @@ def test_concurrent_reads_of_a_run_fattened_by_signals_keep_memory_small(
         engine.signal(fat, "ignored", {"i": i, "pad": "x" * PAYLOAD}, tenant="acme")
     _, token = create_token(store, tenant="acme", scopes=["read"], name="reader")
     port = free_port()
-    env = os.environ | {
-        "LEDGERFLOW_DATABASE_URL": store.url,
-        "LEDGERFLOW_WORKFLOWS": "tests.flows:registry",
-        "LEDGERFLOW_LOG_FORMAT": "json",
-    }
-    with (tmp_path / "serve.log").open("ab") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", "serve", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    server = start_serve(store.url, port, tmp_path / "serve.log")
     base = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {token}"}
     try:

@@ -5,36 +5,18 @@ server answers again."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 
 from eventstore import EventStore
-from tests.acceptance.test_serve_restart import ROOT, free_port, healthy
+from tests.acceptance.serve_process import free_port, healthy, start_serve
 from tests.waiting import wait_until
 
 LIMIT = 4
-
-
-def _serve(url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = os.environ | {
-        "LEDGERFLOW_DATABASE_URL": url,
-        "LEDGERFLOW_WORKFLOWS": "tests.flows:registry",
-        "LEDGERFLOW_MAX_CONNECTIONS": str(LIMIT),
-    }
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", "serve", "--api", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
 
 
 def _fresh_status(port: int) -> int:
@@ -45,7 +27,7 @@ def _fresh_status(port: int) -> int:
 
 def test_past_its_connection_limit_serve_answers_503_and_recovers(store: EventStore, tmp_path: Path) -> None:
     port = free_port()
-    server = _serve(store.url, port, tmp_path / "serve.log")
+    server = start_serve(store.url, port, tmp_path / "serve.log", "--api", MAX_CONNECTIONS=str(LIMIT))
     idle: list[socket.socket] = []
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:

@@ -10,11 +10,7 @@ item through the API, as an operator would after a restart:
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,44 +20,20 @@ import pytest
 
 from eventstore import EventStore
 from ops.auth import create_token
+from tests.acceptance.serve_process import free_port, healthy, start_serve
 from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.drill
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_serve(url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = os.environ | {
-        "LEDGERFLOW_DATABASE_URL": url,
-        "LEDGERFLOW_WORKFLOWS": "tests.flows:registry",
-        "LEDGERFLOW_WORKER_NAME": "restart-drill",
-        "LEDGERFLOW_WORKFLOW_LEASE_TTL": "2",
-        "LEDGERFLOW_WORKFLOW_HEARTBEAT_INTERVAL": "0.5",
-        "LEDGERFLOW_PROJECTOR_LEASE_TTL": "2",
-        "LEDGERFLOW_PROJECTOR_HEARTBEAT_INTERVAL": "0.5",
-        "LEDGERFLOW_LOG_FORMAT": "json",
-    }
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", "serve", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def healthy(client: httpx.Client) -> bool:
-    try:
-        return client.get("/api/healthz").status_code == 200
-    except httpx.TransportError:
-        return False
+#: Short leases, so that the killed server's nodes and projections are taken back soon after its restart.
+RESTART_SETTINGS = {
+    "WORKER_NAME": "restart-drill",
+    "WORKFLOW_LEASE_TTL": "2",
+    "WORKFLOW_HEARTBEAT_INTERVAL": "0.5",
+    "PROJECTOR_LEASE_TTL": "2",
+    "PROJECTOR_HEARTBEAT_INTERVAL": "0.5",
+}
 
 
 @pytest.fixture
@@ -82,7 +54,7 @@ def test_serve_is_healthy_after_a_crash_and_restart(
     store: EventStore, client: httpx.Client, port: int, tmp_path: Path
 ) -> None:
     log = tmp_path / "serve.log"
-    server = start_serve(store.url, port, log)
+    server = start_serve(store.url, port, log, **RESTART_SETTINGS)
     try:
         wait_until(lambda: healthy(client), timeout=60, what="serve to answer")
         appended = client.post(
@@ -108,7 +80,7 @@ def test_serve_is_healthy_after_a_crash_and_restart(
         server.send_signal(signal.SIGKILL)
         server.wait()
 
-    server = start_serve(store.url, port, log)
+    server = start_serve(store.url, port, log, **RESTART_SETTINGS)
     try:
         wait_until(lambda: healthy(client), timeout=60, what="serve to answer after the restart")
         # Interrupted runs are taken back at start-up and complete.

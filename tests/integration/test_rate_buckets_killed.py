@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 import psycopg
 import pytest
 
-from tests.acceptance.test_serve_restart import ROOT
+from tests.acceptance.serve_process import ROOT
 from tests.waiting import wait_until
 from workflows.quotas import Q
 
