@@ -57,9 +57,11 @@ class EngineCore:
         run = snapshots.load_runs(
             self.store, [run_id], tenant=tenant, snapshot_every=self.caps.run_snapshot_every
         ).get(run_id)
-        if run is None:
-            # Not in the log now: its events may have left with archived partitions (its stream's row
-            # stays), which an operator can bring back.
+        if run is None or not run.workflow:
+            # Not in the log now, or not whole: its events may have left with archived partitions (its
+            # stream's row stays), which an operator can bring back. Partitions leave oldest first, so a
+            # run that keeps some events has lost its start with the others: with no snapshot to start
+            # from, the rest would fold into a run that never was.
             with wrap_exceptions(), self.store.pool.connection() as conn:
                 missing = release_marks.events_missing(conn, run_id, tenant)
             if missing:

@@ -80,3 +80,31 @@ def test_an_archived_run_is_found_by_id_and_restored_once_its_partitions_are_bac
         before.input,
     )
     assert after.version == before.version + 1  # its RunRestored, after everything it had
+
+
+def test_a_run_whose_first_events_are_archived_is_named_archived_not_folded_from_the_rest(
+    store: EventStore, tmp_path: Path
+) -> None:
+    """Partitions leave oldest first, so a run can keep its last events in the log while its first ones,
+    its start among them, are archived. With no snapshot to start from, the rest alone would fold into a
+    run that never was (no workflow, no input): it is named archived instead, as a wholly archived run is."""
+    engine = Engine(store, registry)
+    run_id = engine.start("archived_reports").run_id
+    for i in range(12):  # the run's later events land in a later partition than its start
+        store.append(f"filler-{i % 3}", [NewEvent("Filler", {"i": i})])
+    engine.cancel(run_id)
+    events = store.read_stream(ev.run_stream(run_id))
+    first, last = events[0].position, events[-1].position
+    with store.connection() as conn:
+        partitions = list_partitions(conn)
+    starting = next(p for p in partitions if p.from_position <= first < p.to_position)
+    assert not starting.from_position <= last < starting.to_position, "the run spans two partitions"
+    for i in range(30):  # the start's partition stops receiving appends
+        store.append(f"filler-{i % 3}", [NewEvent("Filler", {"i": i})])
+    archive_partition(store.url, starting.name, tmp_path)
+    kept = store.read_stream(ev.run_stream(run_id))
+    assert kept, "some of its events are still in the log"
+    assert ev.RUN_STARTED not in [e.type for e in kept]
+
+    with pytest.raises(NotFoundError, match=rf"of run {run_id}'s events are in archived partitions"):
+        engine.load(run_id)
