@@ -47,6 +47,7 @@ from eventstore import (
     NewEvent,
     WrongExpectedVersionError,
 )
+from workflows import event_models as em
 from workflows import events as ev
 from workflows import new_events as new
 from workflows import queue_node_ends
@@ -264,20 +265,20 @@ class NodeContext:
         input: Any = None,
         key: str | None = None,
         child_key: str = "default",
-        parent_close: ev.ParentClose = "cancel",
+        parent_close: em.ParentClose = "cancel",
     ) -> uuid.UUID:
         """Start another workflow exactly once for this node, however often the node is retried. When this
         run is cancelled, fails or is paused, the child is too (`parent_close="cancel"`), at once, without
         letting its running nodes finish (`"terminate"`), or left alone (`"abandon"`): see
         workflows.children."""
-        if parent_close not in ev.PARENT_CLOSE_POLICIES:
+        if parent_close not in em.PARENT_CLOSE_POLICIES:
             raise InvalidInputError(
-                f"parent_close must be one of {', '.join(ev.PARENT_CLOSE_POLICIES)}, got {parent_close!r}"
+                f"parent_close must be one of {', '.join(em.PARENT_CLOSE_POLICIES)}, got {parent_close!r}"
             )
         if child_key in self._state.children:
             return uuid.UUID(self._state.children[child_key])
         self.check()
-        parent = ev.ParentLink(run_id=str(self.run_id), node=self.node, parent_close=parent_close)
+        parent = em.ParentLink(run_id=str(self.run_id), node=self.node, parent_close=parent_close)
         # The same key on every retry: the store returns the first start instead of starting again.
         idempotency_key = (
             "child:" + hashlib.sha256(f"{self.run_id}:{self.node}:{child_key}".encode()).hexdigest()

@@ -24,6 +24,8 @@ from psycopg.types.json import Jsonb
 
 from eventstore import RecordedEvent
 from projector import ApplyContext, Projection, Table
+from workflows import event_codec as codec
+from workflows import event_models as em
 from workflows import events as ev
 from workflows import search_rows, snapshots
 from workflows.caps import RunCaps
@@ -248,7 +250,7 @@ def state_from_rows(run: dict[str, Any], nodes: Sequence[dict[str, Any]]) -> Run
         current_node=run["current_node"],
         updated_at=run["updated_at"],
         workflow_version=run["workflow_version"],
-        triggered_by=ev.TriggeringEvent.model_validate(triggered) if triggered is not None else None,
+        triggered_by=em.TriggeringEvent.model_validate(triggered) if triggered is not None else None,
         tags=dict(run["tags"]),
     )
     for r in sorted(nodes, key=lambda r: r["position"]):
@@ -349,8 +351,8 @@ ON CONFLICT (run_id, node) DO UPDATE
 
 @workflow_tables.on_batch
 def _apply_batch(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
-    parsed = [(ev.parse(e), e) for e in events if ev.is_workflow_event(e)]
-    typed = [(event, e) for event, e in parsed if not isinstance(event, ev.ChildStarted)]
+    parsed = [(codec.parse(e), e) for e in events if codec.is_workflow_event(e)]
+    typed = [(event, e) for event, e in parsed if not isinstance(event, em.ChildStarted)]
     runs = _load(ctx, _runs_to_load(typed))
     before_runs = {run_id: run_row(run) for run_id, run in runs.items()}
     before_nodes = {
@@ -359,18 +361,18 @@ def _apply_batch(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
     released: set[uuid.UUID] = set()
     restored: list[tuple[str, uuid.UUID]] = []
     for event, e in typed:
-        if isinstance(event, ev.RunReleased):
+        if isinstance(event, em.RunReleased):
             _release(ctx, event.run_id, runs, before_runs, before_nodes)
             released.add(event.run_id)
             continue
-        if isinstance(event, ev.RunRestored):
+        if isinstance(event, em.RunRestored):
             runs[event.run_id] = snapshots.fold_upto(ctx.conn, event.run_id, e.tenant, e.stream_version)
             released.discard(event.run_id)
             restored.append((e.tenant, event.run_id))
             continue
         run = runs.get(event.run_id)
         if run is None:
-            if not isinstance(event, ev.RunStarted):
+            if not isinstance(event, em.RunStarted):
                 continue  # a run whose start is not in the log has no rows to change
             run = runs[event.run_id] = RunState(event.run_id, e.tenant)
         run.version = e.stream_version
@@ -388,7 +390,7 @@ def _apply_batch(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
         ctx.execute(_UPSERT, [*runs_columns, *_columns(changed_nodes, len(NODE_COLUMNS))])
     search_rows.keep_tags(ctx, _tags_changed(runs, before_runs))
     search_rows.link_children(
-        ctx, [(e.tenant, event) for event, e in parsed if isinstance(event, ev.ChildStarted)]
+        ctx, [(e.tenant, event) for event, e in parsed if isinstance(event, em.ChildStarted)]
     )
     search_rows.link_restored(ctx, restored)
     heads = {key: head for key, head in _heads(typed).items() if key[1] not in released}
@@ -431,7 +433,7 @@ def _tags_changed(runs: dict[uuid.UUID, RunState], before: dict[uuid.UUID, RunRo
     ]
 
 
-def _heads(typed: Sequence[tuple[ev.WorkflowEvent, RecordedEvent]]) -> dict[tuple[str, uuid.UUID], int]:
+def _heads(typed: Sequence[tuple[em.WorkflowEvent, RecordedEvent]]) -> dict[tuple[str, uuid.UUID], int]:
     """The stream version this batch reached in each run's stream (events of key streams left out). The
     batch reads only the types above; the versions count every event of the stream all the same."""
     heads: dict[tuple[str, uuid.UUID], int] = {}
@@ -442,14 +444,14 @@ def _heads(typed: Sequence[tuple[ev.WorkflowEvent, RecordedEvent]]) -> dict[tupl
     return heads
 
 
-def _runs_to_load(typed: Sequence[tuple[ev.WorkflowEvent, RecordedEvent]]) -> list[uuid.UUID]:
+def _runs_to_load(typed: Sequence[tuple[em.WorkflowEvent, RecordedEvent]]) -> list[uuid.UUID]:
     """The runs with events in this batch that did not start in it (those have rows already, if any)."""
     seen: set[uuid.UUID] = set()
     wanted: list[uuid.UUID] = []
     for event, _ in typed:
         if event.run_id not in seen:
             seen.add(event.run_id)
-            if not isinstance(event, ev.RunStarted):
+            if not isinstance(event, em.RunStarted):
                 wanted.append(event.run_id)
     return wanted
 

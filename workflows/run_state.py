@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 
 from eventstore import RecordedEvent
 from eventstore.spi import json_dumps
-from workflows import events as ev
+from workflows import event_codec as codec
+from workflows import event_models as em
 from workflows.scheduler import NodeStatus
 from workflows.tags import apply_tags
 
@@ -92,7 +93,7 @@ class RunState:
     input_fingerprint: str = ""
     fingerprints: dict[str, str] = field(default_factory=dict)
     #: The log event that started the run, for runs a trigger started.
-    triggered_by: ev.TriggeringEvent | None = None
+    triggered_by: em.TriggeringEvent | None = None
     #: The definition's version the run started with: workers go on with that version only.
     workflow_version: str = "1"
     #: The run's priority within its tenant (RunStarted's): higher is claimed first.
@@ -115,7 +116,7 @@ class RunState:
     tags: dict[str, str] = field(default_factory=dict)
     #: The run whose node started this one (a child run), with its node and parent-close policy; None for
     #: every other run.
-    parent: ev.ParentLink | None = None
+    parent: em.ParentLink | None = None
     #: The successor this run continued as (`NodeContext.continue_as_new`), once it has; else None.
     continued_as: str | None = None
     #: The run this one continues (it was started as that run's successor); else None.
@@ -170,11 +171,11 @@ def apply(run: RunState, e: RecordedEvent) -> None:
     """Apply one recorded event of the run's stream. Types that are not workflow events carry nothing
     for the run; a workflow event whose payload does not fit its model raises WorkflowEventError."""
     run.version = e.stream_version
-    if ev.is_workflow_event(e):
-        apply_event(run, ev.parse(e), e.recorded_at)
+    if codec.is_workflow_event(e):
+        apply_event(run, codec.parse(e), e.recorded_at)
 
 
-def apply_event(run: RunState, event: ev.WorkflowEvent, at: datetime) -> None:
+def apply_event(run: RunState, event: em.WorkflowEvent, at: datetime) -> None:
     """Apply one typed event, recorded at `at`."""
     change = _APPLY.get(type(event))
     if change is None:
@@ -186,11 +187,11 @@ def apply_event(run: RunState, event: ev.WorkflowEvent, at: datetime) -> None:
 
 # -- one function per event type ------------------------------------------------------------------
 
-E = TypeVar("E", bound=ev.WorkflowEvent)
+E = TypeVar("E", bound=em.WorkflowEvent)
 Change = Callable[[RunState, Any, datetime], None]
-_APPLY: dict[type[ev.WorkflowEvent], Change] = {}
+_APPLY: dict[type[em.WorkflowEvent], Change] = {}
 #: Memos record what a node may reuse; they change no row of the tables and are not read by them.
-_MEMOS = (ev.StepRecorded, ev.ChildStarted, ev.SignalReceived, ev.SignalTaken)
+_MEMOS = (em.StepRecorded, em.ChildStarted, em.SignalReceived, em.SignalTaken)
 
 
 def _on(model: type[E]) -> Callable[[Callable[[RunState, E, datetime], None]], Change]:
@@ -220,8 +221,8 @@ def _touched(run: RunState, name: str, at: datetime) -> NodeState:
     return n
 
 
-@_on(ev.RunStarted)
-def _run_started(run: RunState, e: ev.RunStarted, at: datetime) -> None:
+@_on(em.RunStarted)
+def _run_started(run: RunState, e: em.RunStarted, at: datetime) -> None:
     run.workflow, run.key, run.input = e.workflow, e.key, e.input
     run.input_fingerprint, run.fingerprints = e.input_fingerprint, dict(e.fingerprints)
     run.triggered_by = e.triggered_by
@@ -235,31 +236,31 @@ def _run_started(run: RunState, e: ev.RunStarted, at: datetime) -> None:
         _touched(run, name, at)
 
 
-@_on(ev.RunTagged)
-def _run_tagged(run: RunState, e: ev.RunTagged, at: datetime) -> None:
+@_on(em.RunTagged)
+def _run_tagged(run: RunState, e: em.RunTagged, at: datetime) -> None:
     run.tags = apply_tags(run.tags, e.tags)
 
 
-@_on(ev.NodesReady)
-def _nodes_ready(run: RunState, e: ev.NodesReady, at: datetime) -> None:
+@_on(em.NodesReady)
+def _nodes_ready(run: RunState, e: em.NodesReady, at: datetime) -> None:
     for name in e.nodes:
         _touched(run, name, at).status = NodeStatus.READY
 
 
-@_on(ev.RunCancelRequested)
-def _cancel_requested(run: RunState, e: ev.RunCancelRequested, at: datetime) -> None:
+@_on(em.RunCancelRequested)
+def _cancel_requested(run: RunState, e: em.RunCancelRequested, at: datetime) -> None:
     run.cancel_requested = True
     if run.status == "paused":  # a cancellation ends the pause (its queue side: `cancel_run`)
         run.status = "running"
 
 
-@_on(ev.RunPaused)
-def _run_paused(run: RunState, e: ev.RunPaused, at: datetime) -> None:
+@_on(em.RunPaused)
+def _run_paused(run: RunState, e: em.RunPaused, at: datetime) -> None:
     run.status = "paused"
 
 
-@_on(ev.RunResumed)
-def _run_resumed(run: RunState, e: ev.RunResumed, at: datetime) -> None:
+@_on(em.RunResumed)
+def _run_resumed(run: RunState, e: em.RunResumed, at: datetime) -> None:
     run.status = "running"
 
 
@@ -267,23 +268,23 @@ def _ended(run: RunState, status: str, error: str | None, at: datetime) -> None:
     run.status, run.error, run.finished_at, run.current_node = status, error, at, None
 
 
-@_on(ev.RunCompleted)
-def _run_completed(run: RunState, e: ev.RunCompleted, at: datetime) -> None:
+@_on(em.RunCompleted)
+def _run_completed(run: RunState, e: em.RunCompleted, at: datetime) -> None:
     _ended(run, "succeeded", None, at)
 
 
-@_on(ev.RunFailed)
-def _run_failed(run: RunState, e: ev.RunFailed, at: datetime) -> None:
+@_on(em.RunFailed)
+def _run_failed(run: RunState, e: em.RunFailed, at: datetime) -> None:
     _ended(run, "failed", e.error, at)
 
 
-@_on(ev.RunCancelled)
-def _run_cancelled(run: RunState, e: ev.RunCancelled, at: datetime) -> None:
+@_on(em.RunCancelled)
+def _run_cancelled(run: RunState, e: em.RunCancelled, at: datetime) -> None:
     _ended(run, "cancelled", None, at)
 
 
-@_on(ev.RunContinuedAsNew)
-def _run_continued(run: RunState, e: ev.RunContinuedAsNew, at: datetime) -> None:
+@_on(em.RunContinuedAsNew)
+def _run_continued(run: RunState, e: em.RunContinuedAsNew, at: datetime) -> None:
     run.continued_as = e.successor_run_id
     _ended(run, "continued", None, at)
 
@@ -294,8 +295,8 @@ def _reopened(run: RunState) -> None:
     run.status, run.error, run.finished_at, run.cancel_requested = status, None, None, False
 
 
-@_on(ev.RunRetried)
-def _run_retried(run: RunState, e: ev.RunRetried, at: datetime) -> None:
+@_on(em.RunRetried)
+def _run_retried(run: RunState, e: em.RunRetried, at: datetime) -> None:
     _reopened(run)
     for name in e.nodes:
         n = _touched(run, name, at)
@@ -304,8 +305,8 @@ def _run_retried(run: RunState, e: ev.RunRetried, at: datetime) -> None:
         n.finished_at, n.stuck = None, False
 
 
-@_on(ev.RunRefreshed)
-def _run_refreshed(run: RunState, e: ev.RunRefreshed, at: datetime) -> None:
+@_on(em.RunRefreshed)
+def _run_refreshed(run: RunState, e: em.RunRefreshed, at: datetime) -> None:
     _reopened(run)
     run.input, run.input_fingerprint, run.fingerprints = e.input, e.input_fingerprint, dict(e.fingerprints)
     for name in e.nodes:
@@ -314,8 +315,8 @@ def _run_refreshed(run: RunState, e: ev.RunRefreshed, at: datetime) -> None:
         run.nodes[name] = NodeState(name, attempt=old.attempt, position=old.position, updated_at=at)
 
 
-@_on(ev.NodeClaimed)
-def _node_claimed(run: RunState, e: ev.NodeClaimed, at: datetime) -> None:
+@_on(em.NodeClaimed)
+def _node_claimed(run: RunState, e: em.NodeClaimed, at: datetime) -> None:
     n = _touched(run, e.node, at)
     if n.status is NodeStatus.WAITING:
         n.wakes += 1
@@ -325,31 +326,31 @@ def _node_claimed(run: RunState, e: ev.NodeClaimed, at: datetime) -> None:
     run.current_node = e.node
 
 
-@_on(ev.NodeProgress)
-def _node_progress(run: RunState, e: ev.NodeProgress, at: datetime) -> None:
+@_on(em.NodeProgress)
+def _node_progress(run: RunState, e: em.NodeProgress, at: datetime) -> None:
     _touched(run, e.node, at).progress = (e.current, e.total, e.message)
 
 
-@_on(ev.NodeCheckpoint)
-def _node_checkpoint(run: RunState, e: ev.NodeCheckpoint, at: datetime) -> None:
+@_on(em.NodeCheckpoint)
+def _node_checkpoint(run: RunState, e: em.NodeCheckpoint, at: datetime) -> None:
     n = _touched(run, e.node, at)
     _held(n, n.checkpoints, e.item, e.output)
     n.checkpoints_taken += 1
 
 
-@_on(ev.StepRecorded)
-def _step_recorded(run: RunState, e: ev.StepRecorded, at: datetime) -> None:
+@_on(em.StepRecorded)
+def _step_recorded(run: RunState, e: em.StepRecorded, at: datetime) -> None:
     n = run.node(e.node)
     _held(n, n.steps, e.key, e.result)
 
 
-@_on(ev.ChildStarted)
-def _child_started(run: RunState, e: ev.ChildStarted, at: datetime) -> None:
+@_on(em.ChildStarted)
+def _child_started(run: RunState, e: em.ChildStarted, at: datetime) -> None:
     run.node(e.node).children[e.key] = e.child_run_id
 
 
-@_on(ev.NodeSucceeded)
-def _node_succeeded(run: RunState, e: ev.NodeSucceeded, at: datetime) -> None:
+@_on(em.NodeSucceeded)
+def _node_succeeded(run: RunState, e: em.NodeSucceeded, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.held_bytes += (json_bytes(e.output) if e.output is not None else 0) - (
         json_bytes(n.output) if n.output is not None else 0
@@ -363,55 +364,55 @@ def _node_succeeded(run: RunState, e: ev.NodeSucceeded, at: datetime) -> None:
     n.error, n.token, n.finished_at = None, None, at
 
 
-@_on(ev.NodeRetryScheduled)
-def _node_retry_scheduled(run: RunState, e: ev.NodeRetryScheduled, at: datetime) -> None:
+@_on(em.NodeRetryScheduled)
+def _node_retry_scheduled(run: RunState, e: em.NodeRetryScheduled, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.status, n.error, n.token = NodeStatus.RETRY_SCHEDULED, e.error, None
     n.failures += 1
 
 
-@_on(ev.NodeFailed)
-def _node_failed(run: RunState, e: ev.NodeFailed, at: datetime) -> None:
+@_on(em.NodeFailed)
+def _node_failed(run: RunState, e: em.NodeFailed, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.status, n.error, n.token, n.finished_at = NodeStatus.FAILED, e.error, None, at
     n.failures += 1
 
 
-@_on(ev.NodeReclaimed)
-def _node_reclaimed(run: RunState, e: ev.NodeReclaimed, at: datetime) -> None:
+@_on(em.NodeReclaimed)
+def _node_reclaimed(run: RunState, e: em.NodeReclaimed, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.status, n.token, n.worker = NodeStatus.READY, None, None
     n.crashes += 1
 
 
-@_on(ev.NodeReleased)
-def _node_released(run: RunState, e: ev.NodeReleased, at: datetime) -> None:
+@_on(em.NodeReleased)
+def _node_released(run: RunState, e: em.NodeReleased, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.status, n.token, n.worker = NodeStatus.READY, None, None  # a hand-over, not a crash
 
 
-@_on(ev.NodeStuck)
-def _node_stuck(run: RunState, e: ev.NodeStuck, at: datetime) -> None:
+@_on(em.NodeStuck)
+def _node_stuck(run: RunState, e: em.NodeStuck, at: datetime) -> None:
     # A flag for operators; what follows (reclaim or failure) has its own event.
     _touched(run, e.node, at).stuck = True
 
 
-@_on(ev.NodeParked)
-def _node_parked(run: RunState, e: ev.NodeParked, at: datetime) -> None:
+@_on(em.NodeParked)
+def _node_parked(run: RunState, e: em.NodeParked, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.status, n.token, n.error = NodeStatus.PARKED, None, e.error
     if e.crashes is not None:
         n.crashes = e.crashes
 
 
-@_on(ev.NodeCancelled)
-def _node_cancelled(run: RunState, e: ev.NodeCancelled, at: datetime) -> None:
+@_on(em.NodeCancelled)
+def _node_cancelled(run: RunState, e: em.NodeCancelled, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.status, n.token, n.finished_at = NodeStatus.CANCELLED, None, at
 
 
-@_on(ev.NodeWaiting)
-def _node_waiting(run: RunState, e: ev.NodeWaiting, at: datetime) -> None:
+@_on(em.NodeWaiting)
+def _node_waiting(run: RunState, e: em.NodeWaiting, at: datetime) -> None:
     n = _touched(run, e.node, at)
     until = datetime.fromisoformat(e.until) if e.until is not None else None
     n.status, n.token, n.worker = NodeStatus.WAITING, None, None
@@ -419,14 +420,14 @@ def _node_waiting(run: RunState, e: ev.NodeWaiting, at: datetime) -> None:
     n.waiting_for, n.wake_at = e.signal, until
 
 
-@_on(ev.SignalReceived)
-def _signal_received(run: RunState, e: ev.SignalReceived, at: datetime) -> None:
+@_on(em.SignalReceived)
+def _signal_received(run: RunState, e: em.SignalReceived, at: datetime) -> None:
     # `run.version` is this event's: `apply` sets it first.
     run.signals.append(ReceivedSignal(e.name, at, run.version))
 
 
-@_on(ev.SignalTaken)
-def _signal_taken(run: RunState, e: ev.SignalTaken, at: datetime) -> None:
+@_on(em.SignalTaken)
+def _signal_taken(run: RunState, e: em.SignalTaken, at: datetime) -> None:
     run.node(e.node).taken[e.key] = e.index
     if e.index is not None:
         run.signals_taken.add(e.index)
