@@ -19,14 +19,8 @@ from tests.strategies import run_histories
 from workflows import event_codec as codec
 from workflows import event_models as em
 from workflows import events as ev
-from workflows.projections import (
-    NODE_COLUMNS,
-    RUN_COLUMNS,
-    node_row,
-    run_row,
-    state_from_rows,
-    workflow_tables,
-)
+from workflows.projections import workflow_tables
+from workflows.run_rows import NODE_COLUMNS, RUN_COLUMNS, node_row, run_row, state_from_rows
 from workflows.run_state import RunState, apply, fold
 from workflows.scheduler import NodeStatus
 
