@@ -2,7 +2,7 @@
 
 `event()` checks the fields against the type's model and writes them unchanged (the same JSON as ever, so
 existing logs keep their meaning); `parse()` gives a recorded event back as its model, for the fold in
-`workflows.run_state`.
+`workflows.run_fold`.
 """
 
 from __future__ import annotations

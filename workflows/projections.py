@@ -2,7 +2,7 @@
 
 `ledgerflow.workflow_runs` (one row per run) and `ledgerflow.workflow_nodes` (one row per node of a run:
 status, attempt, progress current/total/message, error, timings, worker). The rows are the run's state as
-`workflows.run_state` folds it, written as columns: for each batch, the touched runs are loaded back from
+`workflows.run_fold` folds it, written as columns: for each batch, the touched runs are loaded back from
 their rows, the batch's events are applied with that same fold, and the rows that changed are written in
 one statement per table (the rows and their statements: `workflows.run_rows`). So the tables and the
 worker cannot disagree about what an event means, and a rebuild gives the same rows (every value, times
@@ -26,12 +26,13 @@ from workflows import event_models as em
 from workflows import events as ev
 from workflows import search_rows, snapshots
 from workflows.caps import RunCaps
+from workflows.run_fold import apply_event
 from workflows.run_rows import RUN_COLUMNS, NodeRow, RunRow, load_states, node_row, run_row, write_rows
-from workflows.run_state import RunState, apply_event
+from workflows.run_state import RunState
 
 workflow_tables = Projection(
     name="workflow_tables",
-    # 2: rows are the fold of workflows.run_state (a node reclaimed has no worker, a retried node's crashes
+    # 2: rows are the fold of workflows.run_fold (a node reclaimed has no worker, a retried node's crashes
     # restart at 0, a refresh starts its nodes afresh, nodes_total counts nodes added by a refresh).
     # 3: a node that waits (a timer or a signal) has its own status, with what it waits for and until when.
     # 4: runs carry their definition's version, triggering event, parent run and tags, with indexes for

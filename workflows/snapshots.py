@@ -37,7 +37,8 @@ from eventstore.spi import EventRow, checked_rows, fetch_value, json_dumps, json
 from workflows import event_models as em
 from workflows import events as ev
 from workflows.errors import wrap_exceptions
-from workflows.run_state import NodeState, ReceivedSignal, RunState, apply
+from workflows.run_fold import apply
+from workflows.run_state import NodeState, ReceivedSignal, RunState
 from workflows.scheduler import NodeStatus
 
 log = structlog.get_logger(__name__)

@@ -19,7 +19,7 @@ from tests.strategies import run_histories
 from workflows import Engine, WorkflowRegistry, snapshots, workflow_tables
 from workflows import event_codec as codec
 from workflows import events as ev
-from workflows.run_state import fold
+from workflows.run_fold import fold
 
 histories = run_histories(run_ids=st.builds(uuid.uuid4))
 

@@ -20,8 +20,9 @@ from workflows import event_codec as codec
 from workflows import event_models as em
 from workflows import events as ev
 from workflows.projections import workflow_tables
+from workflows.run_fold import apply, fold
 from workflows.run_rows import NODE_COLUMNS, RUN_COLUMNS, node_row, run_row, state_from_rows
-from workflows.run_state import RunState, apply, fold
+from workflows.run_state import RunState
 from workflows.scheduler import NodeStatus
 
 RUN = uuid.UUID("00000000-0000-0000-0000-0000000000aa")
