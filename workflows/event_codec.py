@@ -14,22 +14,9 @@ import pydantic
 
 from eventstore import NewEvent, RecordedEvent
 from workflows.event_models import (
-    ChildStarted,
     KeyClaimed,
     KeyReleased,
-    NodeCancelled,
-    NodeCheckpoint,
-    NodeClaimed,
-    NodeFailed,
-    NodeParked,
-    NodeProgress,
-    NodeReclaimed,
-    NodeReleased,
-    NodeRetryScheduled,
     NodesReady,
-    NodeStuck,
-    NodeSucceeded,
-    NodeWaiting,
     RunCancelled,
     RunCancelRequested,
     RunCompleted,
@@ -43,12 +30,27 @@ from workflows.event_models import (
     RunRetried,
     RunStarted,
     RunTagged,
-    SignalReceived,
-    SignalTaken,
-    StepRecorded,
     WorkflowEvent,
 )
 from workflows.events import WorkflowEventError
+from workflows.node_event_models import (
+    ChildStarted,
+    NodeCancelled,
+    NodeCheckpoint,
+    NodeClaimed,
+    NodeFailed,
+    NodeParked,
+    NodeProgress,
+    NodeReclaimed,
+    NodeReleased,
+    NodeRetryScheduled,
+    NodeStuck,
+    NodeSucceeded,
+    NodeWaiting,
+    SignalReceived,
+    SignalTaken,
+    StepRecorded,
+)
 
 MODELS: dict[str, type[WorkflowEvent]] = {
     m.event_type: m

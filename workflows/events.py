@@ -5,8 +5,8 @@ A run's stream is `wf-<run id>`; a key's stream `wfkey-<workflow>:<key>` records
 key, so that one key has at most one active run.
 
 Each event type has a frozen pydantic model naming the fields its payload carries
-(`workflows.event_models`); `workflows.event_codec` checks a new event against it and reads a recorded one
-back as it.
+(`workflows.event_models`, `workflows.node_event_models`); `workflows.event_codec` checks a new event
+against it and reads a recorded one back as it.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from projector import ApplyContext, Projection, Table
 from workflows import event_codec as codec
 from workflows import event_models as em
 from workflows import events as ev
+from workflows import node_event_models as nem
 from workflows import search_rows, snapshots
 from workflows.caps import RunCaps
 from workflows.run_fold import apply_event
@@ -137,7 +138,7 @@ workflow_tables = Projection(
 @workflow_tables.on_batch
 def _apply_batch(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
     parsed = [(codec.parse(e), e) for e in events if codec.is_workflow_event(e)]
-    typed = [(event, e) for event, e in parsed if not isinstance(event, em.ChildStarted)]
+    typed = [(event, e) for event, e in parsed if not isinstance(event, nem.ChildStarted)]
     runs = load_states(ctx, _runs_to_load(typed))
     before_runs = {run_id: run_row(run) for run_id, run in runs.items()}
     before_nodes = {
@@ -173,7 +174,7 @@ def _apply_batch(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
         write_rows(ctx, changed_runs, changed_nodes)
     search_rows.keep_tags(ctx, _tags_changed(runs, before_runs))
     search_rows.link_children(
-        ctx, [(e.tenant, event) for event, e in parsed if isinstance(event, em.ChildStarted)]
+        ctx, [(e.tenant, event) for event, e in parsed if isinstance(event, nem.ChildStarted)]
     )
     search_rows.link_restored(ctx, restored)
     heads = {key: head for key, head in _heads(typed).items() if key[1] not in released}

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from eventstore import RecordedEvent
 from workflows import event_codec as codec
 from workflows import event_models as em
+from workflows import node_event_models as nem
 from workflows.run_state import NodeState, ReceivedSignal, RunState, json_bytes
 from workflows.scheduler import NodeStatus
 from workflows.tags import apply_tags
@@ -56,7 +57,7 @@ E = TypeVar("E", bound=em.WorkflowEvent)
 Change = Callable[[RunState, Any, datetime], None]
 _APPLY: dict[type[em.WorkflowEvent], Change] = {}
 #: Memos record what a node may reuse; they change no row of the tables and are not read by them.
-_MEMOS = (em.StepRecorded, em.ChildStarted, em.SignalReceived, em.SignalTaken)
+_MEMOS = (nem.StepRecorded, nem.ChildStarted, nem.SignalReceived, nem.SignalTaken)
 
 
 def _on(model: type[E]) -> Callable[[Callable[[RunState, E, datetime], None]], Change]:
@@ -175,8 +176,8 @@ def _run_refreshed(run: RunState, e: em.RunRefreshed, at: datetime) -> None:
         run.nodes[name] = NodeState(name, attempt=old.attempt, position=old.position, updated_at=at)
 
 
-@_on(em.NodeClaimed)
-def _node_claimed(run: RunState, e: em.NodeClaimed, at: datetime) -> None:
+@_on(nem.NodeClaimed)
+def _node_claimed(run: RunState, e: nem.NodeClaimed, at: datetime) -> None:
     n = _touched(run, e.node, at)
     if n.status is NodeStatus.WAITING:
         n.wakes += 1
@@ -186,31 +187,31 @@ def _node_claimed(run: RunState, e: em.NodeClaimed, at: datetime) -> None:
     run.current_node = e.node
 
 
-@_on(em.NodeProgress)
-def _node_progress(run: RunState, e: em.NodeProgress, at: datetime) -> None:
+@_on(nem.NodeProgress)
+def _node_progress(run: RunState, e: nem.NodeProgress, at: datetime) -> None:
     _touched(run, e.node, at).progress = (e.current, e.total, e.message)
 
 
-@_on(em.NodeCheckpoint)
-def _node_checkpoint(run: RunState, e: em.NodeCheckpoint, at: datetime) -> None:
+@_on(nem.NodeCheckpoint)
+def _node_checkpoint(run: RunState, e: nem.NodeCheckpoint, at: datetime) -> None:
     n = _touched(run, e.node, at)
     _held(n, n.checkpoints, e.item, e.output)
     n.checkpoints_taken += 1
 
 
-@_on(em.StepRecorded)
-def _step_recorded(run: RunState, e: em.StepRecorded, at: datetime) -> None:
+@_on(nem.StepRecorded)
+def _step_recorded(run: RunState, e: nem.StepRecorded, at: datetime) -> None:
     n = run.node(e.node)
     _held(n, n.steps, e.key, e.result)
 
 
-@_on(em.ChildStarted)
-def _child_started(run: RunState, e: em.ChildStarted, at: datetime) -> None:
+@_on(nem.ChildStarted)
+def _child_started(run: RunState, e: nem.ChildStarted, at: datetime) -> None:
     run.node(e.node).children[e.key] = e.child_run_id
 
 
-@_on(em.NodeSucceeded)
-def _node_succeeded(run: RunState, e: em.NodeSucceeded, at: datetime) -> None:
+@_on(nem.NodeSucceeded)
+def _node_succeeded(run: RunState, e: nem.NodeSucceeded, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.held_bytes += (json_bytes(e.output) if e.output is not None else 0) - (
         json_bytes(n.output) if n.output is not None else 0
@@ -224,55 +225,55 @@ def _node_succeeded(run: RunState, e: em.NodeSucceeded, at: datetime) -> None:
     n.error, n.token, n.finished_at = None, None, at
 
 
-@_on(em.NodeRetryScheduled)
-def _node_retry_scheduled(run: RunState, e: em.NodeRetryScheduled, at: datetime) -> None:
+@_on(nem.NodeRetryScheduled)
+def _node_retry_scheduled(run: RunState, e: nem.NodeRetryScheduled, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.status, n.error, n.token = NodeStatus.RETRY_SCHEDULED, e.error, None
     n.failures += 1
 
 
-@_on(em.NodeFailed)
-def _node_failed(run: RunState, e: em.NodeFailed, at: datetime) -> None:
+@_on(nem.NodeFailed)
+def _node_failed(run: RunState, e: nem.NodeFailed, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.status, n.error, n.token, n.finished_at = NodeStatus.FAILED, e.error, None, at
     n.failures += 1
 
 
-@_on(em.NodeReclaimed)
-def _node_reclaimed(run: RunState, e: em.NodeReclaimed, at: datetime) -> None:
+@_on(nem.NodeReclaimed)
+def _node_reclaimed(run: RunState, e: nem.NodeReclaimed, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.status, n.token, n.worker = NodeStatus.READY, None, None
     n.crashes += 1
 
 
-@_on(em.NodeReleased)
-def _node_released(run: RunState, e: em.NodeReleased, at: datetime) -> None:
+@_on(nem.NodeReleased)
+def _node_released(run: RunState, e: nem.NodeReleased, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.status, n.token, n.worker = NodeStatus.READY, None, None  # a hand-over, not a crash
 
 
-@_on(em.NodeStuck)
-def _node_stuck(run: RunState, e: em.NodeStuck, at: datetime) -> None:
+@_on(nem.NodeStuck)
+def _node_stuck(run: RunState, e: nem.NodeStuck, at: datetime) -> None:
     # A flag for operators; what follows (reclaim or failure) has its own event.
     _touched(run, e.node, at).stuck = True
 
 
-@_on(em.NodeParked)
-def _node_parked(run: RunState, e: em.NodeParked, at: datetime) -> None:
+@_on(nem.NodeParked)
+def _node_parked(run: RunState, e: nem.NodeParked, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.status, n.token, n.error = NodeStatus.PARKED, None, e.error
     if e.crashes is not None:
         n.crashes = e.crashes
 
 
-@_on(em.NodeCancelled)
-def _node_cancelled(run: RunState, e: em.NodeCancelled, at: datetime) -> None:
+@_on(nem.NodeCancelled)
+def _node_cancelled(run: RunState, e: nem.NodeCancelled, at: datetime) -> None:
     n = _touched(run, e.node, at)
     n.status, n.token, n.finished_at = NodeStatus.CANCELLED, None, at
 
 
-@_on(em.NodeWaiting)
-def _node_waiting(run: RunState, e: em.NodeWaiting, at: datetime) -> None:
+@_on(nem.NodeWaiting)
+def _node_waiting(run: RunState, e: nem.NodeWaiting, at: datetime) -> None:
     n = _touched(run, e.node, at)
     until = datetime.fromisoformat(e.until) if e.until is not None else None
     n.status, n.token, n.worker = NodeStatus.WAITING, None, None
@@ -280,14 +281,14 @@ def _node_waiting(run: RunState, e: em.NodeWaiting, at: datetime) -> None:
     n.waiting_for, n.wake_at = e.signal, until
 
 
-@_on(em.SignalReceived)
-def _signal_received(run: RunState, e: em.SignalReceived, at: datetime) -> None:
+@_on(nem.SignalReceived)
+def _signal_received(run: RunState, e: nem.SignalReceived, at: datetime) -> None:
     # `run.version` is this event's: `apply` sets it first.
     run.signals.append(ReceivedSignal(e.name, at, run.version))
 
 
-@_on(em.SignalTaken)
-def _signal_taken(run: RunState, e: em.SignalTaken, at: datetime) -> None:
+@_on(nem.SignalTaken)
+def _signal_taken(run: RunState, e: nem.SignalTaken, at: datetime) -> None:
     run.node(e.node).taken[e.key] = e.index
     if e.index is not None:
         run.signals_taken.add(e.index)

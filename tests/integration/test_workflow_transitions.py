@@ -22,8 +22,8 @@ from tests.flows import registry
 from tests.waiting import joined
 from workflows import Engine, WorkerSettings, WorkflowWorker, queue_node_ends
 from workflows import event_codec as codec
-from workflows import event_models as em
 from workflows import events as ev
+from workflows import node_event_models as nem
 from workflows.errors import wrap_exceptions
 from workflows.node_end_writes import claimed_event
 from workflows.queue_claims import Claim
@@ -158,7 +158,7 @@ def test_a_claim_is_one_statement_that_records_what_claimed_event_builds(
         built.metadata,
         built.correlation_id,
     )
-    assert isinstance(codec.parse(recorded), em.NodeClaimed)  # it fits its model
+    assert isinstance(codec.parse(recorded), nem.NodeClaimed)  # it fits its model
     assert engine.load(run_id).node("first").token == claim.token
 
 

@@ -17,8 +17,8 @@ from eventstore import NewEvent, RecordedEvent
 from eventstore.jsonvalue import dumps, loads
 from tests.strategies import run_histories
 from workflows import event_codec as codec
-from workflows import event_models as em
 from workflows import events as ev
+from workflows import node_event_models as nem
 from workflows.projections import workflow_tables
 from workflows.run_fold import apply, fold
 from workflows.run_rows import NODE_COLUMNS, RUN_COLUMNS, node_row, run_row, state_from_rows
@@ -109,7 +109,7 @@ def test_an_event_that_does_not_fit_its_model_is_refused(
 
 def test_a_recorded_event_parses_into_its_model() -> None:
     (e,) = recorded([codec.event(ev.NODE_PROGRESS, RUN, node="a", current=3, total=None, message="m")])
-    assert codec.parse(e) == em.NodeProgress(run_id=RUN, node="a", current=3, total=None, message="m")
+    assert codec.parse(e) == nem.NodeProgress(run_id=RUN, node="a", current=3, total=None, message="m")
 
 
 def test_a_recorded_payload_that_does_not_fit_raises_a_typed_error() -> None:
