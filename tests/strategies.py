@@ -11,6 +11,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from eventstore import NewEvent
+from workflows import event_codec as codec
 from workflows import events as ev
 
 # Text PostgreSQL can store: no NUL, no lone surrogates (the store refuses those with a typed error).
@@ -71,7 +72,7 @@ class _RunModel:
     names: int = 0  # for fresh checkpoint items, step keys, child keys
 
     def emit(self, event_type: str, **data: Any) -> None:
-        self.events.append(ev.event(event_type, self.run_id, **data))
+        self.events.append(codec.event(event_type, self.run_id, **data))
 
     def fresh(self, prefix: str) -> str:
         self.names += 1

@@ -31,7 +31,7 @@ from concurrent.futures import Executor
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
-from workflows import events as ev
+from workflows import event_models as em
 from workflows.context import NodeContext
 
 T = TypeVar("T")
@@ -123,7 +123,7 @@ class AsyncNodeContext:
         input: Any = None,
         key: str | None = None,
         child_key: str = "default",
-        parent_close: ev.ParentClose = "cancel",
+        parent_close: em.ParentClose = "cancel",
     ) -> uuid.UUID:
         """Start another workflow exactly once for this node, however often the node is retried; see
         NodeContext.start_workflow for `parent_close`."""

@@ -36,6 +36,8 @@ from psycopg.rows import dict_row
 from eventstore import NotFoundError, RecordedEvent
 from eventstore.spi import is_unavailable, load_queries
 from projector import ApplyContext, Projection, Table
+from workflows import event_codec as codec
+from workflows import event_models as em
 from workflows import events as ev
 from workflows.engine import Engine
 from workflows.errors import RunStateError
@@ -73,7 +75,7 @@ def children_projection(engine: Engine) -> Projection:
     @projection.on_batch
     def follow(ctx: ApplyContext, events: Sequence[RecordedEvent]) -> None:
         for e in events:
-            if not ev.is_workflow_event(e):
+            if not codec.is_workflow_event(e):
                 continue
             try:
                 _apply(engine, ctx, e)
@@ -87,14 +89,14 @@ def children_projection(engine: Engine) -> Projection:
 
 
 def _apply(engine: Engine, ctx: ApplyContext, e: RecordedEvent) -> None:
-    event = ev.parse(e)
-    if isinstance(event, ev.RunReleased):
+    event = codec.parse(e)
+    if isinstance(event, em.RunReleased):
         ctx.execute(Q["unlink"], (e.tenant, event.run_id, event.run_id))
         return
-    if isinstance(event, ev.RunRestored):
+    if isinstance(event, em.RunRestored):
         _relink(ctx, e.tenant, event.run_id)
         return
-    if isinstance(event, ev.RunStarted):
+    if isinstance(event, em.RunStarted):
         if event.parent is None:
             return
         parent_id = uuid.UUID(event.parent.run_id)
@@ -118,7 +120,7 @@ def _relink(ctx: ApplyContext, tenant: str, run_id: uuid.UUID) -> None:
     params = {"tenant": tenant, "run_id": str(run_id), "stream": ev.run_stream(run_id)}
     links = ctx.conn.execute(Q["links_of_restored"], params).fetchall()
     for parent_id, child_id, policy in links:
-        if policy in ev.PARENT_CLOSE_POLICIES:
+        if policy in em.PARENT_CLOSE_POLICIES:
             ctx.execute(Q["link"], (tenant, parent_id, child_id, policy))
 
 

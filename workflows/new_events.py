@@ -1,6 +1,6 @@
 """Typed constructors for every workflow event the engine writes: `new.node_succeeded(run_id=…, …)`.
 
-Each returns the same NewEvent as `events.event(TYPE, run_id, **fields)` with the same fields, so the
+Each returns the same NewEvent as `event_codec.event(TYPE, run_id, **fields)` with the same fields, so the
 stored JSON keeps its shape, and each still checks its fields against the type's model at run time. What
 they add is a signature mypy can check at every write: keyword-only, one parameter per payload field.
 
@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from eventstore import NewEvent
+from workflows import event_codec as codec
+from workflows import event_models as em
 from workflows import events as ev
 
 
@@ -38,10 +40,10 @@ def run_started(
     input_fingerprint: str,
     nodes: list[str],
     fingerprints: dict[str, str],
-    triggered_by: ev.TriggeringEvent | None = None,
+    triggered_by: em.TriggeringEvent | None = None,
     priority: int = 0,
     tags: Mapping[str, str] | None = None,
-    parent: ev.ParentLink | None = None,
+    parent: em.ParentLink | None = None,
     continued_from: uuid.UUID | None = None,
 ) -> NewEvent:
     optional: dict[str, Any] = {}  # only when set: every other start writes the same payload as before
@@ -55,7 +57,7 @@ def run_started(
         optional["parent"] = parent.model_dump()
     if continued_from is not None:
         optional["continued_from"] = str(continued_from)
-    return ev.event(
+    return codec.event(
         ev.RUN_STARTED,
         run_id,
         workflow=workflow,
@@ -70,15 +72,15 @@ def run_started(
 
 
 def nodes_ready(*, run_id: uuid.UUID, nodes: list[str]) -> NewEvent:
-    return ev.event(ev.NODES_READY, run_id, nodes=nodes)
+    return codec.event(ev.NODES_READY, run_id, nodes=nodes)
 
 
 def run_cancel_requested(*, run_id: uuid.UUID, actor: str | None) -> NewEvent:
-    return ev.event(ev.RUN_CANCEL_REQUESTED, run_id, actor=actor)
+    return codec.event(ev.RUN_CANCEL_REQUESTED, run_id, actor=actor)
 
 
 def run_retried(*, run_id: uuid.UUID, nodes: list[str], actor: str | None) -> NewEvent:
-    return ev.event(ev.RUN_RETRIED, run_id, nodes=nodes, actor=actor)
+    return codec.event(ev.RUN_RETRIED, run_id, nodes=nodes, actor=actor)
 
 
 def run_refreshed(
@@ -90,7 +92,7 @@ def run_refreshed(
     nodes: list[str],
     actor: str | None,
 ) -> NewEvent:
-    return ev.event(
+    return codec.event(
         ev.RUN_REFRESHED,
         run_id,
         input=input,
@@ -102,25 +104,25 @@ def run_refreshed(
 
 
 def run_completed(*, run_id: uuid.UUID) -> NewEvent:
-    return ev.event(ev.RUN_COMPLETED, run_id)
+    return codec.event(ev.RUN_COMPLETED, run_id)
 
 
 def run_failed(*, run_id: uuid.UUID, node: str | None, error: str | None) -> NewEvent:
-    return ev.event(ev.RUN_FAILED, run_id, node=node, error=error)
+    return codec.event(ev.RUN_FAILED, run_id, node=node, error=error)
 
 
 def run_cancelled(*, run_id: uuid.UUID) -> NewEvent:
-    return ev.event(ev.RUN_CANCELLED, run_id)
+    return codec.event(ev.RUN_CANCELLED, run_id)
 
 
 def run_continued_as_new(*, run_id: uuid.UUID, successor_run_id: uuid.UUID, node: str) -> NewEvent:
-    return ev.event(ev.RUN_CONTINUED_AS_NEW, run_id, successor_run_id=str(successor_run_id), node=node)
+    return codec.event(ev.RUN_CONTINUED_AS_NEW, run_id, successor_run_id=str(successor_run_id), node=node)
 
 
 def run_tagged(
     *, run_id: uuid.UUID, tags: dict[str, str | None], node: str | None, actor: str | None = None
 ) -> NewEvent:
-    return ev.event(
+    return codec.event(
         ev.RUN_TAGGED, run_id, tags=tags, node=node, **({} if actor is None else {"actor": actor})
     )
 
@@ -132,7 +134,7 @@ def run_paused(
     interrupt_running: bool,
     parent_run_id: uuid.UUID | None = None,
 ) -> NewEvent:
-    return ev.event(
+    return codec.event(
         ev.RUN_PAUSED,
         run_id,
         actor=actor,
@@ -142,7 +144,7 @@ def run_paused(
 
 
 def run_resumed(*, run_id: uuid.UUID, actor: str | None, parent_run_id: uuid.UUID | None = None) -> NewEvent:
-    return ev.event(
+    return codec.event(
         ev.RUN_RESUMED,
         run_id,
         actor=actor,
@@ -151,38 +153,38 @@ def run_resumed(*, run_id: uuid.UUID, actor: str | None, parent_run_id: uuid.UUI
 
 
 def run_released(*, run_id: uuid.UUID, retention_seconds: float, actor: str | None) -> NewEvent:
-    return ev.event(ev.RUN_RELEASED, run_id, retention_seconds=retention_seconds, actor=actor)
+    return codec.event(ev.RUN_RELEASED, run_id, retention_seconds=retention_seconds, actor=actor)
 
 
 def run_restored(*, run_id: uuid.UUID, actor: str | None) -> NewEvent:
-    return ev.event(ev.RUN_RESTORED, run_id, actor=actor)
+    return codec.event(ev.RUN_RESTORED, run_id, actor=actor)
 
 
 def key_claimed(*, run_id: uuid.UUID) -> NewEvent:
-    return ev.event(ev.KEY_CLAIMED, run_id)
+    return codec.event(ev.KEY_CLAIMED, run_id)
 
 
 def key_released(*, run_id: uuid.UUID) -> NewEvent:
-    return ev.event(ev.KEY_RELEASED, run_id)
+    return codec.event(ev.KEY_RELEASED, run_id)
 
 
 # -- a node ---------------------------------------------------------------------------------------
 
 
 def node_claimed(*, run_id: uuid.UUID, node: str, attempt: int, token: int, worker: str) -> NewEvent:
-    return ev.event(ev.NODE_CLAIMED, run_id, node=node, attempt=attempt, token=token, worker=worker)
+    return codec.event(ev.NODE_CLAIMED, run_id, node=node, attempt=attempt, token=token, worker=worker)
 
 
 def node_progress(*, run_id: uuid.UUID, node: str, current: int, total: int | None, message: str) -> NewEvent:
-    return ev.event(ev.NODE_PROGRESS, run_id, node=node, current=current, total=total, message=message)
+    return codec.event(ev.NODE_PROGRESS, run_id, node=node, current=current, total=total, message=message)
 
 
 def node_checkpoint(*, run_id: uuid.UUID, node: str, attempt: int | None, item: str, output: Any) -> NewEvent:
-    return ev.event(ev.NODE_CHECKPOINT, run_id, node=node, attempt=attempt, item=item, output=output)
+    return codec.event(ev.NODE_CHECKPOINT, run_id, node=node, attempt=attempt, item=item, output=output)
 
 
 def step_recorded(*, run_id: uuid.UUID, node: str, attempt: int | None, key: str, result: Any) -> NewEvent:
-    return ev.event(ev.STEP_RECORDED, run_id, node=node, attempt=attempt, key=key, result=result)
+    return codec.event(ev.STEP_RECORDED, run_id, node=node, attempt=attempt, key=key, result=result)
 
 
 def child_started(
@@ -192,9 +194,9 @@ def child_started(
     key: str,
     child_run_id: uuid.UUID,
     workflow: str | None,
-    parent_close: ev.ParentClose | None,
+    parent_close: em.ParentClose | None,
 ) -> NewEvent:
-    return ev.event(
+    return codec.event(
         ev.CHILD_STARTED,
         run_id,
         node=node,
@@ -214,7 +216,7 @@ def node_succeeded(
     output: Any,
     duration_ms: float | None,
 ) -> NewEvent:
-    return ev.event(
+    return codec.event(
         ev.NODE_SUCCEEDED,
         run_id,
         node=node,
@@ -228,7 +230,7 @@ def node_succeeded(
 def node_retry_scheduled(
     *, run_id: uuid.UUID, node: str, attempt: int | None, error: str, retry_in: float | None
 ) -> NewEvent:
-    return ev.event(
+    return codec.event(
         ev.NODE_RETRY_SCHEDULED, run_id, node=node, attempt=attempt, error=error, retry_in=retry_in
     )
 
@@ -236,7 +238,9 @@ def node_retry_scheduled(
 def node_failed(
     *, run_id: uuid.UUID, node: str, attempt: int | None, error: str, error_class: str | None
 ) -> NewEvent:
-    return ev.event(ev.NODE_FAILED, run_id, node=node, attempt=attempt, error=error, error_class=error_class)
+    return codec.event(
+        ev.NODE_FAILED, run_id, node=node, attempt=attempt, error=error, error_class=error_class
+    )
 
 
 def node_reclaimed(
@@ -247,7 +251,7 @@ def node_reclaimed(
     previous_worker: str | None,
     reason: str | None,
 ) -> NewEvent:
-    return ev.event(
+    return codec.event(
         ev.NODE_RECLAIMED,
         run_id,
         node=node,
@@ -258,21 +262,21 @@ def node_reclaimed(
 
 
 def node_released(*, run_id: uuid.UUID, node: str, worker: str | None, reason: str | None = None) -> NewEvent:
-    return ev.event(
+    return codec.event(
         ev.NODE_RELEASED, run_id, node=node, worker=worker, **({} if reason is None else {"reason": reason})
     )
 
 
 def node_stuck(*, run_id: uuid.UUID, node: str, seconds: float | None, action: str | None) -> NewEvent:
-    return ev.event(ev.NODE_STUCK, run_id, node=node, seconds=seconds, action=action)
+    return codec.event(ev.NODE_STUCK, run_id, node=node, seconds=seconds, action=action)
 
 
 def node_parked(*, run_id: uuid.UUID, node: str, crashes: int | None, error: str | None) -> NewEvent:
-    return ev.event(ev.NODE_PARKED, run_id, node=node, crashes=crashes, error=error)
+    return codec.event(ev.NODE_PARKED, run_id, node=node, crashes=crashes, error=error)
 
 
 def node_cancelled(*, run_id: uuid.UUID, node: str) -> NewEvent:
-    return ev.event(ev.NODE_CANCELLED, run_id, node=node)
+    return codec.event(ev.NODE_CANCELLED, run_id, node=node)
 
 
 # -- waiting --------------------------------------------------------------------------------------
@@ -287,14 +291,16 @@ def node_waiting(
     until: str | None,
     signal: str | None,
 ) -> NewEvent:
-    return ev.event(ev.NODE_WAITING, run_id, node=node, attempt=attempt, key=key, until=until, signal=signal)
+    return codec.event(
+        ev.NODE_WAITING, run_id, node=node, attempt=attempt, key=key, until=until, signal=signal
+    )
 
 
 def signal_received(*, run_id: uuid.UUID, name: str, payload: Any, actor: str | None) -> NewEvent:
-    return ev.event(ev.SIGNAL_RECEIVED, run_id, name=name, payload=payload, actor=actor)
+    return codec.event(ev.SIGNAL_RECEIVED, run_id, name=name, payload=payload, actor=actor)
 
 
 def signal_taken(
     *, run_id: uuid.UUID, node: str, attempt: int | None, key: str, name: str, index: int | None
 ) -> NewEvent:
-    return ev.event(ev.SIGNAL_TAKEN, run_id, node=node, attempt=attempt, key=key, name=name, index=index)
+    return codec.event(ev.SIGNAL_TAKEN, run_id, node=node, attempt=attempt, key=key, name=name, index=index)

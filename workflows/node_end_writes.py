@@ -44,7 +44,8 @@ from workflows.node_spec import NodeSpec
 from workflows.queue_claims import Claim, Claimant
 from workflows.quotas import TenantQuotas
 from workflows.run_advance import WrittenJson, advance
-from workflows.run_state import RunState, apply
+from workflows.run_fold import apply
+from workflows.run_state import RunState
 
 log = structlog.get_logger(__name__)
 #: How often an end decides again after its run changed under it before it gives up (ConflictError).

@@ -10,7 +10,8 @@ from datetime import datetime
 from eventstore import AppendResult, NewEvent, RecordedEvent
 from eventstore.spi import json_dumps, json_loads
 from workflows import events as ev
-from workflows.run_state import RunState, apply
+from workflows.run_fold import apply
+from workflows.run_state import RunState
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from eventstore import (
     WrongExpectedVersionError,
 )
 from eventstore.spi import check_tenant
+from workflows import event_models as em
 from workflows import events as ev
 from workflows import new_events as new
 from workflows import pipelined_transactions, queue_enqueue
@@ -86,12 +87,12 @@ class RunStarts(EngineCore):
         key: str | None = None,
         idempotency_key: str | None = None,
         tenant: str = "default",
-        triggered_by: ev.TriggeringEvent | None = None,
+        triggered_by: em.TriggeringEvent | None = None,
         conn: psycopg.Connection[Any] | None = None,
         priority: int | None = None,
         debounce: Debounce | None = None,
         tags: dict[str, str] | None = None,
-        parent: ev.ParentLink | None = None,
+        parent: em.ParentLink | None = None,
     ) -> Started:
         """Start a run. With `key`, at most one run per key is active: a second start returns the active
         run. With `idempotency_key`, a repeat returns the first run; other input under it conflicts.
@@ -175,11 +176,11 @@ class RunStarts(EngineCore):
         key_version: int | None,
         idempotency_key: str | None,
         tenant: str,
-        triggered_by: ev.TriggeringEvent | None = None,
+        triggered_by: em.TriggeringEvent | None = None,
         caller_conn: psycopg.Connection[Any] | None = None,
         priority: int = 0,
         tags: dict[str, str] | None = None,
-        parent: ev.ParentLink | None = None,
+        parent: em.ParentLink | None = None,
         continued_from: uuid.UUID | None = None,
     ) -> Started:
         roots = wf.roots()
@@ -344,7 +345,7 @@ class RunStarts(EngineCore):
         key: str | None,
         idempotency_key: str | None,
         tenant: str,
-        triggered_by: ev.TriggeringEvent | None,
+        triggered_by: em.TriggeringEvent | None,
         conn: psycopg.Connection[Any] | None,
         debounce: Debounce,
     ) -> Started:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import LiteralString
 
 from projector import ApplyContext
-from workflows import events as ev
+from workflows import node_event_models as nem
 from workflows import release_marks
 from workflows.run_state import RunState
 
@@ -75,7 +75,7 @@ def keep_tags(ctx: ApplyContext, runs: Sequence[RunState]) -> None:
         ctx.execute(_INSERT_TAGS, [list(c) for c in zip(*rows, strict=True)])
 
 
-def link_children(ctx: ApplyContext, started: Sequence[tuple[str, ev.ChildStarted]]) -> None:
+def link_children(ctx: ApplyContext, started: Sequence[tuple[str, nem.ChildStarted]]) -> None:
     """Record each started child's parent run (`(tenant, ChildStarted)` pairs, in log order)."""
     links: dict[tuple[str, uuid.UUID], uuid.UUID] = {}
     for tenant, e in started:

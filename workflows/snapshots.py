@@ -34,9 +34,11 @@ import structlog
 
 from eventstore import EventStore
 from eventstore.spi import EventRow, checked_rows, fetch_value, json_dumps, json_loads, load_queries
+from workflows import event_models as em
 from workflows import events as ev
 from workflows.errors import wrap_exceptions
-from workflows.run_state import NodeState, ReceivedSignal, RunState, apply
+from workflows.run_fold import apply
+from workflows.run_state import NodeState, ReceivedSignal, RunState
 from workflows.scheduler import NodeStatus
 
 log = structlog.get_logger(__name__)
@@ -173,7 +175,7 @@ def from_json(run_id: uuid.UUID, tenant: str, text: str) -> RunState | None:
         input=d["input"],
         input_fingerprint=d["input_fingerprint"],
         fingerprints=dict(d["fingerprints"]),
-        triggered_by=ev.TriggeringEvent.model_validate(triggered) if triggered is not None else None,
+        triggered_by=em.TriggeringEvent.model_validate(triggered) if triggered is not None else None,
         workflow_version=d["workflow_version"],
         status=d["status"],
         cancel_requested=d["cancel_requested"],
@@ -188,7 +190,7 @@ def from_json(run_id: uuid.UUID, tenant: str, text: str) -> RunState | None:
         signals_taken=set(d["signals_taken"]),
         # Absent from snapshots written before runs had tags, when no run had any.
         tags=dict(d.get("tags", [])),
-        parent=ev.ParentLink.model_validate(d["parent"]) if d["parent"] is not None else None,
+        parent=em.ParentLink.model_validate(d["parent"]) if d["parent"] is not None else None,
         # Absent from snapshots written before runs could continue as new, when no run had these links.
         continued_as=d.get("continued_as"),
         continued_from=d.get("continued_from"),

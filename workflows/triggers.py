@@ -33,7 +33,7 @@ from eventstore import RecordedEvent
 from eventstore.spi import Outage, fetch_value, is_unavailable, load_queries
 from projector import ApplyContext, Projection, ProjectorWorker, Table
 from projector import WorkerSettings as ProjectorSettings
-from workflows import events as ev
+from workflows import event_models as em
 from workflows.children import children_projection
 from workflows.definition import Workflow
 from workflows.engine import Engine
@@ -94,8 +94,8 @@ def idempotency_key(workflow: str, event: RecordedEvent) -> str:
     return f"trigger:{workflow}:{event.event_id}"
 
 
-def triggering_event(event: RecordedEvent) -> ev.TriggeringEvent:
-    return ev.TriggeringEvent(
+def triggering_event(event: RecordedEvent) -> em.TriggeringEvent:
+    return em.TriggeringEvent(
         event_id=str(event.event_id),
         stream_id=event.stream_id,
         type=event.type,

@@ -13,7 +13,7 @@ from projector import ProjectorWorker
 from tests.api.helpers import Headers, event_count
 from tests.waiting import wait_until
 from workflows import WorkerSettings, WorkflowWorker
-from workflows.events import ParentLink
+from workflows.event_models import ParentLink
 from workflows.testing import running_worker
 
 

@@ -6,13 +6,13 @@ from fastapi.testclient import TestClient
 
 from ops.services import Services
 from tests.api.helpers import Headers
-from workflows import events as ev
+from workflows import event_models as em
 
 
 def test_a_triggered_run_shows_its_event_and_cursor(
     client: TestClient, admin: Headers, services: Services
 ) -> None:
-    by = ev.TriggeringEvent(
+    by = em.TriggeringEvent(
         event_id="e1", stream_id="order-1", type="OrderPlaced", transaction_id=7, position=3
     )
     triggered = services.engine.start("linear", input={"n": 1}, tenant="acme", triggered_by=by)

@@ -16,6 +16,7 @@ from tests.children_flows import GATES, registry
 from tests.integration.test_workflows_control import FAST
 from tests.waiting import wait_until
 from workflows import Engine, WorkflowWorker
+from workflows import event_models as em
 from workflows import events as ev
 from workflows.children import children_projection
 from workflows.run_state import RunState
@@ -118,7 +119,7 @@ def test_a_failed_run_cancels_its_children(engine: Engine, worker: WorkflowWorke
 def test_a_child_started_after_its_parent_was_cancelled_is_cancelled_once(engine: Engine) -> None:
     parent = engine.start("busy").run_id
     engine.cancel(parent)
-    link = ev.ParentLink(run_id=str(parent), node="work", parent_close="cancel")
+    link = em.ParentLink(run_id=str(parent), node="work", parent_close="cancel")
     child = engine.start("busy", parent=link, idempotency_key="late-child").run_id
     follower = ProjectorWorker(engine.store, [children_projection(engine)], WorkerSettings(lease_ttl=60))
     try:

@@ -18,7 +18,8 @@ from projector import ProjectorWorker, WorkerSettings, bookkeeping, verify
 from tests.strategies import as_json_numbers, run_histories
 from workflows import events as ev
 from workflows import workflow_tables
-from workflows.run_state import RunState, fold
+from workflows.run_fold import fold
+from workflows.run_state import RunState
 
 # Fresh run ids: the runs of every example stay in the test's one database.
 histories = st.lists(run_histories(run_ids=st.builds(uuid.uuid4)), min_size=1, max_size=3)

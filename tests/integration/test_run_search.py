@@ -30,7 +30,7 @@ from workflows import (
     tag_filter,
     workflow_tables,
 )
-from workflows import events as ev
+from workflows import event_models as em
 
 registry = WorkflowRegistry()
 tagged = Workflow("tagged")
@@ -148,7 +148,7 @@ def test_pages_follow_each_other_without_gaps_or_repeats(engine: Engine, store: 
 
 
 def test_a_run_found_by_its_triggering_event(engine: Engine, store: EventStore) -> None:
-    trigger = ev.TriggeringEvent(
+    trigger = em.TriggeringEvent(
         event_id=str(uuid.uuid4()), stream_id="order-1", type="Placed", transaction_id=1, position=1
     )
     run_id = engine.start("plain", triggered_by=trigger).run_id

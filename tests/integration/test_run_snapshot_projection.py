@@ -17,8 +17,9 @@ from eventstore import ANY, EventStore, NewEvent
 from projector import ProjectorWorker, WorkerSettings
 from tests.strategies import run_histories
 from workflows import Engine, WorkflowRegistry, snapshots, workflow_tables
+from workflows import event_codec as codec
 from workflows import events as ev
-from workflows.run_state import fold
+from workflows.run_fold import fold
 
 histories = run_histories(run_ids=st.builds(uuid.uuid4))
 
@@ -82,7 +83,7 @@ def test_a_long_runs_first_load_folds_only_what_follows_the_projections_snapshot
     monkeypatch.setenv("LEDGERFLOW_RUN_SNAPSHOT_EVERY", "50")
     run_id = uuid.uuid4()
     head = [
-        ev.event(
+        codec.event(
             ev.RUN_STARTED,
             run_id,
             workflow="wf",
@@ -91,12 +92,12 @@ def test_a_long_runs_first_load_folds_only_what_follows_the_projections_snapshot
             nodes=["work"],
             fingerprints={"work": "f"},
         ),
-        ev.event(ev.NODES_READY, run_id, nodes=["work"]),
+        codec.event(ev.NODES_READY, run_id, nodes=["work"]),
     ]
     body = [
-        ev.event(ev.SIGNAL_RECEIVED, run_id, name="note", payload={"i": i})
+        codec.event(ev.SIGNAL_RECEIVED, run_id, name="note", payload={"i": i})
         if i % 10 == 9
-        else ev.event(ev.NODE_PROGRESS, run_id, node="work", current=i, total=1000)
+        else codec.event(ev.NODE_PROGRESS, run_id, node="work", current=i, total=1000)
         for i in range(998)
     ]
     store.append(ev.run_stream(run_id), [*head, *body], expected_version=ANY)

@@ -15,7 +15,7 @@ from tests.flows import registry
 from tests.strategies import run_histories
 from workflows import Engine, RunCaps, snapshots
 from workflows import events as ev
-from workflows.run_state import fold
+from workflows.run_fold import fold
 
 histories = run_histories(run_ids=st.builds(uuid.uuid4))
 

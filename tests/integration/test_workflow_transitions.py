@@ -21,7 +21,9 @@ from eventstore import DatabaseSettings, EventStore, WrongExpectedVersionError, 
 from tests.flows import registry
 from tests.waiting import joined
 from workflows import Engine, WorkerSettings, WorkflowWorker, queue_node_ends
+from workflows import event_codec as codec
 from workflows import events as ev
+from workflows import node_event_models as nem
 from workflows.errors import wrap_exceptions
 from workflows.node_end_writes import claimed_event
 from workflows.queue_claims import Claim
@@ -156,7 +158,7 @@ def test_a_claim_is_one_statement_that_records_what_claimed_event_builds(
         built.metadata,
         built.correlation_id,
     )
-    assert isinstance(ev.parse(recorded), ev.NodeClaimed)  # it fits its model
+    assert isinstance(codec.parse(recorded), nem.NodeClaimed)  # it fits its model
     assert engine.load(run_id).node("first").token == claim.token
 
 
@@ -245,7 +247,7 @@ def test_a_node_end_at_a_version_that_no_longer_holds_changes_nothing(one_connec
     wf = registry.get("linear")
     run_id = engine.start("linear", input={"n": 2}).run_id
     claim, run = claimed(engine, worker, run_id)
-    succeeded = ev.event(
+    succeeded = codec.event(
         ev.NODE_SUCCEEDED,
         run_id,
         node="first",
@@ -306,7 +308,7 @@ def test_the_end_of_a_run_at_a_version_that_no_longer_holds_claims_nothing(
     claim, run = claimed(engine, worker, run_id)
     waiting = engine.start("linear").run_id
     completed = [
-        ev.event(
+        codec.event(
             ev.NODE_SUCCEEDED,
             run_id,
             node="first",
@@ -315,7 +317,7 @@ def test_the_end_of_a_run_at_a_version_that_no_longer_holds_claims_nothing(
             output=1,
             duration_ms=1.0,
         ),
-        ev.event(ev.RUN_COMPLETED, run_id),
+        codec.event(ev.RUN_COMPLETED, run_id),
     ]
     queue_rows = "SELECT run_id, node, status, token FROM ledgerflow.workflow_queue ORDER BY run_id, node"
     with one_connection.pool.connection() as conn:

@@ -1,5 +1,5 @@
 """The typed event constructors (`workflows.new_events`): one per workflow event type, each giving the same
-NewEvent as the untyped `events.event(TYPE, run_id, **fields)` it replaced (the same payload, key for key
+NewEvent as the untyped `event_codec.event(TYPE, run_id, **fields)` it replaced (the same payload, key for key
 and in order, so the stored JSON keeps its shape), and the product writes events only through them."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import pytest
 
 from eventstore import NewEvent
 from eventstore.jsonvalue import dumps
+from workflows import event_codec as codec
+from workflows import event_models as em
 from workflows import events as ev
 from workflows import new_events as new
 
@@ -21,8 +23,8 @@ RUN = uuid.UUID("00000000-0000-0000-0000-0000000000aa")
 OTHER = uuid.UUID("00000000-0000-0000-0000-0000000000bb")
 ROOT = Path(__file__).resolve().parents[2]
 
-TRIGGER = ev.TriggeringEvent(event_id="e1", stream_id="orders-1", type="Placed", transaction_id=7, position=9)
-PARENT = ev.ParentLink(run_id=str(OTHER), node="fan_out", parent_close="terminate")
+TRIGGER = em.TriggeringEvent(event_id="e1", stream_id="orders-1", type="Placed", transaction_id=7, position=9)
+PARENT = em.ParentLink(run_id=str(OTHER), node="fan_out", parent_close="terminate")
 STARTED = {
     "workflow": "etl",
     "version": 2,
@@ -230,7 +232,7 @@ def _same(made: NewEvent, old: NewEvent) -> None:
 def test_each_constructor_gives_the_untyped_form(
     make: Any, args: dict[str, Any], event_type: str, fields: dict[str, Any]
 ) -> None:
-    _same(make(run_id=RUN, **args), ev.event(event_type, RUN, **fields))
+    _same(make(run_id=RUN, **args), codec.event(event_type, RUN, **fields))
 
 
 def _constructors() -> dict[str, Any]:
@@ -247,9 +249,9 @@ def _snake(name: str) -> str:
 
 def test_every_event_type_has_one_constructor_taking_its_models_fields_by_keyword() -> None:
     constructors = _constructors()
-    assert set(constructors) == {_snake(m.__name__) for m in ev.MODELS.values()}
+    assert set(constructors) == {_snake(m.__name__) for m in codec.MODELS.values()}
     assert {make for make, *_ in CASES} == set(constructors.values()), "a constructor without a case"
-    for model in ev.MODELS.values():
+    for model in codec.MODELS.values():
         params = inspect.signature(constructors[_snake(model.__name__)]).parameters
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values()), model.__name__
         assert set(params) == set(model.model_fields), model.__name__

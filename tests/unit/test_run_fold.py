@@ -16,16 +16,13 @@ from hypothesis import strategies as st
 from eventstore import NewEvent, RecordedEvent
 from eventstore.jsonvalue import dumps, loads
 from tests.strategies import run_histories
+from workflows import event_codec as codec
 from workflows import events as ev
-from workflows.projections import (
-    NODE_COLUMNS,
-    RUN_COLUMNS,
-    node_row,
-    run_row,
-    state_from_rows,
-    workflow_tables,
-)
-from workflows.run_state import RunState, apply, fold
+from workflows import node_event_models as nem
+from workflows.projections import workflow_tables
+from workflows.run_fold import apply, fold
+from workflows.run_rows import NODE_COLUMNS, RUN_COLUMNS, node_row, run_row, state_from_rows
+from workflows.run_state import RunState
 from workflows.scheduler import NodeStatus
 
 RUN = uuid.UUID("00000000-0000-0000-0000-0000000000aa")
@@ -55,7 +52,7 @@ def recorded(events: Sequence[NewEvent], run_id: uuid.UUID = RUN) -> list[Record
 
 def started(*nodes: str) -> list[NewEvent]:
     return [
-        ev.event(
+        codec.event(
             ev.RUN_STARTED,
             RUN,
             workflow="wf",
@@ -66,19 +63,19 @@ def started(*nodes: str) -> list[NewEvent]:
             nodes=list(nodes),
             fingerprints=dict.fromkeys(nodes, "f"),
         ),
-        ev.event(ev.NODES_READY, RUN, nodes=[nodes[0]]),
+        codec.event(ev.NODES_READY, RUN, nodes=[nodes[0]]),
     ]
 
 
 def claimed(node: str, attempt: int = 1, worker: str = "w1") -> NewEvent:
-    return ev.event(ev.NODE_CLAIMED, RUN, node=node, attempt=attempt, token=attempt, worker=worker)
+    return codec.event(ev.NODE_CLAIMED, RUN, node=node, attempt=attempt, token=attempt, worker=worker)
 
 
 # -- the events -----------------------------------------------------------------------------------
 
 
 def test_an_event_is_written_as_given_with_the_run_id() -> None:
-    e = ev.event(
+    e = codec.event(
         ev.NODE_SUCCEEDED, RUN, node="a", attempt=2, generation=2, output={"x": [1]}, duration_ms=1.5
     )
     assert e.type == "wf.NodeSucceeded"
@@ -107,26 +104,26 @@ def test_an_event_that_does_not_fit_its_model_is_refused(
     event_type: str, fields: dict[str, Any], complaint: str
 ) -> None:
     with pytest.raises(ev.WorkflowEventError, match=complaint):
-        ev.event(event_type, RUN, **fields)
+        codec.event(event_type, RUN, **fields)
 
 
 def test_a_recorded_event_parses_into_its_model() -> None:
-    (e,) = recorded([ev.event(ev.NODE_PROGRESS, RUN, node="a", current=3, total=None, message="m")])
-    assert ev.parse(e) == ev.NodeProgress(run_id=RUN, node="a", current=3, total=None, message="m")
+    (e,) = recorded([codec.event(ev.NODE_PROGRESS, RUN, node="a", current=3, total=None, message="m")])
+    assert codec.parse(e) == nem.NodeProgress(run_id=RUN, node="a", current=3, total=None, message="m")
 
 
 def test_a_recorded_payload_that_does_not_fit_raises_a_typed_error() -> None:
-    (e,) = recorded([ev.event(ev.NODES_READY, RUN, nodes=["a"])])
+    (e,) = recorded([codec.event(ev.NODES_READY, RUN, nodes=["a"])])
     broken = RecordedEvent(**{**{f: getattr(e, f) for f in e.__slots__}, "data": {"run_id": str(RUN)}})
     with pytest.raises(ev.WorkflowEventError, match="does not fit"):
-        ev.parse(broken)
+        codec.parse(broken)
 
 
 def test_every_event_type_has_a_model_and_the_tables_read_every_run_event_but_memos() -> None:
     key_events = {ev.KEY_CLAIMED, ev.KEY_RELEASED}
     memos = {ev.STEP_RECORDED, ev.SIGNAL_RECEIVED, ev.SIGNAL_TAKEN}
     # ChildStarted is a memo of its run, read only to link the child's row to its parent.
-    assert set(workflow_tables.event_types or []) == set(ev.MODELS) - key_events - memos
+    assert set(workflow_tables.event_types or []) == set(codec.MODELS) - key_events - memos
 
 
 # -- the fold -------------------------------------------------------------------------------------
@@ -143,9 +140,11 @@ def test_a_reclaimed_node_is_ready_for_anyone_and_counts_a_crash_a_released_one_
     events = [
         *started("a"),
         claimed("a"),
-        ev.event(ev.NODE_RECLAIMED, RUN, node="a", attempt=1, previous_worker="w1", reason="lease_expired"),
+        codec.event(
+            ev.NODE_RECLAIMED, RUN, node="a", attempt=1, previous_worker="w1", reason="lease_expired"
+        ),
         claimed("a", 2, "w2"),
-        ev.event(ev.NODE_RELEASED, RUN, node="a", worker="w2"),
+        codec.event(ev.NODE_RELEASED, RUN, node="a", worker="w2"),
     ]
     n = fold(RUN, "default", recorded(events)).node("a")
     assert (n.status, n.crashes, n.worker, n.token, n.attempt) == (NodeStatus.READY, 1, None, None, 2)
@@ -155,11 +154,11 @@ def test_a_retried_run_keeps_paid_work_and_restarts_the_crash_count() -> None:
     events = [
         *started("a"),
         claimed("a"),
-        ev.event(ev.NODE_CHECKPOINT, RUN, node="a", attempt=1, item="i1", output=7),
-        ev.event(ev.STEP_RECORDED, RUN, node="a", attempt=1, key="s", result="paid"),
-        ev.event(ev.NODE_PARKED, RUN, node="a", crashes=3, error="crashed 3 times"),
-        ev.event(ev.RUN_FAILED, RUN, node="a", error="crashed 3 times"),
-        ev.event(ev.RUN_RETRIED, RUN, nodes=["a"], actor="operator"),
+        codec.event(ev.NODE_CHECKPOINT, RUN, node="a", attempt=1, item="i1", output=7),
+        codec.event(ev.STEP_RECORDED, RUN, node="a", attempt=1, key="s", result="paid"),
+        codec.event(ev.NODE_PARKED, RUN, node="a", crashes=3, error="crashed 3 times"),
+        codec.event(ev.RUN_FAILED, RUN, node="a", error="crashed 3 times"),
+        codec.event(ev.RUN_RETRIED, RUN, nodes=["a"], actor="operator"),
     ]
     run = fold(RUN, "default", recorded(events))
     n = run.node("a")
@@ -172,13 +171,13 @@ def test_a_refreshed_node_starts_afresh_but_keeps_its_attempt_count_and_place() 
     events = [
         *started("a", "b"),
         claimed("a"),
-        ev.event(ev.NODE_CHECKPOINT, RUN, node="a", attempt=1, item="i1", output=7),
-        ev.event(ev.NODE_SUCCEEDED, RUN, node="a", attempt=1, generation=1, output=1, duration_ms=2.0),
-        ev.event(ev.NODES_READY, RUN, nodes=["b"]),
+        codec.event(ev.NODE_CHECKPOINT, RUN, node="a", attempt=1, item="i1", output=7),
+        codec.event(ev.NODE_SUCCEEDED, RUN, node="a", attempt=1, generation=1, output=1, duration_ms=2.0),
+        codec.event(ev.NODES_READY, RUN, nodes=["b"]),
         claimed("b"),
-        ev.event(ev.NODE_SUCCEEDED, RUN, node="b", attempt=1, generation=1, output=2, duration_ms=2.0),
-        ev.event(ev.RUN_COMPLETED, RUN),
-        ev.event(
+        codec.event(ev.NODE_SUCCEEDED, RUN, node="b", attempt=1, generation=1, output=2, duration_ms=2.0),
+        codec.event(ev.RUN_COMPLETED, RUN),
+        codec.event(
             ev.RUN_REFRESHED,
             RUN,
             input=2,
@@ -199,10 +198,10 @@ def test_memos_change_no_row_and_a_run_end_clears_the_current_node() -> None:
     run = fold(RUN, "default", recorded(events))
     stamped = run.updated_at
     assert (run.current_node, stamped) == ("a", T0 + timedelta(milliseconds=2))
-    memo = ev.event(ev.STEP_RECORDED, RUN, node="a", attempt=1, key="s", result=1)
+    memo = codec.event(ev.STEP_RECORDED, RUN, node="a", attempt=1, key="s", result=1)
     apply(run, recorded([*events, memo])[-1])
     assert (run.updated_at, run.version) == (stamped, 4)
-    apply(run, recorded([*events, memo, ev.event(ev.RUN_CANCELLED, RUN)])[-1])
+    apply(run, recorded([*events, memo, codec.event(ev.RUN_CANCELLED, RUN)])[-1])
     assert (run.status, run.current_node, run.finished_at) == (
         "cancelled",
         None,

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from eventstore import RecordedEvent
 from workflows import TagLimitError, TagLimits
+from workflows import event_codec as codec
 from workflows import events as ev
 from workflows.history import entries, summary
 
@@ -69,7 +70,7 @@ def test_a_reader_of_page_after_page_carries_the_claims() -> None:
 
 
 @given(
-    event_type=st.sampled_from(sorted(ev.MODELS)) | st.text(max_size=20),
+    event_type=st.sampled_from(sorted(codec.MODELS)) | st.text(max_size=20),
     data=st.dictionaries(st.text(max_size=10), st.recursive(st.none() | st.integers() | st.text(), st.lists)),
 )
 def test_every_payload_gets_a_short_summary(event_type: str, data: dict[str, Any]) -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import uuid
 
-from workflows import events as ev
+from workflows import event_models as em
 from workflows.run_state import RunState
 from workflows.snapshots import from_json, to_json
 
 
 def test_a_snapshot_keeps_the_parent_link() -> None:
-    parent = ev.ParentLink(run_id=str(uuid.uuid4()), node="spawn", parent_close="terminate")
+    parent = em.ParentLink(run_id=str(uuid.uuid4()), node="spawn", parent_close="terminate")
     child = RunState(uuid.uuid4(), "acme", workflow="tree", parent=parent)
     orphan = RunState(uuid.uuid4(), "acme", workflow="tree")
     restored = from_json(child.run_id, "acme", to_json(child))
