@@ -37,7 +37,7 @@ from eventstore.spi import (
     is_unavailable,
     wait_until_available,
 )
-from projector import bookkeeping, tables
+from projector import cursor_rows, lease_rows, run_rows, tables
 from projector.projection import Projection
 from projector.rebuild import rebuild
 from projector.runner import LeaseLost, LiveRunner, RetrySettings
@@ -70,7 +70,7 @@ class WorkerSettings:
 
 
 def _cursor_of(conn: psycopg.Connection[Any], name: str) -> Cursor:
-    current = bookkeeping.get_cursor(conn, name)
+    current = cursor_rows.get_cursor(conn, name)
     return current.cursor if current else Cursor()
 
 
@@ -271,7 +271,7 @@ class ProjectorWorker:
             epoch = self._leases.get(name)  # taken before, but its runner did not start (an outage)
             if epoch is None:
                 with self.store.pool.connection() as conn:
-                    epoch = bookkeeping.acquire_lease(conn, name, self.id, self.settings.lease_ttl)
+                    epoch = lease_rows.acquire_lease(conn, name, self.id, self.settings.lease_ttl)
                 if epoch is None:
                     continue
                 with self._lock:
@@ -307,7 +307,7 @@ class ProjectorWorker:
         projection's segments than its share, the excess released, for a worker with fewer to take.
 
         The share is ceil(segments / live projector workers), the workers counted by their listening
-        connections (`bookkeeping.live_workers`). A segment free for longer than a lease's TTL is taken
+        connections (`lease_rows.live_workers`). A segment free for longer than a lease's TTL is taken
         whatever the share, so no segment waits for ever on workers that are not running its projection.
         Looked at every `balance_interval` seconds; in between, nothing is taken."""
         partitioned = [p for p in self.projections.values() if p.partitions > 1]
@@ -317,8 +317,8 @@ class ProjectorWorker:
         self._next_balance = now + self.settings.balance_interval
         wanted: set[str] = set()
         with self.store.pool.connection() as conn:
-            live = max(1, bookkeeping.live_workers(conn, self._listener_name))
-            leases = {p.name: bookkeeping.segment_leases(conn, p.name) for p in partitioned}
+            live = max(1, lease_rows.live_workers(conn, self._listener_name))
+            leases = {p.name: lease_rows.segment_leases(conn, p.name) for p in partitioned}
         for p in partitioned:
             share = -(-p.partitions // live)
             mine = sorted(u.segment for u in units_of(p) if u.key in self._leases and u.segment is not None)
@@ -376,7 +376,7 @@ class ProjectorWorker:
         # The catch-up run ends once everything committed before it began has been applied.
         target = self.store.committed_so_far()
         with self.store.pool.connection() as conn:
-            run_id = bookkeeping.start_run(
+            run_id = run_rows.start_run(
                 conn,
                 name,
                 "catch_up",
@@ -408,7 +408,7 @@ class ProjectorWorker:
             self._leases.pop(name, None)
         self._drop(name, "stopped")
 
-    def _drop(self, name: str, status: bookkeeping.RunStatus) -> None:
+    def _drop(self, name: str, status: run_rows.RunStatus) -> None:
         with self._lock:
             runner = self._runners.pop(name, None)
         if runner is not None:
@@ -424,7 +424,7 @@ class ProjectorWorker:
             self._leases.pop(name, None)
         try:
             with self.store.pool.connection() as conn:
-                bookkeeping.release_lease(conn, name, self.id, epoch)
+                lease_rows.release_lease(conn, name, self.id, epoch)
         except Exception as exc:
             if not is_unavailable(exc):
                 raise
@@ -450,12 +450,12 @@ class ProjectorWorker:
             held = dict(self._leases)
         with self.store.pool.connection() as conn:
             for name, epoch in held.items():
-                if not bookkeeping.renew_lease(conn, name, self.id, epoch, self.settings.lease_ttl):
+                if not lease_rows.renew_lease(conn, name, self.id, epoch, self.settings.lease_ttl):
                     log.warning("projection_lease_lost", projection=name, worker=self.id)
                     self._lost(name)
-            bookkeeping.heartbeat_runs(conn, self.id)
+            run_rows.heartbeat_runs(conn, self.id)
             end_frozen_sessions(conn, self.settings.lease_ttl)
-            for run_id, projection, kind, owner in bookkeeping.mark_abandoned_runs(
+            for run_id, projection, kind, owner in run_rows.mark_abandoned_runs(
                 conn, self.settings.abandoned_after
             ):
                 log.warning(
