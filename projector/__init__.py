@@ -29,7 +29,8 @@ from projector.tables import missing_tables  # noqa: E402
 from projector.type_catalogue import TypeCount, event_type_catalogue, type_counts  # noqa: E402
 from projector.verify import start_verify, verify  # noqa: E402
 from projector.waiting import ProjectionBehindError, wait_for  # noqa: E402
-from projector.worker import ProjectorWorker, WorkerSettings  # noqa: E402
+from projector.worker import ProjectorWorker  # noqa: E402
+from projector.worker_settings import WorkerSettings  # noqa: E402
 
 __ledgerflow_package__ = True
 
