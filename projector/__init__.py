@@ -5,17 +5,9 @@ from eventstore.spi import require_ledgerflow_packages
 
 require_ledgerflow_packages("eventstore")
 
-from projector.bookkeeping import (  # noqa: E402
-    Failure,
-    Run,
-    get_run,
-    list_failures,
-    list_runs,
-    request_failure_retry,
-    request_failure_skip,
-)
 from projector.catalogue import stream_catalogue  # noqa: E402
 from projector.errors import RunInProgressError  # noqa: E402
+from projector.failure_rows import Failure, list_failures, request_failure_retry, request_failure_skip  # noqa: E402
 from projector.health import ProjectionHealth, SegmentHealth, projection_health  # noqa: E402
 from projector.listener import ProjectionWaiters, TooManyWaitersError, Watch  # noqa: E402
 from projector.operator_runs import (  # noqa: E402
@@ -30,13 +22,15 @@ from projector.projection import ApplyContext, Projection, Table  # noqa: E402
 from projector.rebuild import rebuild, start_rebuild  # noqa: E402
 from projector.registry import find, load_projections  # noqa: E402
 from projector.replay import replay, start_replay  # noqa: E402
+from projector.run_rows import Run, get_run, list_runs  # noqa: E402
 from projector.runner import LeaseLost, RetrySettings  # noqa: E402
 from projector.segments import PartitionsChangedError, stream_segment  # noqa: E402
 from projector.tables import missing_tables  # noqa: E402
 from projector.type_catalogue import TypeCount, event_type_catalogue, type_counts  # noqa: E402
 from projector.verify import start_verify, verify  # noqa: E402
 from projector.waiting import ProjectionBehindError, wait_for  # noqa: E402
-from projector.worker import ProjectorWorker, WorkerSettings  # noqa: E402
+from projector.worker import ProjectorWorker  # noqa: E402
+from projector.worker_settings import WorkerSettings  # noqa: E402
 
 __ledgerflow_package__ = True
 

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from eventstore import Cursor, EventStore
-from projector import bookkeeping
+from projector import cursor_rows, failure_rows, lease_rows, run_rows
 from projector.operator_runs import sweep_abandoned
 from projector.projection import Projection
 from projector.segments import segment_key
@@ -62,18 +62,18 @@ def projection_health(
         if abandoned_after is not None:
             sweep_abandoned(conn, abandoned_after)
         for p in projections:
-            current = bookkeeping.get_cursor(conn, p.name)
+            current = cursor_rows.get_cursor(conn, p.name)
             cursor = current.cursor if current else Cursor()
             segments = _segments(conn, p.name, tenant) if current and current.partitions > 1 else ()
             if segments:
                 cursor = min(g.cursor for g in segments)
-            lag = bookkeeping.lag(conn, cursor, p.event_types)
-            lease = bookkeeping.lease_of(conn, p.name)
-            failures = bookkeeping.projection_open_failures(conn, p.name)
+            lag = cursor_rows.lag(conn, cursor, p.event_types)
+            lease = lease_rows.lease_of(conn, p.name)
+            failures = failure_rows.projection_open_failures(conn, p.name)
             # A failure blocks every tenant's rows, so the state says "blocked" to all; the count (and
             # the failures an API lists) are the tenant's own.
             own = failures if tenant is None else [f for f in failures if f.tenant == tenant]
-            runs = bookkeeping.list_runs(conn, p.name, limit=5, tenant=tenant)
+            runs = run_rows.list_runs(conn, p.name, limit=5, tenant=tenant)
             active = {r.kind for r in runs if r.status == "running"}
             owner = lease.owner if lease and lease.alive else None
             if segments:
@@ -113,13 +113,13 @@ def projection_health(
     return found
 
 
-def _segments(conn: bookkeeping.Conn, name: str, tenant: str | None) -> tuple[SegmentHealth, ...]:
-    cursors = bookkeeping.segment_cursors(conn, name)
-    leases = bookkeeping.segment_leases(conn, name)
+def _segments(conn: cursor_rows.Conn, name: str, tenant: str | None) -> tuple[SegmentHealth, ...]:
+    cursors = cursor_rows.segment_cursors(conn, name)
+    leases = lease_rows.segment_leases(conn, name)
     found = []
     for k, cursor in sorted(cursors.items()):
         lease = leases.get(k)
-        failures = bookkeeping.open_failures(conn, segment_key(name, k))
+        failures = failure_rows.open_failures(conn, segment_key(name, k))
         own = failures if tenant is None else [f for f in failures if f.tenant == tenant]
         owner = lease.owner if lease is not None and lease.alive else None
         found.append(SegmentHealth(k, cursor, owner, len(own)))

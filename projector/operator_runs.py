@@ -20,7 +20,7 @@ import psycopg
 import structlog
 
 from eventstore import Cursor, EventStore, InvalidInputError, LedgerflowError
-from projector import bookkeeping, tables
+from projector import cursor_rows, run_rows, tables
 from projector.digest import TableDifference
 from projector.errors import RunInProgressError, wrap_exceptions
 from projector.projection import Projection
@@ -92,7 +92,7 @@ class PendingRun:
         self,
         store: EventStore,
         run_id: int,
-        kind: bookkeeping.RunKind,
+        kind: run_rows.RunKind,
         projection: Projection,
         tenant: str | None,
         note: str | None,
@@ -122,7 +122,7 @@ class PendingRun:
         while not self._done.wait(HEARTBEAT_INTERVAL):
             try:
                 with wrap_exceptions(), self.store.pool.connection() as conn:
-                    bookkeeping.heartbeat_run(conn, self.run_id)
+                    run_rows.heartbeat_run(conn, self.run_id)
             except LedgerflowError as exc:
                 # The run's own work meets the same outage and fails the run, or outlives it.
                 log.debug("projection_run_heartbeat_missed", run_id=self.run_id, error=str(exc))
@@ -133,9 +133,9 @@ def sweep_abandoned(
 ) -> list[tuple[int, str, str, str]]:
     """Mark runs whose owner stopped heartbeating as abandoned, and drop every scratch schema whose run
     is no longer running (its owner crashed before it could). Returns the runs marked."""
-    marked = bookkeeping.mark_abandoned_runs(conn, timeout)
-    running = bookkeeping.running_run_ids(conn)
-    for schema in bookkeeping.scratch_schemas(conn):
+    marked = run_rows.mark_abandoned_runs(conn, timeout)
+    running = run_rows.running_run_ids(conn)
+    for schema in run_rows.scratch_schemas(conn):
         if tables.run_of_scratch_schema(schema) not in running:
             tables.drop_schema(conn, schema)
             log.info("projection_scratch_schema_dropped", schema=schema)
@@ -153,7 +153,7 @@ def check_scope(projection: Projection, tenant: str | None) -> None:
 def _record_run(
     store: EventStore,
     projection: Projection,
-    kind: bookkeeping.RunKind,
+    kind: run_rows.RunKind,
     *,
     trigger: str,
     actor: str | None,
@@ -171,7 +171,7 @@ def _record_run(
         for attempt in range(_START_ATTEMPTS):
             try:
                 with wrap_exceptions():
-                    run_id = bookkeeping.start_run(
+                    run_id = run_rows.start_run(
                         conn,
                         projection.name,
                         kind,
@@ -184,7 +184,7 @@ def _record_run(
                     )
                 break
             except RunInProgressError as busy:
-                running = bookkeeping.running_operator_run(conn, projection.name, tenant)
+                running = run_rows.running_operator_run(conn, projection.name, tenant)
                 # The run that held the scope may have ended between the refused insert and this look:
                 # the scope is free, so try again rather than answer a conflict that names no run.
                 if running is None and attempt + 1 < _START_ATTEMPTS:
@@ -193,7 +193,7 @@ def _record_run(
         # Counted once, for the progress shown (a total, a rate, the time left). A rebuild or verify goes
         # to the end of the log, not to the live cursor; events appended meanwhile take it a little past.
         until = target if kind == "replay" else None
-        bookkeeping.count_run_events(
+        run_rows.count_run_events(
             conn, run_id, start=start, target=until, tenant=tenant, types=projection.event_types
         )
         return run_id
@@ -204,7 +204,7 @@ def live_cursor_of(store: EventStore, projection: Projection, *, highest: bool =
     highest's: how far any of its rows got)."""
     with wrap_exceptions(), store.pool.connection() as conn:
         if highest and projection.partitions > 1:
-            segments = bookkeeping.segment_cursors(conn, projection.name)
+            segments = cursor_rows.segment_cursors(conn, projection.name)
             if segments:
                 return max(segments.values())
         return projection_cursor(conn, projection) or Cursor()
@@ -213,7 +213,7 @@ def live_cursor_of(store: EventStore, projection: Projection, *, highest: bool =
 def pending_run(
     store: EventStore,
     projection: Projection,
-    kind: bookkeeping.RunKind,
+    kind: run_rows.RunKind,
     *,
     trigger: str,
     actor: str | None,
@@ -248,11 +248,11 @@ def _guarded(store: EventStore, run_id: int, work: Callable[[], OperatorResult])
 def _fail_run(store: EventStore, run_id: int, exc: BaseException) -> None:
     try:
         with wrap_exceptions(), store.pool.connection() as conn:
-            for schema in bookkeeping.scratch_schemas(conn):
+            for schema in run_rows.scratch_schemas(conn):
                 if tables.run_of_scratch_schema(schema) == run_id:
                     tables.drop_schema(conn, schema)
-            status: bookkeeping.RunStatus = "stopped" if isinstance(exc, KeyboardInterrupt) else "failed"
-            bookkeeping.finish_run(conn, run_id, status, error=f"{type(exc).__name__}: {exc}"[:4000])
+            status: run_rows.RunStatus = "stopped" if isinstance(exc, KeyboardInterrupt) else "failed"
+            run_rows.finish_run(conn, run_id, status, error=f"{type(exc).__name__}: {exc}"[:4000])
     except LedgerflowError as failed:
         # Left running, the run is marked abandoned once its heartbeat is old; its schema goes with it.
         log.warning("projection_run_not_closed", run_id=run_id, error=str(failed))

@@ -13,7 +13,7 @@ import structlog
 import tenacity
 
 from eventstore import ConflictError, Cursor, EventStore
-from projector import bookkeeping, fences, tables
+from projector import cursor_rows, fences, run_rows, tables
 from projector.digest import projection_digest
 from projector.errors import TablesBusyError, wrap_exceptions
 from projector.operator_runs import (
@@ -132,25 +132,25 @@ def _swap(
     with wrap_exceptions(), store.pool.connection() as conn, conn.transaction():
         # Cursor row first, tables second: the same order as a live batch, so the two queue. A partitioned
         # projection's segment rows come right after its own, in segment order (each batch holds one).
-        live_cursor, _ = bookkeeping.lock_cursor(conn, projection.name)
-        segments = bookkeeping.lock_segment_cursors(conn, projection.name)
+        live_cursor, _ = cursor_rows.lock_cursor(conn, projection.name)
+        segments = cursor_rows.lock_segment_cursors(conn, projection.name)
         live_cursor = max([live_cursor, *segments.values()])
         fences.lock_fences(conn, projection.name)
         tables.lock_live_tables(conn, projection, _SWAP_LOCK_TIMEOUT_MS)
         build.run_until(None, progress, conn)
         final = max(build.cursor, live_cursor)
         tables.swap_in_shadow(conn, projection, build.schema)
-        bookkeeping.set_cursor(conn, projection.name, final, projection.version)
+        cursor_rows.set_cursor(conn, projection.name, final, projection.version)
         # The tables now hold every segment's streams up to `final`, under the code's number of partitions.
-        bookkeeping.set_partitions(conn, projection.name, projection.partitions)
+        cursor_rows.set_partitions(conn, projection.name, projection.partitions)
         if segments or projection.partitions > 1:
             wanted = projection.partitions if projection.partitions > 1 else 0
-            bookkeeping.reset_segments(conn, projection.name, wanted, final, projection.version)
+            cursor_rows.reset_segments(conn, projection.name, wanted, final, projection.version)
         # A tenant being rebuilt meanwhile now has its rows at `final` too (its replacement builds on to it).
         fences.reset_fences(conn, projection.name, [u.key for u in units_of(projection)], final)
         digest = projection_digest(conn, projection, projection.schema)
-        bookkeeping.run_progress(conn, run_id, final, 0)
-        bookkeeping.finish_run(conn, run_id, "completed", digest=digest)
+        run_rows.run_progress(conn, run_id, final, 0)
+        run_rows.finish_run(conn, run_id, "completed", digest=digest)
     return final, digest
 
 

@@ -10,7 +10,7 @@ from datetime import datetime
 import structlog
 
 from eventstore import Cursor, EventStore, InvalidInputError, NotFoundError
-from projector import bookkeeping
+from projector import cursor_rows
 from projector.errors import wrap_exceptions
 from projector.operator_runs import (
     PendingRun,
@@ -52,7 +52,7 @@ def start_replay(
         )
     if since is not None:
         with wrap_exceptions(), store.pool.connection() as conn:
-            after = bookkeeping.first_cursor_since(conn, since)
+            after = cursor_rows.first_cursor_since(conn, since)
         if after is None:
             raise NotFoundError(f"no event was recorded at or after {since.isoformat()}; nothing to replay")
     assert after is not None
@@ -85,8 +85,8 @@ def start_replay(
 
 def _replay_in_place(store: EventStore, projection: Projection, run_id: int, after: Cursor) -> ReplayResult:
     with store.pool.connection() as conn, conn.transaction():
-        current, version = bookkeeping.lock_cursor(conn, projection.name)
-        bookkeeping.set_cursor(conn, projection.name, after, version)
+        current, version = cursor_rows.lock_cursor(conn, projection.name)
+        cursor_rows.set_cursor(conn, projection.name, after, version)
     # Wake the workers now: the lease holder notices the moved cursor and re-applies at once, instead of
     # waiting for the next append.
     store.notify_appended()

@@ -19,7 +19,7 @@ from opentelemetry import metrics, trace
 
 from eventstore import Cursor, EventStore, RecordedEvent
 from eventstore.spi import span_if_traced, wrap_exceptions
-from projector import bookkeeping, fences
+from projector import cursor_rows, failure_rows, fences, lease_rows, run_rows
 from projector.projection import ApplyContext, Projection
 from projector.segments import Unit
 
@@ -89,26 +89,26 @@ class LiveRunner:
         self._catch_up_run: int | None = catch_up_run[0] if catch_up_run else None
         self._catch_up_target: Cursor | None = catch_up_run[1] if catch_up_run else None
         self._replay: tuple[int, Cursor | None] | None = None
-        self._failures: list[bookkeeping.Failure] | None = None
+        self._failures: list[failure_rows.Failure] | None = None
         self._next_idle_write = 0.0
         self._reload()
 
-    def _open_failures(self) -> list[bookkeeping.Failure]:
+    def _open_failures(self) -> list[failure_rows.Failure]:
         """The projection's open failures. Only the lease holder records failures, so while there are none
         there is nothing to re-read; while there are some, every step re-reads them to notice an
         operator's retry or skip."""
         if self._failures is None or self._failures:
             with self.store.pool.connection() as conn:
-                self._failures = bookkeeping.open_failures(conn, self.key)
+                self._failures = failure_rows.open_failures(conn, self.key)
         return self._failures
 
     def _reload(self) -> None:
         with self.store.pool.connection() as conn:
-            current = bookkeeping.get_cursor(conn, self.key)
+            current = cursor_rows.get_cursor(conn, self.key)
             assert current is not None, "the worker creates the cursor before running"
             self._db_cursor = current.cursor
-            self._skipped = bookkeeping.skipped_positions(conn, self.key)
-            self._replay = bookkeeping.active_run(conn, self.key, "replay")
+            self._skipped = failure_rows.skipped_positions(conn, self.key)
+            self._replay = run_rows.active_run(conn, self.key, "replay")
         self._read_cursor = self._db_cursor
 
     @property
@@ -135,7 +135,7 @@ class LiveRunner:
                 return StepResult(applied=1, caught_up=False)
             if failure.policy == "block" and failure.status == "skip_requested":
                 with self.store.pool.connection() as conn:
-                    bookkeeping.close_failure(conn, failure.id, "skipped")
+                    failure_rows.close_failure(conn, failure.id, "skipped")
                 self._skipped.add(failure.event_position)
                 self._failures = None
                 log.info("projection_failure_skipped", projection=name, failure_id=failure.id)
@@ -194,7 +194,7 @@ class LiveRunner:
         next compare-and-set; an idle one looks (one primary-key read per empty page), so a replay starts
         at once rather than at the next append."""
         with self.store.pool.connection() as conn:
-            current = bookkeeping.get_cursor(conn, self.key)
+            current = cursor_rows.get_cursor(conn, self.key)
         return current is not None and current.cursor != self._db_cursor
 
     # -- committing -----------------------------------------------------------------------------------
@@ -213,9 +213,9 @@ class LiveRunner:
             lambda: {"ledgerflow.projection": name, "ledgerflow.events": len(events)},
         )
         with span, self.store.pool.connection() as conn, conn.transaction():
-            if not bookkeeping.hold_lease(conn, name, self.owner, self.epoch, self.lease_ttl):
+            if not lease_rows.hold_lease(conn, name, self.owner, self.epoch, self.lease_ttl):
                 raise LeaseLost(f"lease of {name!r} (epoch {self.epoch}) is no longer held by {self.owner}")
-            if not bookkeeping.advance_cursor(conn, name, self._db_cursor, new_cursor, len(events)):
+            if not cursor_rows.advance_cursor(conn, name, self._db_cursor, new_cursor, len(events)):
                 raise _CursorMoved
             events = self._unfenced(conn, events)
             try:
@@ -230,10 +230,10 @@ class LiveRunner:
                 raise _HandlerFailed(exc, events[0] if len(events) == 1 else None) from exc
             for e in events:
                 if e.position in retrying:
-                    bookkeeping.close_failure(conn, retrying.pop(e.position), "resolved")
+                    failure_rows.close_failure(conn, retrying.pop(e.position), "resolved")
                     self._failures = None
             for run_id in self._runs_to_advance():
-                bookkeeping.run_progress(conn, run_id, new_cursor, len(events))
+                run_rows.run_progress(conn, run_id, new_cursor, len(events))
             if extra is not None:
                 extra(conn)
         self._db_cursor = self._read_cursor = new_cursor
@@ -314,7 +314,7 @@ class LiveRunner:
         attempts = self.retry.attempts
         if policy == "block":
             with self.store.pool.connection() as conn:
-                failure_id = bookkeeping.record_failure(conn, name, event, policy, error, attempts)
+                failure_id = failure_rows.record_failure(conn, name, event, policy, error, attempts)
             log.error(
                 "projection_blocked",
                 projection=name,
@@ -338,19 +338,19 @@ class LiveRunner:
     def _record(
         self, conn: psycopg.Connection[Any], event: RecordedEvent, error: BaseException, n: int
     ) -> None:
-        bookkeeping.record_failure(conn, self.key, event, self.projection.failure_policy, error, n)
+        failure_rows.record_failure(conn, self.key, event, self.projection.failure_policy, error, n)
 
-    def _resolve_parked(self, failure: bookkeeping.Failure) -> None:
+    def _resolve_parked(self, failure: failure_rows.Failure) -> None:
         """Carry out an operator's retry or skip of a parked stream: apply the failed event (unless
         skipped) and the stream's later events that were parked behind it, in one transaction."""
         self._failures = None
         skip = failure.status == "skip_requested"
         from_version = failure.stream_version + (1 if skip else 0)
         with self.store.pool.connection() as conn:
-            events = bookkeeping.failure_events(conn, failure, from_version, self._db_cursor)
+            events = failure_rows.failure_events(conn, failure, from_version, self._db_cursor)
 
         def close(conn: psycopg.Connection[Any]) -> None:
-            bookkeeping.close_failure(conn, failure.id, "skipped" if skip else "resolved")
+            failure_rows.close_failure(conn, failure.id, "skipped" if skip else "resolved")
 
         try:
             self._with_retries(lambda: self._commit(events, self._db_cursor, {}, extra=close))
@@ -361,7 +361,7 @@ class LiveRunner:
             first = events[0] if events else None
             if first is not None:
                 with self.store.pool.connection() as conn:
-                    bookkeeping.record_failure(conn, self.key, first, "park", exc.error, self.retry.attempts)
+                    failure_rows.record_failure(conn, self.key, first, "park", exc.error, self.retry.attempts)
             return
         if skip:
             self._skipped.add(failure.event_position)
@@ -390,7 +390,7 @@ class LiveRunner:
             and self._read_cursor >= target
         ):
             with self.store.pool.connection() as conn:
-                bookkeeping.finish_run(conn, self._catch_up_run, "completed")
+                run_rows.finish_run(conn, self._catch_up_run, "completed")
             log.info("projection_caught_up", projection=self.key, run_id=self._catch_up_run)
             self._catch_up_run = None
 
@@ -400,7 +400,7 @@ class LiveRunner:
         run_id, target = self._replay
         if target is None or max(self._db_cursor, self._read_cursor) >= target:
             with self.store.pool.connection() as conn:
-                bookkeeping.finish_run(conn, run_id, "completed")
+                run_rows.finish_run(conn, run_id, "completed")
             log.info("projection_replay_completed", projection=self.key, run_id=run_id)
             self._replay = None
 
@@ -408,11 +408,11 @@ class LiveRunner:
         log.info("projection_cursor_moved", projection=self.key)
         self._reload()
 
-    def close(self, status: bookkeeping.RunStatus = "stopped") -> None:
+    def close(self, status: run_rows.RunStatus = "stopped") -> None:
         """End this runner's open catch-up run (on release or shutdown)."""
         if self._catch_up_run is not None:
             with self.store.pool.connection() as conn:
-                bookkeeping.finish_run(conn, self._catch_up_run, status)
+                run_rows.finish_run(conn, self._catch_up_run, status)
             self._catch_up_run = None
 
 

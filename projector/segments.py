@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from eventstore import ConflictError, Cursor
-from projector import bookkeeping
+from projector import cursor_rows
 from projector.projection import Projection
 
 SEPARATOR = "#"
@@ -84,27 +84,27 @@ class PartitionsChangedError(ConflictError):
         )
 
 
-def ensure_cursors(conn: psycopg.Connection[Any], projection: Projection) -> bookkeeping.CursorState:
+def ensure_cursors(conn: psycopg.Connection[Any], projection: Projection) -> cursor_rows.CursorState:
     """Create the projection's cursor row if missing (with its code's version and partitions) and, while
     the stored number of partitions is the code's, any missing segment row, at the projection's own
     cursor: where a swap last put every segment, or the start of the log for a new projection. Returns the
     projection's own row."""
-    current = bookkeeping.ensure_cursor(conn, projection.name, projection.version, projection.partitions)
+    current = cursor_rows.ensure_cursor(conn, projection.name, projection.version, projection.partitions)
     if projection.partitions > 1 and current.partitions == projection.partitions:
-        present = bookkeeping.segment_cursors(conn, projection.name)
+        present = cursor_rows.segment_cursors(conn, projection.name)
         if len(present) < projection.partitions:
-            bookkeeping.lock_cursor(conn, projection.name)  # one creator at a time: a swap holds this row too
-            present = bookkeeping.segment_cursors(conn, projection.name)
+            cursor_rows.lock_cursor(conn, projection.name)  # one creator at a time: a swap holds this row too
+            present = cursor_rows.segment_cursors(conn, projection.name)
             for k in range(projection.partitions):
                 if k not in present:
-                    bookkeeping.ensure_cursor(conn, segment_key(projection.name, k), projection.version)
-                    bookkeeping.set_cursor(
+                    cursor_rows.ensure_cursor(conn, segment_key(projection.name, k), projection.version)
+                    cursor_rows.set_cursor(
                         conn, segment_key(projection.name, k), current.cursor, current.version
                     )
     return current
 
 
-def check_partitions(projection: Projection, stored: bookkeeping.CursorState) -> None:
+def check_partitions(projection: Projection, stored: cursor_rows.CursorState) -> None:
     if stored.partitions != projection.partitions:
         raise PartitionsChangedError(projection.name, stored.partitions, projection.partitions)
 
@@ -114,13 +114,13 @@ def lock_unit_cursors(conn: psycopg.Connection[Any], projection: Projection) -> 
     the caller's transaction ends. The projection's own row first, then its segments' in order: a swap's
     order, and a live batch holds one of these rows only, so none of them deadlock. Refuses a partitioned
     projection whose stored number of partitions is not its code's (its segments mean other streams)."""
-    own, _ = bookkeeping.lock_cursor(conn, projection.name)
+    own, _ = cursor_rows.lock_cursor(conn, projection.name)
     if projection.partitions == 1:
         return {projection.name: own}
-    stored = bookkeeping.get_cursor(conn, projection.name)
+    stored = cursor_rows.get_cursor(conn, projection.name)
     assert stored is not None
     check_partitions(projection, stored)
-    segments = bookkeeping.lock_segment_cursors(conn, projection.name)
+    segments = cursor_rows.lock_segment_cursors(conn, projection.name)
     missing = [k for k in range(projection.partitions) if k not in segments]
     if missing:  # `ensure_cursors` creates them before any run starts
         raise LookupError(f"projection {projection.name!r} has no cursor row for segments {missing}")
@@ -130,10 +130,10 @@ def lock_unit_cursors(conn: psycopg.Connection[Any], projection: Projection) -> 
 def projection_cursor(conn: psycopg.Connection[Any], projection: Projection) -> Cursor | None:
     """How far the projection's tables show the log (None before it first ran): its cursor, or for a
     partitioned one the lowest of its segments' cursors."""
-    current = bookkeeping.get_cursor(conn, projection.name)
+    current = cursor_rows.get_cursor(conn, projection.name)
     if current is None:
         return None
     if current.partitions == 1:
         return current.cursor
-    segments = bookkeeping.segment_cursors(conn, projection.name)
+    segments = cursor_rows.segment_cursors(conn, projection.name)
     return min(segments.values()) if segments else current.cursor

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from eventstore import Cursor, EventStore, RecordedEvent
-from projector import bookkeeping
+from projector import failure_rows, run_rows
 from projector.projection import ApplyContext, Projection
 from projector.segments import stream_segment
 
@@ -41,8 +41,8 @@ class ShadowBuild:
         self.events = 0
         with store.pool.connection() as conn:
             # Of every segment too: each keeps its own failures (`projector.segments`).
-            self._skipped = bookkeeping.projection_skipped_positions(conn, projection.name)
-            failures = bookkeeping.projection_open_failures(conn, projection.name)
+            self._skipped = failure_rows.projection_skipped_positions(conn, projection.name)
+            failures = failure_rows.projection_open_failures(conn, projection.name)
         self._parked = {(f.tenant, f.stream_id): f.stream_version for f in failures if f.policy == "park"}
         self._segments: dict[int, Cursor] | None = None
         self._partitions = 1
@@ -113,4 +113,4 @@ class ShadowBuild:
     ) -> None:
         if events:
             self.projection.apply(ApplyContext(conn, self.schema, self.projection.table_names), events)
-        bookkeeping.run_progress(conn, self.run_id, end, n)
+        run_rows.run_progress(conn, self.run_id, end, n)

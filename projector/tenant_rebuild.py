@@ -27,7 +27,7 @@ from __future__ import annotations
 import structlog
 
 from eventstore import Cursor, EventStore
-from projector import bookkeeping, fences, tables
+from projector import fences, run_rows, tables
 from projector.digest import projection_digest
 from projector.errors import wrap_exceptions
 from projector.projection import Projection
@@ -80,10 +80,10 @@ def replace_tenant_rows(
             tables.replace_tenant_rows(conn, projection, build.schema, tenant)
             tables.drop_schema(conn, build.schema)
             digest = projection_digest(conn, projection, projection.schema, tenant=tenant)
-            bookkeeping.run_progress(conn, run_id, at, 0)
+            run_rows.run_progress(conn, run_id, at, 0)
         with wrap_exceptions(), store.pool.connection() as conn, conn.transaction():
             caught_up = _lift(conn, store, projection, build, run_id, tenant)
-            bookkeeping.finish_run(conn, run_id, "completed", digest=digest)
+            run_rows.finish_run(conn, run_id, "completed", digest=digest)
     except BaseException:
         _lift_after_failure(store, projection, build, run_id, tenant)
         raise
@@ -104,7 +104,7 @@ def _segment(key: str) -> int:
 
 
 def _lift(
-    conn: bookkeeping.Conn,
+    conn: run_rows.Conn,
     store: EventStore,
     projection: Projection,
     build: ShadowBuild,

@@ -10,7 +10,7 @@ import time
 import structlog
 
 from eventstore import Cursor, EventStore
-from projector import bookkeeping, fences, tables
+from projector import cursor_rows, fences, run_rows, tables
 from projector.digest import differing_rows, projection_digest
 from projector.operator_runs import PendingRun, VerifyResult, check_scope, live_cursor_of, pending_run
 from projector.projection import Projection
@@ -60,15 +60,15 @@ def _verify(
     with store.pool.connection() as conn, conn.transaction():
         # The live cursor only moves forward under this lock (a replay or swap takes it too), and the
         # build never passes the target it is given, so both copies now stand at `live_cursor`.
-        live_cursor, _ = bookkeeping.lock_cursor(conn, projection.name)
+        live_cursor, _ = cursor_rows.lock_cursor(conn, projection.name)
         floor = live_cursor
         if projection.partitions > 1:
-            stored = bookkeeping.get_cursor(conn, projection.name)
+            stored = cursor_rows.get_cursor(conn, projection.name)
             assert stored is not None
             check_partitions(projection, stored)
             # Each segment stands at its own cursor: the copy takes each stream's events up to its
             # segment's, so both copies hold the same events.
-            segments = bookkeeping.lock_segment_cursors(conn, projection.name)
+            segments = cursor_rows.lock_segment_cursors(conn, projection.name)
             floor, live_cursor = min(segments.values()), max(segments.values())
             build.limit_to(segments, projection.partitions)
         if build.cursor > floor:  # a replay moved the live cursor back meanwhile
@@ -93,7 +93,7 @@ def _verify(
                 f"{sum(len(d.only_in_live) + len(d.only_in_rebuilt) for d in differences)} rows differ"
             )
         )
-        bookkeeping.finish_run(
+        run_rows.finish_run(
             conn, run_id, "completed" if error is None else "failed", error=error, digest=live_digest
         )
     return VerifyResult(run_id, live_cursor, live_digest, rebuilt_digest, differences)

@@ -39,7 +39,7 @@ import structlog
 
 from eventstore import START, AppendResult, Cursor, EventStore, InvalidInputError, LedgerflowError
 from eventstore.spi import connect, load_queries, wrap_exceptions
-from projector import bookkeeping
+from projector import cursor_rows
 from projector.projection import Projection
 
 log = structlog.get_logger(__name__)
@@ -114,13 +114,13 @@ class Reach:
 def reach(store: EventStore, projection: Projection, conn: psycopg.Connection[Any]) -> Reach:
     """How far `projection`'s tables show the log: its durable cursor and, for one that reads only some
     event types, the next event it would read (or the readable horizon when there is none)."""
-    current = bookkeeping.get_cursor(conn, projection.name)
+    current = cursor_rows.get_cursor(conn, projection.name)
     if current is None:
         return Reach(None)
     if projection.partitions > 1 and current.partitions == projection.partitions:
         # A segment reads only its streams, so like a projection of few types, its cursor stays where it
         # last applied something while other segments' events go by.
-        segments = bookkeeping.segment_cursors(conn, projection.name)
+        segments = cursor_rows.segment_cursors(conn, projection.name)
         parts = tuple(
             _reach_from(store, projection, at, conn, (k, projection.partitions))
             for k, at in sorted(segments.items())

@@ -9,19 +9,36 @@ from ops.cli.lazy import LazyCommand
 
 #: `ledgerflow`'s commands defined outside ops.cli.commands.
 COMMANDS = {
+    "append": LazyCommand("ops.cli.streams:append", "Append one event to a stream."),
+    "db": LazyCommand("ops.cli.database:db_group", "The database ledgerflow uses."),
     "demo": LazyCommand(
         "ops.cli.demo:demo",
         "Run the six-node extraction pipeline with live progress; kill its worker mid-node and watch the "
         "run resume at the right item. Then an event starts a review run, which waits for an approval.",
     ),
+    "doctor": LazyCommand(
+        "ops.cli.database:doctor",
+        "Check the database, migrations, leases, the safe horizon and stuck work; say what to do.",
+    ),
     "events": LazyCommand("ops.cli.events:events_group", "Event types: versions, upcasters and counts."),
+    "events-demo": LazyCommand(
+        "ops.cli.global_log:events_demo",
+        "Append sample events from several threads and follow them live through a subscription.",
+    ),
     "failures": LazyCommand(
         "ops.cli.projections:failures_group", "Events projections could not apply: list, retry, skip."
+    ),
+    "horizon": LazyCommand(
+        "ops.cli.global_log:horizon",
+        "Show the log's safe horizon and the writers of the log holding it back.",
     ),
     "keys": LazyCommand("ops.cli.subjects:keys_group", "The master key that wraps the subjects' data keys."),
     "log": LazyCommand(
         "ops.cli.log:log_group",
         "The event log's partitions: list them, archive old ones to files, restore them for a rebuild.",
+    ),
+    "migrate": LazyCommand(
+        "ops.cli.database:migrate", "Apply pending database migrations (also done automatically on start-up)."
     ),
     "projections": LazyCommand(
         "ops.cli.projections:projections_group",
@@ -31,9 +48,15 @@ COMMANDS = {
         "ops.cli.projections:projector_command",
         "Run a projector worker until SIGTERM or Ctrl-C; start as many as you like.",
     ),
+    "psql": LazyCommand(
+        "ops.cli.database:psql",
+        "Open psql on ledgerflow's database (the embedded one too); extra arguments go to psql, e.g. "
+        "`ledgerflow psql -c 'select * from ledgerflow.stream_catalogue'`.",
+    ),
     "quotas": LazyCommand(
         "ops.cli.quotas:quotas_group", "Per-tenant quotas: runs in flight, starts and appends per second."
     ),
+    "read": LazyCommand("ops.cli.streams:read", "Print a stream's events, as stored unless --upcast."),
     "recover": LazyCommand(
         "ops.cli.worker:recover",
         "Reclaim orphaned nodes now (workers also do this continuously) and show recent recoveries.",
@@ -41,6 +64,10 @@ COMMANDS = {
     "subjects": LazyCommand(
         "ops.cli.subjects:subjects_group",
         "Subjects of personal data: forget one (its personal fields then read as [forgotten]).",
+    ),
+    "tail": LazyCommand(
+        "ops.cli.global_log:tail",
+        "Follow the global log from a cursor, one JSON line per event, until interrupted.",
     ),
     "tokens": LazyCommand(
         "ops.cli.tokens:tokens_group",

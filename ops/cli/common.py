@@ -9,11 +9,14 @@ pydantic or rich.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import click
 
 if TYPE_CHECKING:
+    from eventstore import EventStore
     from ops.cli.consoles import console as console
     from ops.cli.consoles import err_console as err_console
     from ops.settings import Settings
@@ -70,3 +73,12 @@ def _start() -> Settings:
 
 def emit_json(value: Any) -> None:
     click.echo(json.dumps(value, default=str, indent=2))
+
+
+@contextmanager
+def store_of(ctx: click.Context) -> Iterator[EventStore]:
+    """The store of this call's settings, open for the `with` block; the store is imported only here."""
+    from eventstore import open_store
+
+    with open_store(settings_of(ctx)) as store:
+        yield store

@@ -30,7 +30,7 @@ import pytest
 
 from eventstore import Cursor, DatabaseSettings, EventStore, NewEvent, open_store
 from eventstore.migrate import migrate
-from projector import bookkeeping, verify
+from projector import cursor_rows, lease_rows, verify
 from projector.catalogue import stream_catalogue
 from tests.acceptance.pg_cluster import (
     MAX_CONNECTIONS,
@@ -95,7 +95,7 @@ def doctor(cluster: Cluster) -> tuple[int, str]:
 
 def lease_owner(store: EventStore, name: str) -> str | None:
     with store.pool.connection() as conn:
-        lease = bookkeeping.lease_of(conn, name)
+        lease = lease_rows.lease_of(conn, name)
     return lease.owner if lease is not None and lease.alive else None
 
 
@@ -103,7 +103,7 @@ def caught_up(store: EventStore, target: Cursor) -> bool:
     """Every projection has applied everything committed before `target`."""
     with store.pool.connection() as conn:
         for p in (counter, stream_catalogue, workflow_tables):
-            current = bookkeeping.get_cursor(conn, p.name)
+            current = cursor_rows.get_cursor(conn, p.name)
             if current is None or current.cursor < target:
                 return False
     return True

@@ -17,7 +17,7 @@ import pytest
 
 from eventstore import EventStore
 from ops.auth import create_token
-from projector import bookkeeping
+from projector import run_rows
 from tests.acceptance.serve_process import free_port, healthy, start_serve
 from tests.waiting import joined, wait_until
 
@@ -175,4 +175,4 @@ def test_twenty_concurrent_verifies_never_share_a_scratch_schema(
         run = ended(client, headers, "stream_catalogue", accepted.json()["run_id"])
         assert run["status"] == "completed", run
     with store.pool.connection() as conn:
-        assert bookkeeping.scratch_schemas(conn) == []
+        assert run_rows.scratch_schemas(conn) == []

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from eventstore import EventStore, NewEvent
-from projector import bookkeeping, rebuild, tables
+from projector import cursor_rows, lease_rows, rebuild, run_rows, tables
 from projector.digest import projection_digest
 from tests.projections import counter
 from tests.waiting import joined, wait_until
@@ -47,7 +47,7 @@ def _diagnosis(store: EventStore, log: Path) -> str:
     """What an operator would look at when a takeover does not happen: the lease, the sessions of the
     test's database with what they wait for, and the workers' last log lines."""
     with store.pool.connection() as conn:
-        lease = bookkeeping.lease_of(conn, counter.name)
+        lease = lease_rows.lease_of(conn, counter.name)
         sessions = conn.execute(
             "SELECT pid, application_name, state, wait_event_type, wait_event,"
             "       now() - xact_start AS in_transaction, left(query, 120)"
@@ -66,8 +66,8 @@ def applied_stats(store: EventStore) -> tuple[int, int]:
 
 def caught_up(store: EventStore) -> bool:
     with store.pool.connection() as conn:
-        current = bookkeeping.get_cursor(conn, counter.name)
-        return current is not None and bookkeeping.lag(conn, current.cursor).behind_head == 0
+        current = cursor_rows.get_cursor(conn, counter.name)
+        return current is not None and cursor_rows.lag(conn, current.cursor).behind_head == 0
 
 
 #: Events the appender lets the workers fall behind by, at most: twenty of their batches of 25, so a
@@ -84,7 +84,7 @@ def appender(store: EventStore) -> Iterator[threading.Event]:
     each kill still lands with some 300 to 500 events still to apply, appends going on."""
     with store.pool.connection() as conn, conn.transaction():
         # The tables exist before the first worker runs, so the test can watch them from the start.
-        bookkeeping.ensure_cursor(conn, counter.name, counter.version)
+        cursor_rows.ensure_cursor(conn, counter.name, counter.version)
         tables.ensure_live_tables(conn, counter)
     done = threading.Event()
 
@@ -160,15 +160,15 @@ def test_sigkill_at_random_moments(store: EventStore, appender: threading.Event,
         final.send_signal(signal.SIGTERM)
         assert final.wait(timeout=30) == 0
     with store.pool.connection() as conn:
-        lease = bookkeeping.lease_of(conn, counter.name)
+        lease = lease_rows.lease_of(conn, counter.name)
     assert lease is not None
     assert not lease.alive, "on SIGTERM the worker releases its lease at once"
     assert kills == 8
     assert_exactly_once_and_equal_to_rebuild(store)
     # Runs of the killed workers do not stay "running" for ever.
     with store.pool.connection() as conn:
-        bookkeeping.mark_abandoned_runs(conn, 0.5)
-        running = [r for r in bookkeeping.list_runs(conn, counter.name, 100) if r.status == "running"]
+        run_rows.mark_abandoned_runs(conn, 0.5)
+        running = [r for r in run_rows.list_runs(conn, counter.name, 100) if r.status == "running"]
     assert running == []
 
 
@@ -181,13 +181,13 @@ def test_a_worker_paused_past_its_lease_cannot_commit(
     wait_until(lambda: applied_stats(store)[0] > 50, timeout=30, what="the first worker to apply events")
     paused.send_signal(signal.SIGSTOP)
     with store.pool.connection() as conn:
-        epoch_before = bookkeeping.lease_of(conn, counter.name)
+        epoch_before = lease_rows.lease_of(conn, counter.name)
     taker = start_worker(store.url, lease_ttl=1.5, log=log)
     started.append(taker)
 
     def taken_over() -> bool:
         with store.pool.connection() as conn:
-            lease = bookkeeping.lease_of(conn, counter.name)
+            lease = lease_rows.lease_of(conn, counter.name)
         return lease is not None and epoch_before is not None and lease.epoch > epoch_before.epoch
 
     try:

@@ -14,8 +14,7 @@ from ops.api import create_app
 from ops.api.jobs import BackgroundJobs
 from ops.api.settings import ApiSettings
 from ops.services import Services
-from projector import ProjectorWorker
-from projector import bookkeeping as projector_state
+from projector import ProjectorWorker, run_rows
 from tests.api.roles import tenant_admin
 from tests.waiting import wait_until
 
@@ -26,7 +25,7 @@ REBUILD = "/api/v1/projections/stream_catalogue/rebuild"
 
 def operator_runs(services: Services, tenant: str) -> list[tuple[int, str]]:
     with services.store.pool.connection() as conn:
-        runs = projector_state.list_runs(conn, limit=1000)
+        runs = run_rows.list_runs(conn, limit=1000)
     return [(r.id, r.status) for r in runs if r.kind != "catch_up" and r.tenant == tenant]
 
 

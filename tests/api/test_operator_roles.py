@@ -19,8 +19,7 @@ from fastapi.testclient import TestClient
 
 from eventstore import Cursor, NewEvent
 from ops.services import Services
-from projector import Projection, ProjectorWorker
-from projector import bookkeeping as projector_state
+from projector import Projection, ProjectorWorker, cursor_rows, failure_rows, run_rows
 from projector.digest import projection_digest
 from projector.registry import find
 from tests.api.helpers import Headers, MakeToken
@@ -108,14 +107,14 @@ def operator_runs(services: Services) -> list[tuple[int, str, str | None, str]]:
     with services.store.pool.connection() as conn:
         return [
             (r.id, r.kind, r.tenant, r.status)
-            for r in projector_state.list_runs(conn, limit=1000)
+            for r in run_rows.list_runs(conn, limit=1000)
             if r.kind != "catch_up"
         ]
 
 
 def cursor_of(services: Services, name: str) -> Cursor:
     with services.store.pool.connection() as conn:
-        current = projector_state.get_cursor(conn, name)
+        current = cursor_rows.get_cursor(conn, name)
     assert current is not None
     return current.cursor
 
@@ -226,10 +225,10 @@ def test_runs_listed_to_a_tenant_are_global_or_its_own(world: World) -> None:
     own_b = world.lever("stream_catalogue", "verify", world.admin_b)["id"]
     everyone = world.lever("stream_catalogue", "verify", world.ops)["id"]
     with world.services.store.pool.connection() as conn:  # a run over every tenant that failed
-        failed_global = projector_state.start_run(
+        failed_global = run_rows.start_run(
             conn, "stream_catalogue", "rebuild", trigger="test", actor="test", owner="x", start=Cursor()
         )
-        projector_state.finish_run(conn, failed_global, "failed", error="boom in order-2 of tenant-b")
+        run_rows.finish_run(conn, failed_global, "failed", error="boom in order-2 of tenant-b")
 
     seen_by_a = {r["id"]: r for r in world.runs("stream_catalogue", world.admin_a)}
     assert {own_a, everyone, failed_global} <= set(seen_by_a)
@@ -246,7 +245,7 @@ def test_runs_listed_to_a_tenant_are_global_or_its_own(world: World) -> None:
 def record_failure(services: Services, tenant: str, message: str) -> int:
     [event, *_] = services.store.read_stream("order-1", tenant=tenant)
     with services.store.pool.connection() as conn:
-        return projector_state.record_failure(conn, "stream_catalogue", event, "park", ValueError(message), 3)
+        return failure_rows.record_failure(conn, "stream_catalogue", event, "park", ValueError(message), 3)
 
 
 def test_failures_are_scoped_to_their_tenant(world: World) -> None:
@@ -270,7 +269,7 @@ def test_failures_are_scoped_to_their_tenant(world: World) -> None:
         assert response.status_code == 404, response.text
         assert response.json()["error"]["code"] == "not_found"
     with world.services.store.pool.connection() as conn:
-        failure = projector_state.get_failure(conn, fail_b)
+        failure = failure_rows.get_failure(conn, fail_b)
     assert failure is not None
     assert (failure.status, failure.resolved_by) == ("open", None)
 
@@ -279,7 +278,7 @@ def test_failures_are_scoped_to_their_tenant(world: World) -> None:
     assert world.client.post(f"/api/v1/failures/{fail_a}/skip", headers=world.admin_a).status_code == 200
     assert world.client.post(f"/api/v1/failures/{fail_b}/skip", headers=world.ops).status_code == 200
     with world.services.store.pool.connection() as conn:
-        statuses = {f.id: f.status for f in projector_state.list_failures(conn, None, include_closed=True)}
+        statuses = {f.id: f.status for f in failure_rows.list_failures(conn, None, include_closed=True)}
     assert statuses == {fail_a: "skip_requested", fail_b: "skip_requested"}
 
 

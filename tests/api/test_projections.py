@@ -60,11 +60,11 @@ def test_rebuild_and_verify_run_in_the_background(
 
 
 def test_a_second_rebuild_while_one_runs_is_409(client: TestClient, services: Services) -> None:
-    from projector import bookkeeping
+    from projector import cursor_rows, run_rows
 
     with services.store.pool.connection() as conn:
-        bookkeeping.ensure_cursor(conn, "stream_catalogue", 1)
-        run_id = bookkeeping.start_run(
+        cursor_rows.ensure_cursor(conn, "stream_catalogue", 1)
+        run_id = run_rows.start_run(
             conn,
             "stream_catalogue",
             "rebuild",
@@ -166,12 +166,12 @@ def test_unknown_projections_are_404(client: TestClient, admin: Headers) -> None
 
 
 def test_failures_are_listed_and_resolved(client: TestClient, admin: Headers, services: Services) -> None:
-    from projector import bookkeeping
+    from projector import failure_rows
 
     services.store.append("order-1", [NewEvent("A", {})], tenant="acme")
     [event] = services.store.read_stream("order-1", tenant="acme")
     with services.store.pool.connection() as conn:
-        failure_id = bookkeeping.record_failure(
+        failure_id = failure_rows.record_failure(
             conn, "stream_catalogue", event, "block", ValueError("boom"), 3
         )
 

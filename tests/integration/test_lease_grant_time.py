@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from eventstore import EventStore
-from projector import bookkeeping
+from projector import lease_rows
 from tests.waiting import wait_until
 from workflows import Engine, Workflow, WorkflowRegistry, queue_claims
 
@@ -54,7 +54,7 @@ def test_a_standby_that_waited_behind_the_holders_batch_longer_than_the_ttl_gets
     store: EventStore,
 ) -> None:
     with store.pool.connection() as conn:
-        assert bookkeeping.acquire_lease(conn, "counter", "holder", TTL) == 1
+        assert lease_rows.acquire_lease(conn, "counter", "holder", TTL) == 1
     result: list[int | None] = []
     with (
         psycopg.connect(store.url, autocommit=True) as standby,
@@ -62,9 +62,9 @@ def test_a_standby_that_waited_behind_the_holders_batch_longer_than_the_ttl_gets
     ):
         # As a batch does: FOR SHARE on the lease row until the batch commits (the idle timeout is the
         # batch's, set long here so that the test, not the server, ends it).
-        assert bookkeeping.hold_lease(holder, "counter", "holder", 1, ttl=30.0)
+        assert lease_rows.hold_lease(holder, "counter", "holder", 1, ttl=30.0)
         waiter = threading.Thread(
-            target=lambda: result.append(bookkeeping.acquire_lease(standby, "counter", "standby", TTL))
+            target=lambda: result.append(lease_rows.acquire_lease(standby, "counter", "standby", TTL))
         )
         waiter.start()
         committed = hold_longer_than_the_ttl(store, holder, standby.info.backend_pid)
@@ -87,19 +87,19 @@ def test_a_standby_that_waited_behind_the_holders_batch_longer_than_the_ttl_gets
 
 def test_a_projection_renewal_that_waited_past_its_lease_does_not_bring_it_back(store: EventStore) -> None:
     with store.pool.connection() as conn:
-        assert bookkeeping.acquire_lease(conn, "counter", "holder", TTL) == 1
+        assert lease_rows.acquire_lease(conn, "counter", "holder", TTL) == 1
     renewed: list[bool] = []
     with psycopg.connect(store.url, autocommit=True) as beat, psycopg.connect(store.url) as batch:
-        assert bookkeeping.hold_lease(batch, "counter", "holder", 1, ttl=30.0)
+        assert lease_rows.hold_lease(batch, "counter", "holder", 1, ttl=30.0)
         waiter = threading.Thread(
-            target=lambda: renewed.append(bookkeeping.renew_lease(beat, "counter", "holder", 1, TTL))
+            target=lambda: renewed.append(lease_rows.renew_lease(beat, "counter", "holder", 1, TTL))
         )
         waiter.start()
         hold_longer_than_the_ttl(store, batch, beat.info.backend_pid)
         waiter.join(timeout=30)
     assert renewed == [False], "the lease lapsed while the renewal waited: it is lost, not renewed"
     with store.pool.connection() as conn:
-        assert bookkeeping.acquire_lease(conn, "counter", "standby", TTL) == 2
+        assert lease_rows.acquire_lease(conn, "counter", "standby", TTL) == 2
 
 
 def test_a_node_heartbeat_counts_its_lease_from_when_it_got_the_row(store: EventStore) -> None:

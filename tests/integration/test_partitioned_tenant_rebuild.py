@@ -21,10 +21,12 @@ from projector import (
     ProjectorWorker,
     RebuildResult,
     WorkerSettings,
-    bookkeeping,
+    cursor_rows,
+    lease_rows,
     list_runs,
     rebuild,
     replay,
+    run_rows,
     stream_segment,
     verify,
 )
@@ -75,7 +77,7 @@ def fences(store: EventStore) -> list[tuple[str, str]]:
 
 def segment_cursors(store: EventStore, p: Projection) -> dict[int, Cursor]:
     with store.pool.connection() as conn:
-        return bookkeeping.segment_cursors(conn, p.name)
+        return cursor_rows.segment_cursors(conn, p.name)
 
 
 def digest(store: EventStore, p: Projection, tenant: str) -> str:
@@ -178,7 +180,7 @@ def test_the_copy_of_a_tenants_rows_stops_at_each_segments_fence(store: EventSto
     # Segment 0 lags (its lease held by a worker that does nothing) with one of A's events unapplied,
     # while segment 1 applies a later one of A's: the fences stand at different cursors.
     with store.pool.connection() as conn:
-        epoch = bookkeeping.acquire_lease(conn, f"{p.name}#0", "stalled", 60)
+        epoch = lease_rows.acquire_lease(conn, f"{p.name}#0", "stalled", 60)
     assert epoch is not None
     store.append(a[0], [NewEvent("Seen", {})], tenant=A)
     e = store.append(a[1], [NewEvent("Seen", {})], tenant=A).events[0]
@@ -192,7 +194,7 @@ def test_the_copy_of_a_tenants_rows_stops_at_each_segments_fence(store: EventSto
     assert counts(store, p)[(A, a[0])] == 1, "the copy took an event past segment 0's fence"
     assert counts(store, p)[(A, a[1])] == 2
     with store.pool.connection() as conn:
-        bookkeeping.release_lease(conn, f"{p.name}#0", "stalled", epoch)
+        lease_rows.release_lease(conn, f"{p.name}#0", "stalled", epoch)
     worker.run_until_caught_up()  # segment 0 applies its event now, once
     worker.release_all()
     applied_once(store, p)
@@ -275,7 +277,7 @@ def test_fences_of_a_dead_tenant_rebuild_are_lifted_by_each_segment(store: Event
     at = segment_cursors(store, p)
     with store.pool.connection() as conn:
         # A run that fenced tenant A in every segment and died: its fences stay, its run has ended.
-        run_id = bookkeeping.start_run(
+        run_id = run_rows.start_run(
             conn,
             p.name,
             "rebuild",
@@ -291,7 +293,7 @@ def test_fences_of_a_dead_tenant_rebuild_are_lifted_by_each_segment(store: Event
                 "INSERT INTO ledgerflow.projection_tenant_fences VALUES (%s, %s, %s, %s, %s)",
                 (f"{p.name}#{k}", A, run_id, c.transaction_id, c.position),
             )
-        bookkeeping.finish_run(conn, run_id, "abandoned")
+        run_rows.finish_run(conn, run_id, "abandoned")
     for s in a_streams:
         store.append(s, [NewEvent("Seen", {}), NewEvent("Seen", {})], tenant=A)
     store.append("b", [NewEvent("Seen", {})], tenant=B)

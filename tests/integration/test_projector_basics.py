@@ -6,7 +6,7 @@ import psycopg
 import pytest
 
 from eventstore import EventStore, NewEvent
-from projector import ProjectorWorker, WorkerSettings, bookkeeping, rebuild, stream_catalogue, verify
+from projector import ProjectorWorker, WorkerSettings, rebuild, run_rows, stream_catalogue, verify
 from projector.digest import projection_digest
 from tests.projections import make_counter
 
@@ -40,7 +40,7 @@ def test_catch_up_is_recorded_as_a_run(store: EventStore) -> None:
     worker = ProjectorWorker(store, [counter], FAST)
     worker.run_until_caught_up()
     with store.pool.connection() as conn:
-        (run,) = bookkeeping.list_runs(conn, counter.name)
+        (run,) = run_rows.list_runs(conn, counter.name)
     assert (run.kind, run.status, run.events_processed, run.trigger) == (
         "catch_up",
         "completed",
@@ -91,7 +91,7 @@ def test_verify_names_rows_that_differ(store: EventStore) -> None:
     assert diff.only_in_live == ["(s,5,999)"]
     assert diff.only_in_rebuilt == ["(s,5,10)"]
     with store.pool.connection() as conn:
-        last = bookkeeping.list_runs(conn, counter.name, limit=1)[0]
+        last = run_rows.list_runs(conn, counter.name, limit=1)[0]
     assert (last.kind, last.status) == ("verify", "failed")
     assert "digest mismatch" in (last.error or "")
     worker.release_all()

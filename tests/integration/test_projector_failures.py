@@ -8,7 +8,15 @@ from collections.abc import Iterator
 import pytest
 
 from eventstore import EventStore, NewEvent
-from projector import ProjectorWorker, RetrySettings, WorkerSettings, bookkeeping, rebuild
+from projector import (
+    ProjectorWorker,
+    RetrySettings,
+    WorkerSettings,
+    cursor_rows,
+    failure_rows,
+    rebuild,
+    run_rows,
+)
 from projector.digest import projection_digest
 from tests.projections import POISONED, make_counter
 
@@ -32,9 +40,9 @@ def counts(store: EventStore) -> dict[str, int]:
         return {r[0]: r[1] for r in conn.execute("SELECT stream_id, n FROM ledgerflow.counts").fetchall()}
 
 
-def failures(store: EventStore, projection: str) -> list[bookkeeping.Failure]:
+def failures(store: EventStore, projection: str) -> list[failure_rows.Failure]:
     with store.pool.connection() as conn:
-        return bookkeeping.list_failures(conn, projection, include_closed=True)
+        return failure_rows.list_failures(conn, projection, include_closed=True)
 
 
 def seed(store: EventStore) -> None:
@@ -58,7 +66,7 @@ def test_a_failing_event_blocks_the_projection_until_retried(store: EventStore) 
     assert counts(store) == {"a": 1}  # blocked right before the failing event
 
     with store.pool.connection() as conn:
-        assert bookkeeping.request_failure_retry(conn, failure.id, "tester")
+        assert failure_rows.request_failure_retry(conn, failure.id, "tester")
     POISONED.clear()
     worker.run_until_caught_up()
     assert counts(store) == {"a": 3, "b": 2}
@@ -74,7 +82,7 @@ def test_a_retry_that_fails_again_blocks_again(store: EventStore) -> None:
     worker = ProjectorWorker(store, [counter], SETTINGS)
     worker.run_until_caught_up()
     with store.pool.connection() as conn:
-        bookkeeping.request_failure_retry(conn, failures(store, counter.name)[0].id, "tester")
+        failure_rows.request_failure_retry(conn, failures(store, counter.name)[0].id, "tester")
     worker.run_until_caught_up()
     (failure,) = failures(store, counter.name)
     assert (failure.status, failure.attempts) == ("open", 6)
@@ -88,7 +96,7 @@ def test_skip_is_recorded_and_the_projection_goes_on(store: EventStore) -> None:
     worker = ProjectorWorker(store, [counter], SETTINGS)
     worker.run_until_caught_up()
     with store.pool.connection() as conn:
-        assert bookkeeping.request_failure_skip(conn, failures(store, counter.name)[0].id, "operator-ann")
+        assert failure_rows.request_failure_skip(conn, failures(store, counter.name)[0].id, "operator-ann")
     worker.run_until_caught_up()
     assert counts(store) == {"a": 2, "b": 2}
     (failure,) = failures(store, counter.name)
@@ -119,7 +127,7 @@ def test_park_policy_holds_back_only_the_failing_stream(store: EventStore) -> No
 
     POISONED.clear()
     with store.pool.connection() as conn:
-        bookkeeping.request_failure_retry(conn, failures(store, counter.name)[0].id, "tester")
+        failure_rows.request_failure_retry(conn, failures(store, counter.name)[0].id, "tester")
     worker.run_until_caught_up()
     assert counts(store) == {"a": 4, "b": 3}
     assert failures(store, counter.name)[0].status == "resolved"
@@ -135,7 +143,7 @@ def test_skipping_a_parked_failure_applies_the_rest_of_its_stream(store: EventSt
     worker = ProjectorWorker(store, [counter], SETTINGS)
     worker.run_until_caught_up()
     with store.pool.connection() as conn:
-        bookkeeping.request_failure_skip(conn, failures(store, counter.name)[0].id, "tester")
+        failure_rows.request_failure_skip(conn, failures(store, counter.name)[0].id, "tester")
     worker.run_until_caught_up()
     assert counts(store) == {"a": 2, "b": 2}
     assert failures(store, counter.name)[0].status == "skipped"
@@ -146,21 +154,21 @@ def test_a_run_whose_owner_stopped_heartbeating_is_marked_abandoned(store: Event
     store.append("s", [NewEvent("Add", {"amount": 1})])
     counter = make_counter()
     with store.pool.connection() as conn:
-        bookkeeping.ensure_cursor(conn, counter.name, 1)
-        run_id = bookkeeping.start_run(
+        cursor_rows.ensure_cursor(conn, counter.name, 1)
+        run_id = run_rows.start_run(
             conn,
             counter.name,
             "rebuild",
             trigger="test",
             actor="t",
             owner="dead-host:1",
-            start=bookkeeping.get_cursor(conn, counter.name).cursor,
+            start=cursor_rows.get_cursor(conn, counter.name).cursor,
         )  # type: ignore[union-attr]
         conn.execute("UPDATE ledgerflow.projection_runs SET heartbeat_at = now() - interval '1 hour'")
     worker = ProjectorWorker(store, [counter], SETTINGS)
     worker.heartbeat()
     with store.pool.connection() as conn:
-        run = bookkeeping.get_run(conn, run_id)
+        run = run_rows.get_run(conn, run_id)
     assert run is not None
     assert run.status == "abandoned"
     assert "dead-host:1 stopped heartbeating" in (run.error or "")

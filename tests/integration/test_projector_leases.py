@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from eventstore import EventStore, NewEvent
-from projector import LeaseLost, ProjectorWorker, WorkerSettings, bookkeeping
+from projector import LeaseLost, ProjectorWorker, WorkerSettings, run_rows
 from projector.runner import LiveRunner
 from tests.projections import make_counter
 from tests.waiting import joined
@@ -84,7 +84,7 @@ def test_release_lets_another_worker_take_over_at_once(store: EventStore) -> Non
     second.acquire_free_leases()
     assert counter.name in second._runners
     with store.pool.connection() as conn:
-        runs = bookkeeping.list_runs(conn, counter.name)
+        runs = run_rows.list_runs(conn, counter.name)
     # The first worker's catch-up run ended as stopped when it let go, not left running.
     assert [(r.owner, r.status) for r in runs] == [(second.id, "running"), (first.id, "stopped")]
 

@@ -18,10 +18,12 @@ from projector import (
     ProjectorWorker,
     RunInProgressError,
     WorkerSettings,
-    bookkeeping,
+    cursor_rows,
+    failure_rows,
     operator_runs,
     rebuild,
     replay,
+    run_rows,
     start_replay,
     start_verify,
     stream_catalogue,
@@ -48,14 +50,14 @@ def all_cursors(store: EventStore) -> list[Cursor]:
 
 def live_cursor(store: EventStore, projection: Projection) -> Cursor:
     with store.pool.connection() as conn:
-        current = bookkeeping.get_cursor(conn, projection.name)
+        current = cursor_rows.get_cursor(conn, projection.name)
     assert current is not None
     return current.cursor
 
 
-def run_of(store: EventStore, run_id: int) -> bookkeeping.Run:
+def run_of(store: EventStore, run_id: int) -> run_rows.Run:
     with store.pool.connection() as conn:
-        run = bookkeeping.get_run(conn, run_id)
+        run = run_rows.get_run(conn, run_id)
     assert run is not None
     return run
 
@@ -202,7 +204,7 @@ def check_workflow_replay(
     finish_runs(flows, ["linear"])  # the projection goes on after the replay
     worker.run_until_caught_up()
     with store.pool.connection() as conn:
-        assert not bookkeeping.open_failures(conn, workflow_tables.name)
+        assert not failure_rows.open_failures(conn, workflow_tables.name)
     assert verify(store, workflow_tables).equal
 
 
@@ -277,7 +279,7 @@ def test_twenty_concurrent_verifies_one_runs_the_rest_are_refused(store: EventSt
     assert all(r.equal for r in results)  # type: ignore[attr-defined]
     assert len(results) + sum(isinstance(o, RunInProgressError) for o in outcomes) == 20
     with store.pool.connection() as conn:
-        assert bookkeeping.scratch_schemas(conn) == []
+        assert run_rows.scratch_schemas(conn) == []
 
 
 def test_a_crashed_runs_scratch_schema_is_dropped_and_its_run_marked(store: EventStore) -> None:
@@ -290,7 +292,7 @@ def test_a_crashed_runs_scratch_schema_is_dropped_and_its_run_marked(store: Even
             (crashed.run_id,),
         )
         assert [r[0] for r in sweep_abandoned(conn)] == [crashed.run_id]
-        assert bookkeeping.scratch_schemas(conn) == []
+        assert run_rows.scratch_schemas(conn) == []
     assert run_of(store, crashed.run_id).status == "abandoned"
     start_verify(store, stream_catalogue).execute()  # the scope is free again
 

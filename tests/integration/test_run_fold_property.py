@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
 from eventstore import ANY, EventStore, NewEvent
-from projector import ProjectorWorker, WorkerSettings, bookkeeping, verify
+from projector import ProjectorWorker, WorkerSettings, failure_rows, verify
 from tests.strategies import as_json_numbers, run_histories
 from workflows import events as ev
 from workflows import workflow_tables
@@ -50,7 +50,7 @@ def test_the_tables_hold_the_fold_of_every_run(
     finally:
         worker.release_all()
     with store.pool.connection() as conn:
-        assert not bookkeeping.open_failures(conn, workflow_tables.name)
+        assert not failure_rows.open_failures(conn, workflow_tables.name)
     for run_id, _ in runs:
         tenant = tenant_of[run_id]
         run = fold(run_id, tenant, store.read_stream(ev.run_stream(run_id), tenant=tenant))

@@ -4,20 +4,13 @@ a rate and the time left."""
 from __future__ import annotations
 
 from eventstore import Cursor, EventStore, NewEvent
-from projector import (
-    ProjectionHealth,
-    bookkeeping,
-    start_rebuild,
-    start_replay,
-    start_verify,
-    stream_catalogue,
-)
+from projector import ProjectionHealth, run_rows, start_rebuild, start_replay, start_verify, stream_catalogue
 from tests.waiting import wait_until
 
 
-def recorded(store: EventStore, run_id: int) -> bookkeeping.Run:
+def recorded(store: EventStore, run_id: int) -> run_rows.Run:
     with store.pool.connection() as conn:
-        run = bookkeeping.get_run(conn, run_id)
+        run = run_rows.get_run(conn, run_id)
     assert run is not None
     return run
 

@@ -10,7 +10,7 @@ import threading
 import psycopg
 
 from eventstore import EventStore, NewEvent
-from projector import ProjectorWorker, RebuildResult, bookkeeping, rebuild, stream_catalogue, verify
+from projector import ProjectorWorker, RebuildResult, cursor_rows, rebuild, run_rows, stream_catalogue, verify
 from projector.digest import projection_digest
 from projector.projection import ApplyContext, Projection, Table
 from tests.waiting import wait_until
@@ -42,9 +42,9 @@ def _count(ctx: ApplyContext, event: object) -> None:
     )
 
 
-def cursor(store: EventStore) -> bookkeeping.CursorState:
+def cursor(store: EventStore) -> cursor_rows.CursorState:
     with store.pool.connection() as conn:
-        current = bookkeeping.get_cursor(conn, stream_catalogue.name)
+        current = cursor_rows.get_cursor(conn, stream_catalogue.name)
     assert current is not None
     return current
 
@@ -153,7 +153,7 @@ def test_a_fence_left_by_a_dead_rebuild_is_lifted_by_the_live_projection(store: 
     at = cursor(store).cursor
     with store.pool.connection() as conn:
         # A run that fenced tenant A and died: its fence stays, its run is no longer running.
-        run_id = bookkeeping.start_run(
+        run_id = run_rows.start_run(
             conn,
             stream_catalogue.name,
             "rebuild",
@@ -168,7 +168,7 @@ def test_a_fence_left_by_a_dead_rebuild_is_lifted_by_the_live_projection(store: 
             "INSERT INTO ledgerflow.projection_tenant_fences VALUES (%s, %s, %s, %s, %s)",
             (stream_catalogue.name, A, run_id, at.transaction_id, at.position),
         )
-        bookkeeping.finish_run(conn, run_id, "abandoned")
+        run_rows.finish_run(conn, run_id, "abandoned")
     store.append("s", [NewEvent("Seen", {})], tenant=A)
     store.append("s", [NewEvent("Seen", {})], tenant=B)
     catch_up(worker)

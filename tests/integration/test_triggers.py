@@ -16,9 +16,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from eventstore import Cursor, EventStore, NewEvent, RecordedEvent
-from projector import ApplyContext, Projection, ProjectorWorker
+from projector import ApplyContext, Projection, ProjectorWorker, cursor_rows
 from projector import WorkerSettings as ProjectorSettings
-from projector import bookkeeping as projector_state
 from tests.integration.test_telemetry import metric_points, telemetry  # noqa: F401 (a fixture)
 from tests.starts_flows import triggered
 from tests.waiting import wait_until
@@ -144,7 +143,7 @@ def test_an_event_applied_again_starts_no_second_run(store: EventStore, engine: 
     catch_up(store, projection)
     assert len(started_runs(store)) == 10
     with store.pool.connection() as conn:
-        projector_state.set_cursor(conn, TRIGGER, Cursor(), 1)  # back to the start of the log
+        cursor_rows.set_cursor(conn, TRIGGER, Cursor(), 1)  # back to the start of the log
     catch_up(store, projection)
     assert len(started_runs(store)) == 10
 

@@ -27,8 +27,8 @@ from projector import (
     ProjectorWorker,
     RetrySettings,
     WorkerSettings,
-    bookkeeping,
     event_type_catalogue,
+    failure_rows,
     rebuild,
     type_counts,
 )
@@ -261,10 +261,10 @@ def test_an_event_no_upcaster_can_read_is_a_projection_failure_to_skip(store: Ev
     worker = ProjectorWorker(typed, [counter], WorkerSettings(lease_ttl=5, heartbeat_interval=1, retry=retry))
     worker.run_until_caught_up()
     with store.pool.connection() as conn:
-        (failure,) = bookkeeping.list_failures(conn, counter.name, include_closed=True)
+        (failure,) = failure_rows.list_failures(conn, counter.name, include_closed=True)
         assert failure.stream_version == 2
         assert failure.error_class == "eventstore.errors.UpcastError"
-        assert bookkeeping.request_failure_skip(conn, failure.id, "tester")
+        assert failure_rows.request_failure_skip(conn, failure.id, "tester")
     worker.run_until_caught_up()
     with store.pool.connection() as conn:
         totals = conn.execute("SELECT stream_id, n, total FROM ledgerflow.counts").fetchall()

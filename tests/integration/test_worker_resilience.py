@@ -14,7 +14,15 @@ from structlog.testing import capture_logs
 from eventstore import DatabaseUnavailableError, EventStore, NewEvent, RecordedEvent
 from eventstore.outage import Outage, OutageState
 from ops.roles import Role
-from projector import ApplyContext, Projection, ProjectorWorker, Table, WorkerSettings, bookkeeping
+from projector import (
+    ApplyContext,
+    Projection,
+    ProjectorWorker,
+    Table,
+    WorkerSettings,
+    cursor_rows,
+    lease_rows,
+)
 from tests.projections import make_counter
 from tests.waiting import wait_until
 
@@ -68,14 +76,14 @@ def test_the_lease_is_renewed_while_a_version_change_rebuilds(
 
     def rebuilt() -> bool:
         with store.pool.connection() as conn:
-            current = bookkeeping.get_cursor(conn, "slow")
+            current = cursor_rows.get_cursor(conn, "slow")
         return current is not None and current.version == 2 and "slow" in holder._runners
 
     wait_until(rebuilt, timeout=30, what="the rebuild to finish")
     # The rebuild lasted many lease lengths; the holder kept its lease throughout.
     assert competitor._leases == {}
     with store.pool.connection() as conn:
-        lease = bookkeeping.lease_of(conn, "slow")
+        lease = lease_rows.lease_of(conn, "slow")
     assert lease is not None
     assert lease.owner == "holder"
     assert holder_thread.is_alive()
