@@ -22,8 +22,9 @@ from projector.projection import ApplyContext, Projection, Table  # noqa: E402
 from projector.rebuild import rebuild, start_rebuild  # noqa: E402
 from projector.registry import find, load_projections  # noqa: E402
 from projector.replay import replay, start_replay  # noqa: E402
+from projector.retries import RetrySettings  # noqa: E402
 from projector.run_rows import Run, get_run, list_runs  # noqa: E402
-from projector.runner import LeaseLost, RetrySettings  # noqa: E402
+from projector.runner import LeaseLost  # noqa: E402
 from projector.segments import PartitionsChangedError, stream_segment  # noqa: E402
 from projector.tables import missing_tables  # noqa: E402
 from projector.type_catalogue import TypeCount, event_type_catalogue, type_counts  # noqa: E402

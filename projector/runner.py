@@ -14,13 +14,13 @@ from typing import Any
 
 import psycopg
 import structlog
-import tenacity
 from opentelemetry import metrics, trace
 
 from eventstore import Cursor, EventStore, RecordedEvent
 from eventstore.spi import span_if_traced, wrap_exceptions
 from projector import cursor_rows, failure_rows, fences, lease_rows, run_rows
 from projector.projection import ApplyContext, Projection
+from projector.retries import HandlerFailed, RetrySettings, with_retries
 from projector.segments import Unit
 
 log = structlog.get_logger(__name__)
@@ -40,15 +40,6 @@ class LeaseLost(BaseException):
 
 class _CursorMoved(Exception):
     """The cursor is not where this runner left it (a replay or a rebuild moved it)."""
-
-
-@dataclass(frozen=True)
-class RetrySettings:
-    """How often a failing batch or event is retried before it becomes a failure record."""
-
-    attempts: int = 3
-    initial_backoff: float = 0.05
-    max_backoff: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -180,11 +171,11 @@ class LiveRunner:
 
         to_apply = [e for e in page.events if wanted(e)]
         try:
-            self._with_retries(lambda: self._commit(to_apply, page.cursor, retrying))
+            with_retries(self.retry, lambda: self._commit(to_apply, page.cursor, retrying))
         except _CursorMoved:
             self._moved()
             return StepResult(applied=0, caught_up=False)
-        except _HandlerFailed as failed:
+        except HandlerFailed as failed:
             return self._one_by_one(page.events, wanted, retrying, failed)
         self._finish_catch_up_if(page.caught_up)
         return StepResult(applied=len(to_apply), caught_up=page.caught_up)
@@ -227,7 +218,7 @@ class LiveRunner:
             except psycopg.OperationalError:
                 raise  # the connection failed, not the handler: `step` reports the database unavailable
             except Exception as exc:
-                raise _HandlerFailed(exc, events[0] if len(events) == 1 else None) from exc
+                raise HandlerFailed(exc, events[0] if len(events) == 1 else None) from exc
             for e in events:
                 if e.position in retrying:
                     failure_rows.close_failure(conn, retrying.pop(e.position), "resolved")
@@ -274,35 +265,23 @@ class LiveRunner:
         parked_at = parked.get((e.tenant, e.stream_id))
         return e.position not in self._skipped and (parked_at is None or e.stream_version < parked_at)
 
-    def _with_retries(self, attempt: Callable[[], None]) -> None:
-        """Retry handler failures with exponential backoff; then raise the last _HandlerFailed."""
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(_HandlerFailed),
-            stop=tenacity.stop_after_attempt(self.retry.attempts),
-            wait=tenacity.wait_exponential(multiplier=self.retry.initial_backoff, max=self.retry.max_backoff),
-            reraise=True,
-        )
-        for try_ in retrying:
-            with try_:
-                attempt()
-
     def _one_by_one(
         self,
         events: Sequence[RecordedEvent],
         wanted: Callable[[RecordedEvent], bool],
         retrying: dict[int, int],
-        failed: _HandlerFailed,
+        failed: HandlerFailed,
     ) -> StepResult:
         """A batch failed: apply its events one at a time to find, and keep, the one that fails."""
         applied = 0
         for e in events:
             batch = [e] if wanted(e) else []
             try:
-                self._with_retries(lambda b=batch, c=e.cursor: self._commit(b, c, retrying))  # type: ignore[misc]
+                with_retries(self.retry, lambda b=batch, c=e.cursor: self._commit(b, c, retrying))  # type: ignore[misc]
             except _CursorMoved:
                 self._moved()
                 break
-            except _HandlerFailed as exc:
+            except HandlerFailed as exc:
                 return self._fail(e, exc.error)
             applied += len(batch)
         del failed
@@ -353,11 +332,11 @@ class LiveRunner:
             failure_rows.close_failure(conn, failure.id, "skipped" if skip else "resolved")
 
         try:
-            self._with_retries(lambda: self._commit(events, self._db_cursor, {}, extra=close))
+            with_retries(self.retry, lambda: self._commit(events, self._db_cursor, {}, extra=close))
         except _CursorMoved:
             self._moved()
             return
-        except _HandlerFailed as exc:
+        except HandlerFailed as exc:
             first = events[0] if events else None
             if first is not None:
                 with self.store.pool.connection() as conn:
@@ -414,10 +393,3 @@ class LiveRunner:
             with self.store.pool.connection() as conn:
                 run_rows.finish_run(conn, self._catch_up_run, status)
             self._catch_up_run = None
-
-
-class _HandlerFailed(Exception):
-    def __init__(self, error: BaseException, event: RecordedEvent | None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.event = event

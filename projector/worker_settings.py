@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from projector.runner import RetrySettings
+from projector.retries import RetrySettings
 
 
 @dataclass(frozen=True)
