@@ -278,12 +278,14 @@ class PinnedConnections:
 
 
 def _alive(conn: Connection, poller: select.poll | None) -> bool:
-    """Whether an idle connection is still open, without blocking and without a round trip.
+    """Whether an idle connection is still open, without blocking and without a round trip; one the
+    server has ended is closed here, so that the pool discards it when it is given back.
 
     An idle autocommit connection receives nothing unasked, so a readable socket means the server spoke:
-    after a terminated backend or a restart it sent its last words and closed. Reading it to the end
-    tells (libpq needs two reads: the message, then the end of the stream). `poller`: one already
-    watching the connection's socket.
+    a terminated backend or a restart sends its last words (a FATAL error), then ends the stream. The end
+    may come later than the words: the backend leaves pg_stat_activity before it closes its socket, and
+    until the end is read libpq reports the connection as OK (it hands an error that comes unasked to the
+    notice processor). So the words alone condemn it. `poller`: one already watching its socket.
     """
     if conn.closed or conn.broken or turned_read_only(conn):
         return False  # a demoted primary's connection is given back: the pool's check discards it
@@ -293,12 +295,8 @@ def _alive(conn: Connection, poller: select.poll | None) -> bool:
         poller.register(pgconn.socket, select.POLLIN)
     if not poller.poll(0):
         return True
-    try:
-        pgconn.consume_input()
-        pgconn.consume_input()
-    except psycopg.OperationalError:
-        return False
-    return pgconn.status == psycopg.pq.ConnStatus.OK
+    conn.close()
+    return False
 
 
 def _put_back(pool: psycopg_pool.ConnectionPool, conn: Connection, poller: select.poll) -> None:

@@ -5,6 +5,7 @@ connections."""
 from __future__ import annotations
 
 import os
+import select
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -177,6 +178,26 @@ def test_a_pin_given_back_dead_at_close_is_not_handed_out_again(database_url: st
             assert conn.execute("SELECT 1").fetchone() == (1,)
     finally:
         pool.close()
+
+
+def test_a_pin_the_server_spoke_to_unasked_is_not_handed_out_again(
+    store: EventStore, pins: PinnedConnections
+) -> None:
+    """A terminated backend's last words reach the client before the end of its stream, and the backend
+    leaves pg_stat_activity before it closes its socket: a look in between found the words, no end, and a
+    status libpq still called OK, and the pin went back to the pool as live (its next user failed with
+    "terminating connection due to administrator command"). Words that come unasked condemn it alone: here
+    a notification stands for them, on a session the server keeps open. Before, the pin was kept."""
+    with pins.connection() as conn:
+        conn.execute("LISTEN ledgerflow_test_words")
+        socket = conn.pgconn.socket
+    spoken_to = backend_pid(pins)
+    with psycopg.connect(store.url, autocommit=True) as admin:
+        admin.execute("NOTIFY ledgerflow_test_words")
+    # Until the words are in the socket: a use before would read them with its own answer.
+    readable, _, _ = select.select([socket], [], [], 30)
+    assert readable, "the notification reached the pinned session"
+    assert backend_pid(pins) != spoken_to, "a session the server spoke to unasked is given up"
 
 
 def test_appends_inside_the_callers_transaction_pin_nothing(store: EventStore) -> None:
