@@ -129,7 +129,8 @@ def first_cursor_since(conn: Conn, since: datetime) -> Cursor | None:
     return fetch_one(conn, Cursor, Q["first_cursor_since"], {"since": since})
 
 
-def _types(types: Sequence[str] | None) -> list[str] | None:
+def type_list(types: Sequence[str] | None) -> list[str] | None:
+    """Event types as a query parameter: psycopg sends a list as an array, not a tuple."""
     return None if types is None else list(types)
 
 
@@ -143,7 +144,7 @@ class Lag:
 
 def lag(conn: Conn, cursor: Cursor, types: Sequence[str] | None = None) -> Lag:
     """How far a reader at `cursor` of events of `types` (all, with None) trails."""
-    params = {"tx": str(cursor.transaction_id), "position": cursor.position, "types": _types(types)}
+    params = {"tx": str(cursor.transaction_id), "position": cursor.position, "types": type_list(types)}
     found = fetch_one(conn, Lag, Q["lag"], params)
     assert found is not None  # the statement answers one row
     return found

@@ -16,6 +16,7 @@ from psycopg.rows import class_row
 
 from eventstore import Cursor
 from eventstore.spi import fetch_one, fetch_value, fetch_values, load_queries
+from projector.cursor_rows import type_list
 
 Q = load_queries("projector")
 Conn = psycopg.Connection[Any]
@@ -65,11 +66,6 @@ class Run:
         return max(0.0, (self.events_total - self.events_processed) / self.rate)
 
 
-def _types(types: Sequence[str] | None) -> list[str] | None:
-    # psycopg sends a list as an array, not a tuple; cursor_rows keeps the same two lines for `lag`.
-    return None if types is None else list(types)
-
-
 def count_run_events(
     conn: Conn,
     run_id: int,
@@ -86,7 +82,7 @@ def count_run_events(
         {
             "run_id": run_id,
             "tenant": tenant,
-            "types": _types(types),
+            "types": type_list(types),
             "start_tx": start.transaction_id,
             "start_position": start.position,
             "target_tx": target.transaction_id if target else None,
