@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 import psycopg
 import pytest
 
-from eventstore import START, Cursor, EventStore, NewEvent, open_store
+from eventstore import START, Cursor, EventStore, NewEvent, StreamAppend, open_store
 from eventstore.settings import DatabaseSettings
+from eventstore.sqlfile import load_queries
 from tests.waiting import joined, wait_until
 
 WRITERS = 8
@@ -197,3 +198,24 @@ def test_read_stream_from_a_version(store: EventStore, backward: bool) -> None:
     assert [e.stream_version for e in got] == ([4, 3, 2] if backward else [4, 5, 6])
     newest = store.read_stream("s", backward=True, limit=1)
     assert newest[0].stream_version == 10
+
+
+def test_the_horizon_check_reads_no_partition_of_the_log_through(store: EventStore) -> None:
+    """Idle projectors and subscribers ask whether events wait beyond the horizon every few milliseconds
+    while writers run: the answer comes from the end of an index, never from a scan of the log (a scan
+    grows with the log: 117 ms at 371,000 events)."""
+    for batch in range(20):
+        store.append_many([StreamAppend(f"s-{batch}-{i}", [NewEvent("T", {"i": i})]) for i in range(100)])
+    check = load_queries("eventstore")["events_beyond_horizon"]
+    with psycopg.connect(store.url) as conn, conn.transaction():
+        conn.execute("ANALYZE ledgerflow.events")
+        with psycopg.connect(store.url) as slow, slow.transaction():
+            store.append("slow", [NewEvent("T", {})], conn=slow)
+            store.append("after", [NewEvent("T", {})])
+            assert conn.execute(check).fetchone() == (True,)
+        # Sequential scans of each partition by this transaction so far (the ANALYZE counts none).
+        scans = conn.execute(
+            "SELECT coalesce(sum(pg_stat_get_xact_numscans(c.oid)), 0) FROM pg_inherits i"
+            " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'ledgerflow.events'::regclass"
+        ).fetchone()
+        assert scans == (0,)
