@@ -501,6 +501,9 @@ $$;
 CREATE FUNCTION ledgerflow.wf_claim(p_worker_name text, p_instance text, p_worker_id text, p_workflows text[], p_versions text[], p_limit integer, p_ttl double precision) RETURNS TABLE(run_id uuid, node text, tenant text, workflow text, attempt integer, token bigint, cancel_requested boolean, crashes integer, version text, stream_id text, stream_version bigint, "position" bigint, transaction_id bigint)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     AS $$
 #variable_conflict use_column
 BEGIN

@@ -210,3 +210,24 @@ def test_each_claim_shares_its_limit_fairly_and_keeps_priority_order(
             unclaimed = [priority_of[r] for r, t in tenant_of.items() if t == tenant and r not in seen]
             assert all(p <= lowest for p in unclaimed)
     assert seen == set(priority_of)
+
+
+def test_a_session_that_first_claimed_from_a_short_queue_finds_a_burst_by_key(store: EventStore) -> None:
+    """A claim's plans are made once per session (migration 0080), against the queue of that moment. A
+    session that first claimed from a queue of three rows still finds the rows it picks from a burst of
+    2,000 by key, not by reading the whole queue (migration 0086; bench/claim_after_burst.py)."""
+    with psycopg.connect(store.url, autocommit=True) as conn:
+        _seed(conn, "t", 3)
+        claimed = queue_claims.claim(conn, worker_name="t", instance="t1", workflows=PAIRS, limit=1, ttl=30)
+        assert len(claimed) == 1
+        _seed(conn, "t", 2_000)
+        with conn.transaction():
+            claimed = queue_claims.claim(
+                conn, worker_name="t", instance="t1", workflows=PAIRS, limit=1, ttl=30
+            )
+            assert len(claimed) == 1
+            # Sequential scans of the queue by this transaction, the claim's statements included.
+            scans = conn.execute(
+                "SELECT pg_stat_get_xact_numscans('ledgerflow.workflow_queue'::regclass)"
+            ).fetchone()
+        assert scans == (0,)
