@@ -35,6 +35,8 @@ log = structlog.get_logger(__name__)
 Q = load_queries("eventstore")
 #: Appends between two attempts to create the next partition after one failed.
 _ROOM_RETRY_AFTER = 1000
+#: Sends of one append that ran past the last partition, the partitions it needs created before each.
+_PARTITION_ATTEMPTS = 4
 
 Executor = psycopg.Connection[Any] | psycopg.Cursor[Any]
 
@@ -98,9 +100,10 @@ class AppendPath:
 
     def _write(self, statement: AppendStatement, conn: psycopg.Connection[Any] | None) -> AppendResult:
         """Send an append, in a span when traced. Should its positions run past the last partition (a batch
-        wider than the partition kept ahead), the partitions it needs are created and it is sent again,
-        once. Appends in the caller's transaction (`conn=`) cannot be sent again: the error reaches the
-        caller."""
+        wider than the partition kept ahead), the partitions it needs are created and it is sent again, a
+        few times at most: appenders racing past narrow partitions take positions (a failed INSERT takes
+        one too) between the creation and the next attempt. Appends in the caller's transaction (`conn=`)
+        cannot be sent again: the error reaches the caller."""
         with telemetry.span_if_traced(
             telemetry.tracer,
             "ledgerflow.append",
@@ -110,15 +113,18 @@ class AppendPath:
                 "ledgerflow.events": statement.events,
             },
         ):
-            try:
-                return self._send(statement, conn)
-            except LedgerflowError as exc:
-                if conn is not None or not _no_partition(exc):
-                    raise
-            with self.pool.connection() as own:
-                end = ensure_partitions(own)
-                ensure_partitions(own, headroom=end.partition_size + statement.events)
-            return self._send(statement, conn)
+            for attempt in range(_PARTITION_ATTEMPTS):
+                try:
+                    return self._send(statement, conn)
+                except LedgerflowError as exc:
+                    if conn is not None or not _no_partition(exc) or attempt == _PARTITION_ATTEMPTS - 1:
+                        raise
+                with self.pool.connection() as own:
+                    end = ensure_partitions(own)
+                    # Twice the room at each attempt, for the positions others take meanwhile.
+                    room = (end.partition_size + statement.events) << attempt
+                    ensure_partitions(own, headroom=room)
+            raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _send(self, statement: AppendStatement, conn: psycopg.Connection[Any] | None) -> AppendResult:
         """The one append path: the connection chosen once, the statement sent, the version checked."""

@@ -278,3 +278,28 @@ def test_two_archives_of_one_partition_at_once_archive_it_once(
     assert [type(o) for o in outcomes if isinstance(o, Exception)] == [ArchiveRefusedError], outcomes
     assert _partitions(store)["events_p000001"][2] == "archived"
     assert _all(store) == [e for e in before if e.position >= 11]
+
+
+def test_appenders_racing_past_narrow_partitions_all_land(database_url: str) -> None:
+    """Eight appenders on partitions ten positions wide outrun the partition kept ahead: an append that finds
+    no partition for its position has the partitions made and is sent again, and while it does, the others
+    take positions (a failed INSERT takes one too). Every append lands, once."""
+    narrow_partitions(database_url, _SIZE)
+    errors: list[BaseException] = []
+    with open_store(url=database_url) as store:
+
+        def writer(n: int) -> None:
+            try:
+                for i in range(40):
+                    store.append(f"w-{n}", [NewEvent("W", {"i": i})])
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            joined(t)
+        assert errors == []
+        for n in range(8):
+            assert [e.stream_version for e in store.read_stream(f"w-{n}")] == list(range(1, 41))
