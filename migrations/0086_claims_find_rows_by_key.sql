@@ -2,8 +2,8 @@
 --
 -- Migration 0080 made the claim keep generic plans and estimated its pick at 10 rows, so that the UPDATE
 -- that marks the picked rows claimed probes workflow_queue_pkey once per picked row. But a plan is made
--- against the statistics of its moment, and a queue's change faster than autovacuum reads them: in a
--- database whose queue was empty or small when the session first claimed (a new deployment, a quiet
+-- against the queue as it was at that moment, and a queue changes faster than autovacuum reads it: in a
+-- database whose queue held a few rows when the session first claimed (a new deployment, a quiet
 -- moment before a burst), the planner estimated the queue at 200 rows and joined the picked rows to it
 -- by a hash join over a sequential scan of the whole queue. That plan is kept until autovacuum analyses
 -- the queue again, up to a minute later, and every claim meanwhile reads every queued row, live and dead:
