@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -111,23 +111,31 @@ def test_uniqueness_holds_across_partitions(small_store: EventStore) -> None:
     assert first.stream_version == 1
 
 
-def test_concurrent_appends_across_partition_boundaries_keep_versions_unique(small_store: EventStore) -> None:
-    store = small_store
+def _append_from_threads(
+    store: EventStore, writers: int, appends: int, stream: Callable[[int, int], str]
+) -> None:
+    """`writers` threads at once, each appending `appends` one-event appends, writer n's i-th to stream(n, i);
+    every append must land."""
     errors: list[BaseException] = []
 
     def writer(n: int) -> None:
         try:
-            for i in range(20):
-                store.append(f"shared-{i % 2}", [NewEvent("W", {"n": n, "i": i})])
+            for i in range(appends):
+                store.append(stream(n, i), [NewEvent("W", {"n": n, "i": i})])
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(writers)]
     for t in threads:
         t.start()
     for t in threads:
         joined(t)
     assert errors == []
+
+
+def test_concurrent_appends_across_partition_boundaries_keep_versions_unique(small_store: EventStore) -> None:
+    store = small_store
+    _append_from_threads(store, 4, 20, lambda n, i: f"shared-{i % 2}")
     for stream in ("shared-0", "shared-1"):
         assert [e.stream_version for e in store.read_stream(stream)] == list(range(1, 41))
     assert len({e.position for e in _all(store)}) == 80
@@ -280,26 +288,10 @@ def test_two_archives_of_one_partition_at_once_archive_it_once(
     assert _all(store) == [e for e in before if e.position >= 11]
 
 
-def test_appenders_racing_past_narrow_partitions_all_land(database_url: str) -> None:
+def test_appenders_racing_past_narrow_partitions_all_land(small_store: EventStore) -> None:
     """Eight appenders on partitions ten positions wide outrun the partition kept ahead: an append that finds
     no partition for its position has the partitions made and is sent again, and while it does, the others
     take positions (a failed INSERT takes one too). Every append lands, once."""
-    narrow_partitions(database_url, _SIZE)
-    errors: list[BaseException] = []
-    with open_store(url=database_url) as store:
-
-        def writer(n: int) -> None:
-            try:
-                for i in range(40):
-                    store.append(f"w-{n}", [NewEvent("W", {"i": i})])
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            joined(t)
-        assert errors == []
-        for n in range(8):
-            assert [e.stream_version for e in store.read_stream(f"w-{n}")] == list(range(1, 41))
+    _append_from_threads(small_store, 8, 40, lambda n, i: f"w-{n}")
+    for n in range(8):
+        assert [e.stream_version for e in small_store.read_stream(f"w-{n}")] == list(range(1, 41))
