@@ -113,18 +113,18 @@ class AppendPath:
                 "ledgerflow.events": statement.events,
             },
         ):
-            for attempt in range(_PARTITION_ATTEMPTS):
+            for attempt in range(_PARTITION_ATTEMPTS - 1):
                 try:
                     return self._send(statement, conn)
                 except LedgerflowError as exc:
-                    if conn is not None or not _no_partition(exc) or attempt == _PARTITION_ATTEMPTS - 1:
+                    if conn is not None or not _no_partition(exc):
                         raise
                 with self.pool.connection() as own:
                     end = ensure_partitions(own)
                     # Twice the room at each attempt, for the positions others take meanwhile.
                     room = (end.partition_size + statement.events) << attempt
                     ensure_partitions(own, headroom=room)
-            raise AssertionError("unreachable: the last attempt returns or raises")
+            return self._send(statement, conn)
 
     def _send(self, statement: AppendStatement, conn: psycopg.Connection[Any] | None) -> AppendResult:
         """The one append path: the connection chosen once, the statement sent, the version checked."""
