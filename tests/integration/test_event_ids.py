@@ -1,7 +1,9 @@
 """Event ids are unique within a tenant's log, whatever writes it and however appends race.
 
-The guarantee lives in ledgerflow.event_ids, claimed once per statement (migrations/0040); these tests
-hold it against every writing path and against concurrent appends under READ COMMITTED.
+The guarantee lives in ledgerflow.event_ids, claimed once per statement by the log's trigger
+(migrations/0040), or by the one-event append itself, which writes straight into the log's head partition
+where the trigger does not fire (queries.sql, append_one_event_into); these tests hold it against every
+writing path and against concurrent appends under READ COMMITTED.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import uuid
 import psycopg
 import pytest
 
-from eventstore import EventStore, NewEvent, StreamAppend
+from eventstore import NO_STREAM, EventStore, NewEvent, StreamAppend, WrongExpectedVersionError
 from eventstore.errors import DuplicateEventIdError
 from tests.waiting import joined, wait_until
 
@@ -144,3 +146,60 @@ def test_an_idempotent_retry_with_its_event_ids_is_answered_not_refused(store: E
     with pytest.raises(DuplicateEventIdError):
         store.append("s", events)
     assert count_events(store) == 2
+
+
+def test_an_append_refused_for_its_expected_version_takes_no_id(store: EventStore) -> None:
+    """The one-event append claims its id in its own statement, only once the stream's version moved: an
+    append refused for its version leaves the id free for the append that gets the version right."""
+    kept = uuid.uuid4()
+    store.append("s", [ev()])
+    with pytest.raises(WrongExpectedVersionError):
+        store.append("s", [ev(kept)], expected_version=NO_STREAM)
+    with pytest.raises(WrongExpectedVersionError):
+        store.append("s", [ev(kept)], expected_version=5)
+    assert store.append("s", [ev(kept)], expected_version=1).versions == {"s": 2}
+
+
+@pytest.mark.parametrize("holder_commits", [True, False], ids=["holder-commits", "holder-rolls-back"])
+def test_a_one_event_append_waits_for_a_claim_in_flight_then_knows(
+    store: EventStore, holder_commits: bool
+) -> None:
+    """The one-event append, written straight into the log's head partition (where the log's claiming
+    trigger does not fire), claims its id itself: it waits for a transaction that holds a claim of the
+    same id, then is refused if that one commits and lands if it rolls back."""
+    store.append("warm", [ev()])  # the head partition known, its statement prepared
+    taken = uuid.uuid4()
+    outcome: list[object] = []
+    with psycopg.connect(store.url) as holder:
+        holder.execute("INSERT INTO ledgerflow.event_ids (tenant, event_id) VALUES ('default', %s)", (taken,))
+
+        def append() -> None:
+            try:
+                outcome.append(store.append("s", [ev(taken)]))
+            except BaseException as exc:  # kept for the test's thread to assert on
+                outcome.append(exc)
+
+        appender = threading.Thread(target=append, name="append-taken", daemon=True)
+        appender.start()
+
+        def waiting() -> bool:
+            with store.pool.connection() as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock'"
+                ).fetchone()
+            return row is not None and row[0] == 1
+
+        wait_until(waiting, what="the append to wait for the claim in flight")
+        if holder_commits:
+            holder.commit()
+        else:
+            holder.rollback()
+    joined(appender)
+    (result,) = outcome
+    if holder_commits:
+        assert isinstance(result, DuplicateEventIdError)
+        assert store.stream_version("s") is None
+    else:
+        assert not isinstance(result, BaseException)
+        assert store.read_stream("s")[0].event_id == taken
