@@ -5,7 +5,6 @@ here touches a connection; `eventstore.appending` sends what this builds."""
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, LiteralString, NamedTuple
@@ -39,8 +38,6 @@ class AppendStatement(NamedTuple):
     missing: tuple[str, ExpectedVersion] | None
     #: The statement's form for `eventstore.direct`, if it has one.
     direct_form: direct.DirectStatement | None = None
-    #: The same written straight into a partition of the log, if it has such a form.
-    partition_form: IntoPartition | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,14 +102,7 @@ class AppendStatements:
         }
         key = _bump_key(expected)
         return AppendStatement(
-            _ONE_EVENT[key],
-            params,
-            tenant,
-            1,
-            1,
-            (stream_id, expected),
-            _ONE_EVENT_DIRECT[key],
-            _ONE_EVENT_INTO[key],
+            _ONE_EVENT[key], params, tenant, 1, 1, (stream_id, expected), _ONE_EVENT_DIRECT[key]
         )
 
     def one_stream_params(
@@ -207,62 +197,23 @@ def expected_code(expected: ExpectedVersion) -> int:
     return expected
 
 
-def _with_bumps(query: LiteralString, **more: sql.Composable) -> dict[ExpectedState | None, bytes]:
+def _with_bumps(query: LiteralString) -> dict[ExpectedState | None, bytes]:
     """`query` completed with each way of moving a stream's version; None: an exact version, or
     STREAM_EXISTS (no version condition). Rendered once to bytes: a composed query would be rendered
-    again on every execution. `more`: the query's other placeholders."""
+    again on every execution."""
     bumps = {ExpectedState.ANY: "bump_any", ExpectedState.NO_STREAM: "bump_no_stream", None: "bump_existing"}
     return {
-        k: sql.SQL(query).format(writer=sql.SQL(Q["writer"]), bump=sql.SQL(Q[name]), **more).as_bytes()
+        k: sql.SQL(query).format(writer=sql.SQL(Q["writer"]), bump=sql.SQL(Q[name])).as_bytes()
         for k, name in bumps.items()
     }
-
-
-class IntoPartition:
-    """The one-event statement of one way of moving the version, written into a partition of the log
-    named when it is sent (`append_one_event_into` in queries.sql), for `eventstore.direct`."""
-
-    __slots__ = ("_forms", "_kind", "_query")
-
-    #: A partition's name as the log makes them (ledgerflow.events_ensure_partitions): nothing else is
-    #: written into the statement's text.
-    _NAME = re.compile(r"events_p[0-9]{6,12}")
-    #: The forms kept: the head partition's, and the one before it while a process moves on.
-    _KEPT = 4
-
-    def __init__(self, kind: str, query: bytes) -> None:
-        self._kind = kind
-        self._query = query
-        self._forms: dict[str, direct.DirectStatement] = {}
-
-    def into(self, partition: str) -> direct.DirectStatement:
-        form = self._forms.get(partition)
-        if form is None:
-            if not self._NAME.fullmatch(partition):
-                raise ValueError(f"{partition!r} is not the name of a partition of the log")
-            if len(self._forms) >= self._KEPT:
-                self._forms.clear()
-            query = self._query.replace(b"{partition}", partition.encode())
-            form = direct.DirectStatement.of(f"append_one_event_{self._kind}_into_{partition}", query)
-            self._forms[partition] = form
-        return form
-
-
-def _kind(key: ExpectedState | None) -> str:
-    return "exact" if key is None else key.name.lower()
 
 
 _ONE_STREAM = _with_bumps(Q["append_one_stream"])
 _ONE_EVENT = _with_bumps(Q["append_one_event"])
 #: The same statements for `eventstore.direct`, by the same keys.
 _ONE_EVENT_DIRECT = {
-    key: direct.DirectStatement.of(f"append_one_event_{_kind(key)}", query)
+    key: direct.DirectStatement.of(f"append_one_event_{'exact' if key is None else key.name.lower()}", query)
     for key, query in _ONE_EVENT.items()
-}
-#: And written into a partition, by the same keys (the partition's placeholder left for `into`).
-_ONE_EVENT_INTO = {
-    key: IntoPartition(_kind(key), query)
-    for key, query in _with_bumps(Q["append_one_event_into"], partition=sql.SQL("{partition}")).items()
 }
 
 

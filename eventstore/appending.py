@@ -23,7 +23,7 @@ from eventstore.db import synced, translate
 from eventstore.errors import ConflictError, LedgerflowError, WrongExpectedVersionError
 from eventstore.events import AppendedEvent, AppendResult, ExpectedState, ExpectedVersion
 from eventstore.notify import Notifier
-from eventstore.partitions import HeadPartition, ensure_partitions, head_partition
+from eventstore.partitions import ensure_partitions
 from eventstore.pinning import Pin, PinnedConnections
 from eventstore.rows import fetch_value
 from eventstore.sqlfile import load_queries
@@ -97,8 +97,6 @@ class AppendPath:
     _partition_size: int
     _room_lock: threading.Lock
     _room_keeper: threading.Thread | None
-    #: The partition one-event appends write into, as last seen (None: to be looked up).
-    _head: HeadPartition | None
 
     def _write(self, statement: AppendStatement, conn: psycopg.Connection[Any] | None) -> AppendResult:
         """Send an append, in a span when traced. Should its positions run past the last partition (a batch
@@ -136,9 +134,12 @@ class AppendPath:
                 pin, executor = chosen.pin, chosen.executor
                 assert executor is not None
                 if pin is not None and pin.direct and statement.direct_form is not None:
+                    assert pin.conn is not None
                     rows: list[Any] = [
                         (r[0].decode(), int(r[1]), int(r[2]), int(r[3]))  # type: ignore[union-attr,arg-type]
-                        for r in self._send_direct(pin, statement)
+                        for r in direct.execute(
+                            pin.conn, pin.prepared, statement.direct_form, statement.params
+                        )
                     ]
                 else:
                     rows = synced(executor.execute(statement.query, statement.params)).fetchall()
@@ -150,34 +151,6 @@ class AppendPath:
             telemetry.append_conflicts.add(1, {"reason": exc.code})
             raise
         return self.appended(rows, statement.tenant, began)
-
-    def _send_direct(self, pin: Pin, statement: AppendStatement) -> list[tuple[bytes | None, ...]]:
-        """Send a statement through libpq (`eventstore.direct`): straight into the log's head partition
-        when it has that form and the store knows the partition, which spares it PostgreSQL's routing
-        and the log's event-id trigger (see `append_one_event_into` in queries.sql); else, and when the
-        partition refuses the position (the log has moved on to the next one), through the log itself.
-        The head is looked up again once an append lands on its last position or is refused by it."""
-        conn, parent = pin.conn, statement.direct_form
-        assert conn is not None
-        assert parent is not None
-        if statement.partition_form is not None:
-            head = self._head
-            if head is None:
-                head = self._head = head_partition(conn)
-            if head is not None:
-                try:
-                    rows = direct.execute(
-                        conn, pin.prepared, statement.partition_form.into(head.name), statement.params
-                    )
-                except psycopg.Error as exc:
-                    if not _refused_by_partition(exc, head.name):
-                        raise
-                    self._head = None
-                else:
-                    if rows and int(rows[0][2]) + 1 >= head.to_position:  # type: ignore[arg-type]
-                        self._head = None
-                    return rows
-        return direct.execute(conn, pin.prepared, parent, statement.params)
 
     def statement_connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A connection for one autocommit statement that appends, such as a workflow's start or a node's
@@ -236,17 +209,6 @@ class AppendPath:
         transaction (`conn=`) call it after their commit."""
         if self._notifier is not None:
             self._notifier.poke()
-
-
-def _refused_by_partition(exc: psycopg.Error, partition: str) -> bool:
-    """Whether an append written into `partition` was refused for its position: the partition's
-    constraint (no constraint name) or its range check (kept once detached) refused it, or the
-    partition is gone. Nothing was written; it is sent through the log instead."""
-    if isinstance(exc, psycopg.errors.UndefinedTable):
-        return partition in str(exc)
-    if isinstance(exc, psycopg.errors.CheckViolation):
-        return exc.diag.table_name == partition and exc.diag.constraint_name in (None, f"{partition}_range")
-    return False
 
 
 def _no_partition(exc: LedgerflowError) -> bool:

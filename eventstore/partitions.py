@@ -108,26 +108,6 @@ def ensure_partitions(conn: psycopg.Connection[Any], *, headroom: int | None = N
     return end
 
 
-@dataclass(frozen=True, slots=True)
-class HeadPartition:
-    """The attached partition that holds the next position the log hands out: positions
-    from_position <= p < to_position."""
-
-    name: str
-    from_position: int
-    to_position: int
-
-
-def head_partition(conn: psycopg.Connection[Any]) -> HeadPartition | None:
-    """The partition the next append lands in, as the log stands now; None when it has none yet, or when
-    the log is not partitioned (a database not yet migrated past 0020)."""
-    with wrap_exceptions():
-        try:
-            return fetch_one(conn, HeadPartition, Q["head"])
-        except psycopg.errors.UndefinedTable:
-            return None
-
-
 def list_partitions(conn: psycopg.Connection[Any]) -> list[Partition]:
     with wrap_exceptions():
         return fetch_all(conn, Partition, Q["list"])

@@ -31,15 +31,6 @@ SELECT name, from_position, to_position, state, events, NULL::bigint AS bytes, s
   FROM ledgerflow.event_partitions WHERE name = %(name)s
    FOR UPDATE
 
--- name: head
--- The attached partition that holds the next position the log hands out, where one-event appends write
--- directly (queries.sql, append_one_event_into); none when appends have outrun the partitions made ahead.
-SELECT p.name, p.from_position, p.to_position
-  FROM ledgerflow.event_partitions p,
-       (SELECT coalesce(pg_sequence_last_value(
-                   pg_get_serial_sequence('ledgerflow.events', 'position')::regclass), 0) + 1 AS position) n
- WHERE p.state = 'attached' AND p.from_position <= n.position AND n.position < p.to_position
-
 -- name: last_position
 SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('ledgerflow.events', 'position')::regclass), 0)
 

@@ -39,27 +39,6 @@ SELECT w.stamp, %(tenant)s, %(stream_id)s, b.base + 1, %(event_id)s, %(type)s, %
   FROM writer w, bumped b
 RETURNING e.stream_id, e.stream_version, e.position, e.transaction_id::text::bigint
 
--- name: append_one_event_into
--- The one-event append written straight into the log's head partition, named by the store when it sends
--- it (see AppendPath._send_direct): PostgreSQL's routing is skipped, and with it the log's statement
--- trigger that claims event ids (ledgerflow.claim_event_ids fires for INSERTs into ledgerflow.events, not
--- into a partition by its name), which cost this append about a tenth of its server time. So the
--- statement claims its event id itself, in the same table under the same primary key, refused with the
--- same constraint's name; from `bumped`, so that nothing is claimed when the expected version does not
--- hold, and after the log writer lock, as every write of the statement. The position comes from the
--- log's own sequence, as through the log; one outside the partition is refused by the partition's
--- constraint (and by its range check, which it keeps once detached), and the store sends the append
--- through the log instead.
-{writer}, bumped AS ({bump}), claimed AS (
-    INSERT INTO ledgerflow.event_ids (tenant, event_id) SELECT %(tenant)s, %(event_id)s FROM bumped
-)
-INSERT INTO ledgerflow.{partition} AS e (position, transaction_id, tenant, stream_id, stream_version, event_id,
-                                         event_type, data, metadata, correlation_id, causation_id)
-SELECT nextval('ledgerflow.events_position_seq'), w.stamp, %(tenant)s, %(stream_id)s, b.base + 1, %(event_id)s,
-       %(type)s, %(one_data)s::jsonb, %(one_metadata)s::jsonb, %(correlation_id)s::uuid, %(causation_id)s::uuid
-  FROM writer w, bumped b
-RETURNING e.stream_id, e.stream_version, e.position, e.transaction_id::text::bigint
-
 -- name: writer
 -- The transaction's stamp, ledgerflow.log_writer(), with its commonest case written out: an autocommit
 -- append has no xid yet, so it takes the log writer lock (1279675479, "LFLW", keyed by backend), then its

@@ -35,7 +35,7 @@ from eventstore.eventtypes import DEFAULT_TYPES, EventTypes
 from eventstore.keys import SubjectKeys
 from eventstore.masterkeys import MasterKeys
 from eventstore.notify import Notifier
-from eventstore.partitions import HeadPartition, ensure_partitions
+from eventstore.partitions import ensure_partitions
 from eventstore.personal import Shredder
 from eventstore.pinning import PinnedConnections
 from eventstore.pooling import Pool
@@ -100,7 +100,6 @@ class EventStore(AppendStatements, AppendPath, LogReading):
         self._partition_size = 0
         self._room_lock = threading.Lock()
         self._room_keeper: threading.Thread | None = None
-        self._head: HeadPartition | None = None
 
     def close(self) -> None:
         """Close the notifier and the pool (when the store was opened with `open_store`)."""

@@ -1,9 +1,7 @@
 """Event ids are unique within a tenant's log, whatever writes it and however appends race.
 
-The guarantee lives in ledgerflow.event_ids, claimed once per statement by the log's trigger
-(migrations/0040), or by the one-event append itself, which writes straight into the log's head partition
-where the trigger does not fire (queries.sql, append_one_event_into); these tests hold it against every
-writing path and against concurrent appends under READ COMMITTED.
+The guarantee lives in ledgerflow.event_ids, claimed once per statement (migrations/0040); these tests
+hold it against every writing path and against concurrent appends under READ COMMITTED.
 """
 
 from __future__ import annotations
@@ -149,8 +147,8 @@ def test_an_idempotent_retry_with_its_event_ids_is_answered_not_refused(store: E
 
 
 def test_an_append_refused_for_its_expected_version_takes_no_id(store: EventStore) -> None:
-    """The one-event append claims its id in its own statement, only once the stream's version moved: an
-    append refused for its version leaves the id free for the append that gets the version right."""
+    """An append refused for its expected version writes no event, so its id is claimed by nothing: the
+    append that gets the version right may use it."""
     kept = uuid.uuid4()
     store.append("s", [ev()])
     with pytest.raises(WrongExpectedVersionError):
@@ -164,10 +162,10 @@ def test_an_append_refused_for_its_expected_version_takes_no_id(store: EventStor
 def test_a_one_event_append_waits_for_a_claim_in_flight_then_knows(
     store: EventStore, holder_commits: bool
 ) -> None:
-    """The one-event append, written straight into the log's head partition (where the log's claiming
-    trigger does not fire), claims its id itself: it waits for a transaction that holds a claim of the
-    same id, then is refused if that one commits and lands if it rolls back."""
-    store.append("warm", [ev()])  # the head partition known, its statement prepared
+    """The one-event append on its thread's pinned connection (through libpq, `eventstore.direct`) waits
+    for a transaction that holds a claim of the same id, then is refused if that one commits and lands if
+    it rolls back."""
+    store.append("warm", [ev()])  # its statement prepared on the pinned connection
     taken = uuid.uuid4()
     outcome: list[object] = []
     with psycopg.connect(store.url) as holder:

@@ -29,7 +29,6 @@ from eventstore import (
     restore_partition,
 )
 from eventstore.errors import DuplicateEventIdError, LedgerflowError
-from eventstore.partitions import ensure_partitions
 from tests.narrow_partitions import narrow_partitions
 from tests.waiting import joined, wait_until
 
@@ -296,67 +295,3 @@ def test_appenders_racing_past_narrow_partitions_all_land(small_store: EventStor
     _append_from_threads(small_store, 8, 40, lambda n, i: f"w-{n}")
     for n in range(8):
         assert [e.stream_version for e in small_store.read_stream(f"w-{n}")] == list(range(1, 41))
-
-
-def _written_straight_into(store: EventStore) -> set[str]:
-    """The partitions this thread's one-event appends were written straight into: the statements its
-    pinned connection prepared for them (read before anything else takes the pin back)."""
-    with store._pins.connection() as conn:
-        names = [row[0] for row in conn.execute("SELECT name FROM pg_prepared_statements").fetchall()]
-    return {name.rsplit("_into_", 1)[1] for name in names if "_into_" in name}
-
-
-def _ids_and_events(store: EventStore) -> tuple[int, int]:
-    with store.pool.connection() as conn:
-        row = conn.execute(
-            "SELECT (SELECT count(*) FROM ledgerflow.event_ids), (SELECT count(*) FROM ledgerflow.events)"
-        ).fetchone()
-    assert row is not None
-    return row[0], row[1]
-
-
-def test_one_event_appends_go_straight_into_each_partition_in_turn(small_store: EventStore) -> None:
-    store = small_store
-    with store.pool.connection() as conn:
-        ensure_partitions(conn, headroom=5 * _SIZE)  # made ahead here: no append waits for one
-    for i in range(35):
-        store.append(f"s-{i % 4}", [NewEvent("E", {"i": i})])
-    assert _written_straight_into(store) == {f"events_p00000{n}" for n in range(1, 5)}
-    with store.pool.connection() as conn:
-        rows = conn.execute("SELECT tableoid::regclass::text, position FROM ledgerflow.events").fetchall()
-    parts = _partitions(store)
-    assert sorted(p for _, p in rows) == list(range(1, 36))
-    for table, position in rows:
-        start, end, _ = parts[table.removeprefix("ledgerflow.")]
-        assert start <= position < end
-    assert _ids_and_events(store) == (35, 35)
-
-
-def test_an_append_into_a_partition_the_log_has_left_lands_through_the_log(small_store: EventStore) -> None:
-    """Another process moved the log past the partition this store writes into: the partition refuses the
-    position (which stays unused, as after any failed insert) and the append goes through the log; the
-    store's next append writes straight into the partition that holds the log's end."""
-    store = small_store
-    assert store.append("a", [NewEvent("E", {})]).events[0].position == 1
-    with open_store(url=store.url) as other:
-        for i in range(15):
-            other.append("b", [NewEvent("E", {"i": i})])
-    assert store.append("a", [NewEvent("E", {})]).events[0].position == 18  # 17: refused
-    assert store.append("a", [NewEvent("E", {})]).events[0].position == 19
-    assert _written_straight_into(store) == {"events_p000001", "events_p000002"}
-    assert [e.stream_version for e in store.read_stream("a")] == [1, 2, 3]
-    assert _ids_and_events(store) == (18, 18)
-
-
-def test_an_append_into_a_partition_archived_since_lands_through_the_log(
-    small_store: EventStore, tmp_path: Path
-) -> None:
-    store = small_store
-    store.append("a", [NewEvent("E", {})])
-    with open_store(url=store.url) as other:
-        for i in range(24):
-            other.append("b", [NewEvent("E", {"i": i})])
-    archive_partition(store.url, "events_p000001", tmp_path)  # dropped from under this store's statement
-    assert store.append("a", [NewEvent("E", {})]).events[0].position == 26
-    assert [e.stream_version for e in store.read_stream("a")] == [2]  # the first one is archived
-    assert store.stream_version("a") == 2
