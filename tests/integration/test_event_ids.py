@@ -162,10 +162,10 @@ def test_an_append_refused_for_its_expected_version_takes_no_id(store: EventStor
 def test_a_one_event_append_waits_for_a_claim_in_flight_then_knows(
     store: EventStore, holder_commits: bool
 ) -> None:
-    """The one-event append on its thread's pinned connection (through libpq, `eventstore.direct`) waits
+    """A one-event append from a thread of its own (which pins a connection and sends through libpq,
+    `eventstore.direct`; the race test above appends in the caller's transaction, through psycopg) waits
     for a transaction that holds a claim of the same id, then is refused if that one commits and lands if
     it rolls back."""
-    store.append("warm", [ev()])  # its statement prepared on the pinned connection
     taken = uuid.uuid4()
     outcome: list[object] = []
     with psycopg.connect(store.url) as holder:
