@@ -54,6 +54,17 @@ def start_worker(
         )
 
 
+def projector_running(log: Path, process: subprocess.Popen[bytes]) -> bool:
+    """Whether a `ledgerflow projector` process logging JSON lines to `log` has started its loop, its
+    SIGTERM handler in place: one still importing when a drill's closing SIGTERM comes dies of the signal
+    (-15) instead of stopping cleanly, as a slow host showed."""
+    marker = f":{process.pid}:"
+    return any(
+        '"projector_worker_started"' in line and marker in line
+        for line in log.read_text(errors="replace").splitlines()
+    )
+
+
 def kill(worker: subprocess.Popen[bytes]) -> None:
     """SIGKILL, and wait until the process is gone."""
     worker.send_signal(signal.SIGKILL)

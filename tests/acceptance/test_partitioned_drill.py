@@ -16,6 +16,7 @@ import pytest
 from eventstore import AppendResult, EventStore, NewEvent
 from projector import ProjectorWorker, WorkerSettings, list_runs, projection_health, verify, wait_for
 from projector.digest import projection_digest
+from tests.acceptance.drill_workers import projector_running
 from tests.projections import partitioned_counter, twin_counter
 from tests.waiting import joined, wait_until
 
@@ -53,16 +54,6 @@ def _holding_workers(store: EventStore, workers: list[subprocess.Popen[bytes]]) 
     """Indexes of the worker processes holding a segment now (a worker's id holds its pid)."""
     pids = {int(owner.split(":")[1]) for owner in _owners(store)}
     return [i for i, w in enumerate(workers) if w.pid in pids]
-
-
-def _running(log: Path, worker: subprocess.Popen[bytes]) -> bool:
-    """Whether `worker` has started its loop (its SIGTERM handler in place): a worker still importing when
-    the SIGTERM at the end comes would end with -15 instead of stopping cleanly."""
-    marker = f":{worker.pid}:"
-    return any(
-        '"projector_worker_started"' in line and marker in line
-        for line in log.read_text(errors="replace").splitlines()
-    )
 
 
 def _owners(store: EventStore) -> set[str]:
@@ -109,8 +100,11 @@ def test_three_workers_one_killed_twice_equal_the_twin(store: EventStore, tmp_pa
             workers[victim] = start_worker(store.url, log)
         # Segments spread: more than one worker holds some (at most ceil(4 / 3) = 2 each).
         wait_until(lambda: len(_owners(store)) >= 2, timeout=60, what="the segments to spread")
-        # The last one started may still be importing on a slow host: the SIGTERM below is for running ones.
-        wait_until(lambda: all(_running(log, w) for w in workers), timeout=60, what="every worker to run")
+        # The last one started may still be importing on a slow host: the SIGTERM below is for
+        # running ones.
+        wait_until(
+            lambda: all(projector_running(log, w) for w in workers), timeout=60, what="every worker to run"
+        )
         done.set()
         joined(appender)
         wait_for(store, partitioned_counter, last[0], timeout=120)

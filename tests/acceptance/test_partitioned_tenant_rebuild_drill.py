@@ -18,6 +18,7 @@ import pytest
 
 from eventstore import AppendResult, EventStore, NewEvent
 from projector import ProjectorWorker, verify, wait_for
+from tests.acceptance.drill_workers import projector_running
 from tests.projections import tenant_partitioned_counter as counter
 from tests.waiting import joined, wait_until
 
@@ -111,6 +112,11 @@ def test_a_killed_tenant_rebuild_and_a_killed_worker_lose_and_double_nothing(
         # its fence, applying A's events the batches left.
         wait_until(lambda: run_status(store) == "abandoned", timeout=60, what="the run taken for abandoned")
         wait_until(lambda: fences(store) == 0, timeout=60, what="every segment to lift its fence")
+        # The worker started again may still be importing on a slow host: the SIGTERM below is for
+        # running ones.
+        wait_until(
+            lambda: all(projector_running(log, w) for w in workers), timeout=60, what="both workers to run"
+        )
         done.set()
         joined(appender)
         wait_for(store, counter, last[0], timeout=60)
