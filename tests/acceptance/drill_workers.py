@@ -1,5 +1,6 @@
 """Real `ledgerflow worker` processes for the drills: starting one, killing one, and the loop that kills
-workers at random moments and starts them again under the same or another name."""
+workers at random moments and starts them again under the same or another name; and whether a `ledgerflow
+projector` process of a drill has started its loop."""
 
 from __future__ import annotations
 
