@@ -54,8 +54,11 @@ SERVER_CONNECTIONS = (
 )
 CONNECTIONS_BOUND = POOL + 3
 MiB = 1024 * 1024
-#: The run caps the fattened run meets (the defaults, named so the attack knows them).
-MAX_SIGNALS_PER_RUN = 1000
+#: The run caps the fattened run meets, set on the server and named so the attack knows them: the largest
+#: signal the product allows by default, and 300 of them a run (the default is 1,000). 300 of 64 KiB are
+#: 19 MiB of JSON: a server that folded them at every read would pass the RSS bound twice over with four
+#: readers (21 MB of payloads read by four cost +484 MB), and the run fills in a third of the time.
+MAX_SIGNALS_PER_RUN = 300
 MAX_SIGNAL_BYTES = 64 * 1024
 #: A's backlog, and the bound on B's start-to-first-node (its p99) while a worker drains it. 2 s is the
 #: issue's: a claim cycle, with room for a loaded 2-core machine. With claims in ready order across tenants
@@ -294,8 +297,8 @@ def test_one_tenant_cannot_stall_or_exhaust_the_api_for_another(store: EventStor
                 cursor_c = c.post("/api/v1/workflows/linear/runs", json={}).json()["cursor"]
             # The attacks of the issue: 40 of A's reads waiting (and 20 of another tenant's, to reach the
             # server's cap), eight concurrent 2 MiB bodies with a bogus token, 64 MiB request heads.
-            # A fattened run: before, a read folded the whole stream with its signal payloads: 1,000 of
-            # 64 KiB (64 MiB of JSON, several times that as Python objects) read by four readers at once
+            # A fattened run: before, a read folded the whole stream with its signal payloads: 300 of
+            # 64 KiB (19 MiB of JSON, several times that as Python objects) read by four readers at once
             # would raise the server's RSS far beyond the 200 MB bound (30 of 720 KB by four: +484 MB).
             # A backlog: 2,000 runs queued with no worker, drained below by a worker while B starts runs.
             attacks: dict[str, dict[str, Any]] = {
