@@ -8,7 +8,6 @@ connection slots for a moment) is waited for, never swapped for the embedded one
 from __future__ import annotations
 
 import concurrent.futures
-import gc
 import itertools
 import os
 import socket
@@ -159,22 +158,6 @@ class _SpreadTheSlowTests:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_SpreadTheSlowTests(), "ledgerflow-spread-the-slow-tests")
-
-
-#: The collector's young-generation threshold in the test processes (CPython's default is 700).
-YOUNG_COLLECTION_THRESHOLD = 20_000
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """A test process holds what it imported and collected (the product, pytest, hypothesis, schemathesis,
-    the test modules: about a million objects) to its end. The collector would walk them at every full
-    collection and, at CPython's default threshold, make a young collection every 700 allocations: about
-    a twelfth of the CPU of the API and unit tests on three processes. They are frozen once collected, as
-    the product's long-running processes freeze theirs (`ops.heap`), and young collections come less
-    often. Cycles are still collected."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])
 
 
 @pytest.hookimpl(wrapper=True)
