@@ -19,7 +19,6 @@ import structlog
 
 from eventstore.spi import is_unavailable
 from ops.budget import budget, log_connection_budget
-from ops.heap import freeze_start_up_objects
 from ops.process_exit import exit_past_stuck_threads
 from ops.roles import Role
 from ops.services import Services, StopSignal, open_services
@@ -81,7 +80,6 @@ def serve(settings: Settings, *, api: bool, projector: bool, worker: bool, host:
         services.roles.append(Role("workflow-worker", lambda: _workflow_worker(services)))
         if RetentionSettings().retention_interval > 0:
             services.roles.append(Role("retention", lambda: _retention(services)))
-    freeze_start_up_objects()
     for role in services.roles:
         role.start()
     try:

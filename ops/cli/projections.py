@@ -48,7 +48,6 @@ def _worker_settings(ctx: click.Context) -> WorkerSettings:
 def projector_command(ctx: click.Context) -> None:
     """Run a projector worker until SIGTERM or Ctrl-C; start as many as you like."""
     from ops.budget import budget, log_connection_budget
-    from ops.heap import freeze_start_up_objects
     from ops.services import StopSignal, open_until_stopped
     from projector import ProjectorWorker
 
@@ -65,7 +64,6 @@ def projector_command(ctx: click.Context) -> None:
         worker = ProjectorWorker(store, projections, _worker_settings(ctx))
         log_connection_budget(budget("projector", settings, worker.dedicated_connections()))
         stopping.then(worker.stop)
-        freeze_start_up_objects()
         worker.run()
 
 

@@ -40,7 +40,6 @@ def worker_settings(settings: Settings) -> WorkerSettings:
 def worker_command(ctx: click.Context, name: str | None) -> None:
     """Run a workflow worker until SIGTERM or Ctrl-C; start as many as you like."""
     from ops.budget import budget, log_connection_budget
-    from ops.heap import freeze_start_up_objects
     from ops.process_exit import exit_past_stuck_threads
     from ops.services import StopSignal, open_until_stopped, tenant_quotas
     from workflows import Engine, WorkflowWorker
@@ -68,7 +67,6 @@ def worker_command(ctx: click.Context, name: str | None) -> None:
         own = WorkflowWorker.dedicated_connections(registry, worker.settings)
         log_connection_budget(budget("worker", settings, own))
         stopping.then(worker.stop)
-        freeze_start_up_objects()
         worker.run()
     exit_past_stuck_threads()  # a node body stuck past the grace period was handed back: do not wait on it
 
