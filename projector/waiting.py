@@ -112,8 +112,8 @@ class Reach:
 
 
 def reach(store: EventStore, projection: Projection, conn: psycopg.Connection[Any]) -> Reach:
-    """How far `projection`'s tables show the log: its durable cursor and, for one that reads only some
-    event types, the next event it would read (or the readable horizon when there is none)."""
+    """How far `projection`'s tables show the log: its durable cursor and the next event it would read
+    (or the readable horizon when there is none)."""
     current = cursor_rows.get_cursor(conn, projection.name)
     if current is None:
         return Reach(None)
@@ -137,8 +137,11 @@ def _reach_from(
     conn: psycopg.Connection[Any],
     segment: tuple[int, int] | None,
 ) -> Reach:
-    if projection.event_types is None and segment is None:
-        return Reach(at)  # it reads every event: only its cursor says how far it got
+    # A projection whose cursor row says it applied everything up to `at` shows the log up to the
+    # readable horizon when no event it reads lies between. Its cursor row does not follow that horizon
+    # while it is idle (a write per idle poll): other transactions of the cluster, appends or not, move
+    # `committed_so_far()` past it. So every projection is read from its cursor, those of every event type
+    # too.
     page = store.read_all(at, limit=1, types=projection.event_types, conn=conn, segment=segment)
     if page.events:
         return Reach(at, next_read=page.events[0].cursor)
