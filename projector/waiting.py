@@ -139,9 +139,9 @@ def _reach_from(
 ) -> Reach:
     # A projection whose cursor row says it applied everything up to `at` shows the log up to the
     # readable horizon when no event it reads lies between. Its cursor row does not follow that horizon
-    # while it is idle (a write per idle poll): other transactions of the cluster, appends or not, move
-    # `committed_so_far()` past it. So every projection is read from its cursor, those of every event type
-    # too.
+    # while it is idle (a write per idle poll): any transaction of the cluster that takes an id without
+    # appending here moves `committed_so_far()` past it. So every projection is read from its cursor,
+    # those of every event type too.
     page = store.read_all(at, limit=1, types=projection.event_types, conn=conn, segment=segment)
     if page.events:
         return Reach(at, next_read=page.events[0].cursor)

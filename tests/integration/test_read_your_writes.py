@@ -119,9 +119,10 @@ def test_the_committed_so_far_cursor_is_waited_for_not_refused(store: EventStore
 
 def test_a_projection_of_every_type_passes_ids_taken_by_other_transactions(store: EventStore) -> None:
     """A projection that reads every event type, idle and caught up, shows "now" at once, although
-    transactions that append nothing (here, of another database; a lease's renewal is one too) took ids
-    since its last event: its cursor row stays at that event while it is idle, and the waiter reads the
-    horizon from there. Before, the waiter looked at the cursor row alone and waited for an append."""
+    transactions that append nothing (here, three on another connection; another database's or a lease's
+    renewal are such too) took ids since its last event: its cursor row stays at that event while it is
+    idle, and the waiter reads the horizon from there. Before, the waiter looked at the cursor row alone
+    and waited for an append."""
     counter = make_counter()
     worker = ProjectorWorker(store, [counter], FAST)
     appended = store.append("quiet-1", [NewEvent("Add", {"amount": 1})])
