@@ -210,7 +210,7 @@ def check_workflow_replay(
 
 def test_a_replay_starts_at_once_without_a_new_append(store: EventStore) -> None:
     for i in range(5):
-        store.append(f"idle-{i}", [NewEvent("Seen", {})])
+        last = store.append(f"idle-{i}", [NewEvent("Seen", {})]).events[0]
     worker = ProjectorWorker(
         store, [stream_catalogue], WorkerSettings(poll_interval=30, heartbeat_interval=1)
     )
@@ -219,8 +219,11 @@ def test_a_replay_starts_at_once_without_a_new_append(store: EventStore) -> None
     try:
         wait_until(lambda: worker._runners, what="the lease")
         catalogue = worker._runners[stream_catalogue.name]
-        target = store.committed_so_far()
-        wait_until(lambda: catalogue.cursor >= target or catalogue.read_cursor >= target, what="catch-up")
+        # Caught up once the last append is read. Not `committed_so_far()`: other tests' transactions,
+        # which share the cluster's ids, move it on after the worker's read, and the idle worker would
+        # read again only at its 30 s poll (no append here wakes it).
+        target = Cursor(last.transaction_id, last.position)
+        wait_until(lambda: catalogue.read_cursor > target, what="catch-up")
         run_id = replay(store, stream_catalogue, after=Cursor(0, 0))
         # The poll interval is 30 s: only the wake-up and the idle cursor check can finish this in time.
         wait_until(lambda: run_of(store, run_id).status == "completed", timeout=5, what="the replay")
