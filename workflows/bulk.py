@@ -36,7 +36,6 @@ from eventstore import (
     EventStore,
     IdempotencyConflictError,
     LedgerflowError,
-    NotFoundError,
     WrongExpectedVersionError,
 )
 from eventstore.spi import fetch_one, fetch_value, load_queries
@@ -169,7 +168,7 @@ def _batch_once(
             if counted is None:
                 raise _NotCounted  # rolls the page back: it was counted already, or the action ended
     except _NotCounted:
-        _counted_elsewhere(store, action_id, tenant, len(batch))
+        _counted_elsewhere(action_id, len(batch))
     except WrongExpectedVersionError:
         return False  # a run changed after it was read (a node's claim or end, say): read again
     except BatchUnfit as exc:
@@ -193,14 +192,12 @@ def _lock_page(conn: psycopg.Connection[Any], action_id: uuid.UUID) -> None:
         raise _Busy
 
 
-def _counted_elsewhere(store: EventStore, action_id: uuid.UUID, tenant: str, runs: int) -> NoReturn:
+def _counted_elsewhere(action_id: uuid.UUID, runs: int) -> NoReturn:
     """When the action's progress refused to count `runs` runs: another process working the action
     counted them first (the page this one worked is rolled back; its runs were acted on once, by the
-    other), and this one leaves the action to it (`_Busy`); or the action ended meanwhile (NotFoundError)."""
-    row = read_action_row(store, action_id, tenant)
-    if row.action.state != "running":
-        raise NotFoundError(f"bulk action {action_id} is no longer running")
-    log.warning("bulk_action_counted_elsewhere", bulk_id=str(action_id), runs=runs)
+    other), or counted the rest and ended it. Either way this one leaves the action to it (`_Busy`), and
+    `run_bulk_action` returns the record as it stands: still running, or ended by the other."""
+    log.info("bulk_action_counted_elsewhere", bulk_id=str(action_id), runs=runs)
     raise _Busy
 
 
@@ -252,7 +249,7 @@ def _progress(
         _lock_page(conn, action_id)
         row = fetch_one(conn, action_row, Q["progress"], params)
     if row is None:
-        _counted_elsewhere(store, action_id, tenant, 1)
+        _counted_elsewhere(action_id, 1)
     return row
 
 

@@ -168,6 +168,46 @@ def test_a_worker_that_finds_its_page_counted_by_another_leaves_the_action_to_it
 
 
 @pytest.mark.parametrize("paged", [True, False], ids=["a page at a time", "one run at a time"])
+def test_a_worker_that_finds_the_action_finished_by_another_returns_its_record(
+    store: EventStore, engine: Engine, monkeypatch: pytest.MonkeyPatch, paged: bool
+) -> None:
+    # The first worker waits after its first page while a second works the rest and finishes the action:
+    # the first's next page is refused its count, and it returns the finished record instead of raising.
+    monkeypatch.setattr(bulk, "_PAGE", 5)
+    if not paged:
+        monkeypatch.setattr(bulk_kinds, "BATCHES", {})
+    chosen = start(engine, "a", 10)
+    project_runs(store)
+    action = create_bulk_action(store, kind="cancel", tenant="default", filter=BATCH_A, actor="test")
+    paused, go = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    returned: dict[str, BulkAction] = {}
+
+    def progress(_: BulkAction) -> None:
+        if not paused.is_set():  # after its first page
+            paused.set()
+            assert go.wait(30)
+
+    def first() -> None:
+        try:
+            returned["first"] = run_bulk_action(engine, action.id, tenant="default", progress=progress)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert paused.wait(30)
+    second = run_bulk_action(engine, action.id, tenant="default")
+    go.set()
+    joined(thread)
+    assert errors == []
+    assert (second.state, second.done, second.failed, second.skipped) == ("completed", 10, 0, 0)
+    assert returned["first"] == bulk_action(store, action.id, tenant="default")
+    assert returned["first"].state == "completed"
+    assert all(events_of(store, r, ev.RUN_CANCEL_REQUESTED) == 1 for r in chosen)
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["a page at a time", "one run at a time"])
 def test_a_bulk_action_needs_one_connection_at_a_time(
     database_url: str, paged: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
