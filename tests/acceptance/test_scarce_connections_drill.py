@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from eventstore import DatabaseSettings, open_store
+from eventstore import DatabaseSettings, EventStore, open_store
 from eventstore.migrate import migrate
 from tests.acceptance.pg_cluster import (
     WORKER_ROLE,
@@ -107,11 +107,15 @@ def test_a_fleet_short_of_connection_slots_completes_every_run(tmp_path: Path) -
             log_from = _server_log(cluster).stat().st_size
             began = time.monotonic()
             runs = [engine.start("one_node", input={"n": n}).run_id for n in range(RUNS)]
-            wait_until(
-                lambda: all(not engine.load(r).active for r in runs),
-                timeout=RUNS_WITHIN,
-                what=f"all {RUNS} runs to end",
-            )
+            try:
+                wait_until(
+                    lambda: all(not engine.load(r).active for r in runs),
+                    timeout=RUNS_WITHIN,
+                    what=f"all {RUNS} runs to end",
+                )
+            except AssertionError:
+                print(_stalled_fleet(store, processes, _server_log(cluster).read_text(errors="replace")))
+                raise
             took = time.monotonic() - began
             statuses = [engine.load(r).status for r in runs]
             # Then the fleet idles on a server still short of slots: the processes without a connection
@@ -149,6 +153,36 @@ def test_a_fleet_short_of_connection_slots_completes_every_run(tmp_path: Path) -
             assert "Traceback" not in text, f"{p.name} logged a traceback:\n{text[-4000:]}"
             if "_worker_started" in text:
                 assert '"connection_budget"' in text, f"{p.name} did not state its connection budget"
+
+
+def _stalled_fleet(store: EventStore, processes: list[Process], server_log: str) -> str:
+    """What a fleet whose runs did not end was doing: the server's sessions by role and state, the queue's
+    rows by status, and each process's own account (whether it started, what it waited for, its last
+    words). Printed when the drill fails, so a stall explains itself."""
+    lines = ["\nthe runs did not end; what the fleet was doing:"]
+    with store.pool.connection() as conn:
+        for row in conn.execute(
+            "SELECT usename, application_name, state, wait_event, count(*) FROM pg_stat_activity"
+            " WHERE backend_type = 'client backend' GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
+        ):
+            lines.append(f"  session {row}")
+        for row in conn.execute(
+            "SELECT status, worker_name, count(*) FROM ledgerflow.workflow_queue GROUP BY 1, 2 ORDER BY 1, 2"
+        ):
+            lines.append(f"  queue {row}")
+    attempts, refused = _attempts(server_log)
+    lines.append(f"  server: {attempts} connection attempts, {refused} refused for lack of a slot")
+    for p in processes:
+        events = p.events()
+        counts: dict[str, int] = {}
+        for e in events:
+            if e.get("event") in ("database_unavailable", "database_available_again"):
+                key = f"{e['event']}/{e.get('noticed_by', '-')}"
+                counts[key] = counts.get(key, 0) + 1
+        started = any(str(e.get("event", "")).endswith("_worker_started") for e in events)
+        lines.append(f"  {p.name}: started={started} exit={p.popen.poll()} {counts}")
+        lines += [f"    {e.get('timestamp', '')[11:23]} {e.get('event')}" for e in events[-6:]]
+    return "\n".join(lines)
 
 
 def sigterm_and_time(processes: list[Process]) -> tuple[dict[str, int], dict[str, float]]:
