@@ -66,7 +66,9 @@ class ProjectorWorker(LeaseHolder):
                 if self.work_once():
                     horizon_wait = _HORIZON_RECHECK_MIN
                     continue
-                if self._waiting_on_horizon():
+                # Only a worker with projections to step has events to wait for (one that holds none
+                # would ask the database at every wake).
+                if self._runners and self._waiting_on_horizon():
                     # Committed events wait behind an older transaction, which may never notify when it
                     # ends: look again soon rather than after a whole poll interval.
                     self._wake.wait(horizon_wait)
@@ -122,7 +124,7 @@ class ProjectorWorker(LeaseHolder):
         A database outage is reported (the caller waits it out); any other failure is confined to the
         projection it came from, which is tried again after a back-off."""
         try:
-            self.acquire_free_leases()
+            self.look_for_leases()
             busy = False
             for name in list(self._runners):
                 if self.stopping.is_set():

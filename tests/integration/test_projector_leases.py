@@ -4,14 +4,16 @@ that lost its lease cannot commit (fencing)."""
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any
 
 import pytest
 
 from eventstore import EventStore, NewEvent
-from projector import LeaseLost, ProjectorWorker, WorkerSettings, run_rows
+from projector import LeaseLost, ProjectorWorker, WorkerSettings, lease_rows, run_rows
 from projector.runner import LiveRunner
 from tests.projections import make_counter
-from tests.waiting import joined
+from tests.waiting import joined, wait_until
 
 SETTINGS = WorkerSettings(lease_ttl=30, heartbeat_interval=10, batch_size=5)
 
@@ -97,3 +99,84 @@ def test_heartbeat_notices_a_lost_lease(store: EventStore) -> None:
     ProjectorWorker(store, [counter], SETTINGS).acquire_free_leases()
     worker.heartbeat()
     assert worker._runners == {}
+
+
+def _count_asks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Who asked the database for a lease, in order (the real statement runs)."""
+    asks: list[str] = []
+    real = lease_rows.acquire_lease
+
+    def counting(conn: Any, projection: str, owner: str, ttl: float) -> int | None:
+        asks.append(owner)
+        return real(conn, projection, owner, ttl)
+
+    monkeypatch.setattr(lease_rows, "acquire_lease", counting)
+    return asks
+
+
+def test_a_worker_refused_a_lease_asks_again_once_per_poll_interval_not_at_every_wake(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counter = make_counter()
+    holder = ProjectorWorker(store, [counter], SETTINGS)
+    holder.acquire_free_leases()
+    asks = _count_asks(monkeypatch)
+    waiting = ProjectorWorker(
+        store, [counter], WorkerSettings(lease_ttl=30, heartbeat_interval=10, poll_interval=1)
+    )
+    began = time.monotonic()
+    for _ in range(50):
+        waiting.work_once()  # what the loop does at every wake
+    assert asks.count(waiting.id) == 1
+    holder.release_all()
+
+    # Released: taken at the next look, within the poll interval.
+    def taken() -> bool:
+        waiting.work_once()
+        return counter.name in waiting._runners
+
+    wait_until(taken, timeout=10, what="the released lease to be taken")
+    assert time.monotonic() - began >= 1.0
+    assert asks.count(waiting.id) == 2
+    # And a direct call asks at once, as before (tests, one-shot catch-ups).
+    assert not waiting.acquire_free_leases()
+
+
+def test_a_running_worker_that_holds_nothing_costs_the_database_nothing_per_append(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counter = make_counter()
+    holder = ProjectorWorker(store, [counter], SETTINGS)
+    holder.acquire_free_leases()
+    asks = _count_asks(monkeypatch)
+    waiting = ProjectorWorker(
+        store, [counter], WorkerSettings(lease_ttl=30, heartbeat_interval=10, poll_interval=5)
+    )
+    looks: list[float] = []
+    horizon_checks: list[float] = []
+    real_work_once, real_beyond = waiting.work_once, store.events_beyond_horizon
+
+    def work_once() -> bool:
+        looks.append(time.monotonic())
+        return real_work_once()
+
+    def beyond_horizon() -> bool:
+        horizon_checks.append(time.monotonic())
+        return real_beyond()
+
+    monkeypatch.setattr(waiting, "work_once", work_once)
+    monkeypatch.setattr(store, "events_beyond_horizon", beyond_horizon)
+    thread = threading.Thread(target=waiting.run, daemon=True)
+    thread.start()
+    try:
+        # Every append wakes the loop: append until it has gone round ten times.
+        def woken_ten_times() -> bool:
+            store.append("s", [NewEvent("Add", {"amount": 1})])
+            return len(looks) >= 10
+
+        wait_until(woken_ten_times, timeout=30, what="the loop to wake ten times")
+    finally:
+        waiting.stop()
+        joined(thread)
+    assert asks.count(waiting.id) == 1, asks
+    assert horizon_checks == []
