@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pytest
 
 from eventstore import EventStore, NewEvent
 from projector import LeaseLost, ProjectorWorker, WorkerSettings, lease_rows, run_rows
+from projector.projection import Projection
 from projector.runner import LiveRunner
 from tests.projections import make_counter
 from tests.waiting import joined, wait_until
+
+T = TypeVar("T")
 
 SETTINGS = WorkerSettings(lease_ttl=30, heartbeat_interval=10, batch_size=5)
 
@@ -101,29 +105,40 @@ def test_heartbeat_notices_a_lost_lease(store: EventStore) -> None:
     assert worker._runners == {}
 
 
-def _count_asks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Who asked the database for a lease, in order (the real statement runs)."""
-    asks: list[str] = []
-    real = lease_rows.acquire_lease
+def _calls(
+    record: list[object], fn: Callable[..., T], what: Callable[..., object] = lambda *a: None
+) -> Callable[..., T]:
+    """`fn`, which also notes `what(*args)` in `record` at every call (the real call still runs)."""
 
-    def counting(conn: Any, projection: str, owner: str, ttl: float) -> int | None:
-        asks.append(owner)
-        return real(conn, projection, owner, ttl)
+    def counted(*args: Any) -> T:
+        record.append(what(*args))
+        return fn(*args)
 
-    monkeypatch.setattr(lease_rows, "acquire_lease", counting)
-    return asks
+    return counted
+
+
+def _lease_held_elsewhere(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch, poll_interval: float
+) -> tuple[Projection, ProjectorWorker, ProjectorWorker, list[object]]:
+    """A counter projection whose lease `holder` holds, a `waiting` worker for the same projection, and the
+    owners that asked the database for a lease from then on, in order."""
+    counter = make_counter()
+    holder = ProjectorWorker(store, [counter], SETTINGS)
+    holder.acquire_free_leases()
+    asks: list[object] = []
+
+    def owner(conn: Any, projection: str, owner: str, ttl: float) -> str:
+        return owner
+
+    monkeypatch.setattr(lease_rows, "acquire_lease", _calls(asks, lease_rows.acquire_lease, owner))
+    settings = WorkerSettings(lease_ttl=30, heartbeat_interval=10, poll_interval=poll_interval)
+    return counter, holder, ProjectorWorker(store, [counter], settings), asks
 
 
 def test_a_worker_refused_a_lease_asks_again_once_per_poll_interval_not_at_every_wake(
     store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    counter = make_counter()
-    holder = ProjectorWorker(store, [counter], SETTINGS)
-    holder.acquire_free_leases()
-    asks = _count_asks(monkeypatch)
-    waiting = ProjectorWorker(
-        store, [counter], WorkerSettings(lease_ttl=30, heartbeat_interval=10, poll_interval=1)
-    )
+    counter, holder, waiting, asks = _lease_held_elsewhere(store, monkeypatch, poll_interval=1)
     began = time.monotonic()
     for _ in range(50):
         waiting.work_once()  # what the loop does at every wake
@@ -145,27 +160,11 @@ def test_a_worker_refused_a_lease_asks_again_once_per_poll_interval_not_at_every
 def test_a_running_worker_that_holds_nothing_costs_the_database_nothing_per_append(
     store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    counter = make_counter()
-    holder = ProjectorWorker(store, [counter], SETTINGS)
-    holder.acquire_free_leases()
-    asks = _count_asks(monkeypatch)
-    waiting = ProjectorWorker(
-        store, [counter], WorkerSettings(lease_ttl=30, heartbeat_interval=10, poll_interval=5)
-    )
-    looks: list[float] = []
-    horizon_checks: list[float] = []
-    real_work_once, real_beyond = waiting.work_once, store.events_beyond_horizon
-
-    def work_once() -> bool:
-        looks.append(time.monotonic())
-        return real_work_once()
-
-    def beyond_horizon() -> bool:
-        horizon_checks.append(time.monotonic())
-        return real_beyond()
-
-    monkeypatch.setattr(waiting, "work_once", work_once)
-    monkeypatch.setattr(store, "events_beyond_horizon", beyond_horizon)
+    _, _, waiting, asks = _lease_held_elsewhere(store, monkeypatch, poll_interval=5)
+    looks: list[object] = []
+    horizon_checks: list[object] = []
+    monkeypatch.setattr(waiting, "work_once", _calls(looks, waiting.work_once))
+    monkeypatch.setattr(store, "events_beyond_horizon", _calls(horizon_checks, store.events_beyond_horizon))
     thread = threading.Thread(target=waiting.run, daemon=True)
     thread.start()
     try:
