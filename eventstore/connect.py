@@ -50,7 +50,7 @@ def open_store(
         max_event_bytes=settings.max_event_bytes,
         max_events_per_append=settings.max_events_per_append,
         max_page_bytes=settings.max_page_bytes,
-        notifier=Notifier(url),
+        notifier=Notifier(url, max_idle=settings.pool_max_idle),
         pinned_connections=settings.pinned_connections,
         master_keys=settings.master_keys(),
     )

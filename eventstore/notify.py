@@ -6,6 +6,11 @@ one NOTIFY for all the pokes that arrived while the previous one was in flight, 
 few milliseconds (a NOTIFY per sequential append would cost each append a second transaction). Its
 connection uses `synchronous_commit = off`: a lost wake-up is harmless, because subscribers also poll
 and re-read after every reconnect.
+
+The connection is closed once no wake-up was sent for `max_idle` seconds, as the pool closes its idle
+connections (`eventstore.pooling`), and opened again at the next one. Kept for good, it held a server slot
+that the process's pool could need more: on a server with fewer slots than a fleet asks for, the idle
+notifiers of its processes once held the slots that every process's pool waited for, and no run moved.
 """
 
 from __future__ import annotations
@@ -40,8 +45,10 @@ def _notify(conn: psycopg.Connection[object]) -> None:
 
 
 class Notifier:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, max_idle: float = 10.0) -> None:
         self._url = url
+        #: Seconds without a wake-up after which the connection is closed (see the module).
+        self._max_idle = max_idle
         self._pending = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,8 +74,13 @@ class Notifier:
         conn: psycopg.Connection[object] | None = None
         failures = 0
         while not self._stopping.is_set():
-            self._pending.wait(timeout=1.0)
-            if self._stopping.is_set() or not self._pending.is_set():
+            self._pending.wait(timeout=min(1.0, self._max_idle))
+            if self._stopping.is_set():
+                continue
+            if not self._pending.is_set():
+                if conn is not None and time.monotonic() - self._last_sent >= self._max_idle:
+                    conn.close()
+                    conn = None
                 continue
             self._pending.clear()
             # Let pokes gather for a moment: subscribers wake a few ms later, appenders pay less.

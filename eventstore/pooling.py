@@ -33,8 +33,8 @@ Two behaviours on top of psycopg_pool's `ConnectionPool`:
   half, and on a server with few slots other processes (a listener reconnecting after an outage, a worker
   starting) found none. This pool looks every `max_idle / 2`: a pin its thread has not used since the
   last look goes back to the pool, and every connection the pool did not need during the last look's
-  period is closed, down to `min_size`. So a connection idle for `max_idle` is closed (a pinned one within
-  1.5 x `max_idle`), and a process back at rest holds `min_size` pooled connections again.
+  period is closed, down to `min_size` idle ones. So a connection idle for `max_idle` is closed (a pinned
+  one within 1.5 x `max_idle`), and a process back at rest holds `min_size` pooled connections again.
 """
 
 from __future__ import annotations
@@ -193,21 +193,30 @@ class Pool(psycopg_pool.ConnectionPool[psycopg.Connection[Any]]):
                 timeout = self._bounded(timeout - (time.monotonic() - began))
 
     def shed_idle(self) -> int:
-        """Close every connection no thread uses right now, down to `min_size` (idle pins first go back);
-        returns how many were closed. For a connection of the process's own that a full server refused (its
-        listener): the slot an idle pooled connection holds serves the process better there."""
+        """Close every connection no thread uses right now, down to `min_size` idle ones (idle pins first go
+        back); returns how many were closed. For a connection of the process's own that a full server
+        refused (its listener): the slot an idle pooled connection holds serves the process better there."""
         reclaim = self.reclaim_idle
         if reclaim is not None:
             reclaim()
         unused: list[psycopg.Connection[Any]] = []
         with self._lock:
-            while self._nconns > self._min_size and self._pool:
+            while self._above_min_size():
                 unused.append(self._pool.popleft())
                 self._nconns -= 1
             self._nconns_min = min(self._nconns_min, len(self._pool))
         for conn in unused:
             self._close_connection(conn)
         return len(unused)
+
+    def _above_min_size(self) -> bool:
+        """Whether an idle connection may be closed, the pool's lock held: only while more than `min_size`
+        sit idle in the pool, not only while psycopg_pool counts more than `min_size` connections. Its count
+        includes the connections it is still trying to open, and against a full server those attempts fail
+        for minutes: closing down to that count closed the pool's last open connection, and the process
+        (a worker whose listener had asked for room) was left with none while every slot of the server was
+        held by other processes' connections that nobody would give back."""
+        return self._nconns > self._min_size and len(self._pool) > self._min_size
 
     def _shrink_pool(self) -> None:
         """psycopg_pool's periodic look for idle connections (every `self.max_idle`), which closes one at
@@ -221,7 +230,7 @@ class Pool(psycopg_pool.ConnectionPool[psycopg.Connection[Any]]):
             # The fewest connections that sat in the pool at once since the last look: that many were
             # never needed meanwhile.
             spare, self._nconns_min = self._nconns_min, len(self._pool)
-            while spare > 0 and self._nconns > self._min_size and self._pool:
+            while spare > 0 and self._above_min_size():
                 # The pool hands out from the left and takes back on the right: the left's idled longest.
                 unused.append(self._pool.popleft())
                 self._nconns -= 1

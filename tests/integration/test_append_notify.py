@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from eventstore import EventStore, NewEvent
+from eventstore import DatabaseSettings, EventStore, NewEvent, open_store
 from tests.waiting import wait_until
 
 
@@ -51,3 +51,30 @@ def test_the_notifier_reconnects_after_its_backend_is_terminated(store: EventSto
             return woken(listener, timeout=0.2)
 
         wait_until(append_and_hear, what="a wake-up through the notifier's new connection")
+
+
+def _notifier_sessions(conn: psycopg.Connection[object]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = 'ledgerflow-notifier'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_an_idle_notifier_gives_its_server_slot_back_and_wakes_listeners_again(database_url: str) -> None:
+    """An idle notifier holds no connection: kept for good, the idle notifiers of a fleet once held the
+    slots of a full server that every process's pool waited for. The next append opens one again."""
+    settings = DatabaseSettings(database_url=database_url, pool_max_idle=0.2)
+    with (
+        open_store(settings, url=database_url, migrate=False) as store,
+        psycopg.connect(database_url, autocommit=True) as listener,
+    ):
+        listener.execute("LISTEN ledgerflow_events")
+        for _ in range(2):
+            store.append("s", [NewEvent("Happened", {})])
+            assert woken(listener, timeout=10)
+            assert _notifier_sessions(listener) == 1
+            wait_until(
+                lambda: _notifier_sessions(listener) == 0, what="the idle notifier to close its connection"
+            )

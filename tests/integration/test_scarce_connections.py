@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Any
 
+import psycopg
 import psycopg_pool
+import pytest
+from psycopg import conninfo, sql
 
 from eventstore import DatabaseSettings, NewEvent, open_store
-from eventstore.pooling import bounded_waits
+from eventstore.pooling import Pool, bounded_waits
 from tests.flows import registry
 from tests.waiting import wait_until
 from workflows import Engine, WorkerSettings, WorkflowWorker
@@ -97,3 +101,44 @@ def test_past_the_deadline_a_free_connection_is_still_taken(database_url: str) -
         store.pool.connection() as conn,
     ):
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_shedding_idle_connections_keeps_the_last_one_while_the_pool_tries_to_grow(database_url: str) -> None:
+    """A listener refused by a full server asks its process's pool for room (`shed_idle`). psycopg_pool
+    counts the connections it is still trying to open with those it has, and against a full server those
+    attempts fail for minutes: shedding down to that count closed the pool's last open connection, and a
+    worker was left with none while the server's slots were held by connections nobody gave back. Here
+    a role allowed one connection stands in for the full server."""
+    role = f"lf_one_slot_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 1").format(sql.Identifier(role)))
+        try:
+            pool = Pool(
+                conninfo.make_conninfo(database_url, user=role),
+                min_size=1,
+                max_size=2,
+                timeout=5.0,
+                reconnect_timeout=60.0,
+                kwargs={"autocommit": True},
+                open=False,
+            )
+            pool.reclaim_idle = lambda: None  # as the store's pool has it
+            pool.open(wait=True, timeout=10)
+            try:
+                held = pool.getconn()
+                with pytest.raises(psycopg_pool.PoolTimeout):
+                    pool.getconn(timeout=0.5)  # the pool starts growing: its attempts are refused
+                assert pool.get_stats()["pool_size"] == 2  # the open connection and the attempt
+                pool.putconn(held)
+
+                assert pool.shed_idle() == 0
+                assert pool.get_stats()["pool_available"] == 1
+                with pool.connection(timeout=0.5) as conn:
+                    assert conn.execute("SELECT 1").fetchone() == (1,)
+            finally:
+                pool.close()
+        finally:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,)
+            )
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
