@@ -3,7 +3,9 @@
 Every role works within its pool (`LEDGERFLOW_POOL_MIN_SIZE` kept open, up to `LEDGERFLOW_POOL_MAX_SIZE`,
 the connections past the minimum closed once idle for `LEDGERFLOW_POOL_MAX_IDLE` seconds) plus a few
 connections of its own: a workflow worker's listener, presence and notifier (and a listener for
-its trigger projections when a workflow has triggers), a projector's listener. No thread holds a pooled
+its trigger projections when a workflow has triggers), a projector's listener. The notifier's is closed,
+as pooled ones are, once it has sent no wake-up for `LEDGERFLOW_POOL_MAX_IDLE` seconds (see
+`eventstore.notify`), so a process at rest holds it no more. No thread holds a pooled
 connection while it waits for another (see `eventstore.pooling`), so a process that holds even one pooled
 connection makes progress; one that has none waits, backing off with jitter, until the server has a slot.
 Size `max_connections` from these figures: the sum of `most` over every process, plus the operators'; a
@@ -19,6 +21,9 @@ import structlog
 from ops.settings import Settings
 
 log = structlog.get_logger(__name__)
+
+#: Connections of a process's own that it closes once idle, as it does its pool's past the minimum.
+CLOSED_WHEN_IDLE = frozenset({"notifier"})
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,9 @@ class ConnectionBudget:
     @property
     def at_rest(self) -> int:
         """The connections it holds once it has been idle for `pool_max_idle` (1.5 times it at most)."""
-        return self.pool_min + sum(self.dedicated.values())
+        return self.pool_min + sum(
+            n for purpose, n in self.dedicated.items() if purpose not in CLOSED_WHEN_IDLE
+        )
 
     @property
     def least(self) -> int:
