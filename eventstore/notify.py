@@ -45,7 +45,7 @@ def _notify(conn: psycopg.Connection[object]) -> None:
 
 
 class Notifier:
-    def __init__(self, url: str, *, max_idle: float = 10.0) -> None:
+    def __init__(self, url: str, *, max_idle: float) -> None:
         self._url = url
         #: Seconds without a wake-up after which the connection is closed (see the module).
         self._max_idle = max_idle
